@@ -1,0 +1,140 @@
+#pragma once
+/// \file
+/// The OS layer: every system call medfast makes on files goes through here.
+///
+/// - EINTR is retried and short reads/writes are continued, so callers see
+///   either the full transfer, a clean end of file, or an OsError that names
+///   the operation, the path, the offset, the size and strerror(errno).
+/// - Test hooks (os::testing) can make any call fail with a chosen errno
+///   (EIO, ENOSPC, EINTR...) or transfer fewer bytes than asked, so error and
+///   retry paths are tested without a broken disk.
+/// - Files that medfast writes for the user are written to a temporary name
+///   in the same directory, fsynced, renamed over the target, and the
+///   directory is fsynced (AtomicWriter): a crash leaves either the old file
+///   or the new one, never a torn one.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace medfast::os {
+
+/// The operations a test hook can intercept.
+enum class Op { open, read, write, fsync, rename, stat };
+const char* op_name(Op op);
+
+namespace testing {
+/// What a hook decides for one call: fail with `error` (an errno), or let it
+/// proceed transferring at most `max_bytes`.
+struct HookResult {
+  int error = 0;
+  std::size_t max_bytes = static_cast<std::size_t>(-1);
+};
+using Hook = std::function<HookResult(Op op, const std::string& path, std::uint64_t offset, std::size_t size)>;
+
+/// Installs a hook for the lifetime of the object (process-wide; tests only).
+class ScopedHook {
+ public:
+  explicit ScopedHook(Hook hook);
+  ~ScopedHook();
+  ScopedHook(const ScopedHook&) = delete;
+  ScopedHook& operator=(const ScopedHook&) = delete;
+};
+}  // namespace testing
+
+/// Basic facts about a path.
+struct FileInfo {
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t device = 0;
+  bool is_regular = false;
+  bool is_directory = false;
+};
+
+/// An open file descriptor with its path, closed on destruction.
+class File {
+ public:
+  enum class Mode {
+    read,        ///< O_RDONLY
+    write,       ///< O_WRONLY | O_CREAT | O_TRUNC
+    read_write,  ///< O_RDWR | O_CREAT
+    create_new,  ///< O_WRONLY | O_CREAT | O_EXCL
+  };
+
+  File() = default;
+  /// Opens `path`; extra_flags are OR-ed in (e.g. O_DIRECT). Throws OsError.
+  static File open(const std::string& path, Mode mode, int extra_flags = 0, mode_t permissions = 0644);
+
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+  ~File();
+
+  bool is_open() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+
+  FileInfo info() const;
+  std::uint64_t size() const { return info().size; }
+
+  /// Reads up to `size` bytes at `offset`, continuing after EINTR and short
+  /// reads; returns fewer than `size` only at end of file.
+  std::size_t read_at(void* buffer, std::size_t size, std::uint64_t offset) const;
+  /// Reads exactly `size` bytes or throws (an early end of file is an error
+  /// naming the path, offset, size and the bytes that were there).
+  void read_exact(void* buffer, std::size_t size, std::uint64_t offset) const;
+  /// Writes all `size` bytes at `offset` or throws (ENOSPC, EIO...).
+  void write_at(const void* buffer, std::size_t size, std::uint64_t offset);
+  /// fsync(2).
+  void sync();
+  /// Closes now and reports a failing close(2) (deferred write errors).
+  void close();
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+FileInfo stat(const std::string& path);
+bool exists(const std::string& path);
+void rename(const std::string& from, const std::string& to);
+/// Removes a file; a missing file is not an error.
+void remove_file(const std::string& path);
+/// mkdir -p.
+void make_directories(const std::string& path);
+/// fsyncs a directory so that a rename inside it is durable.
+void sync_directory(const std::string& path);
+std::string parent_directory(const std::string& path);
+std::string read_text_file(const std::string& path);
+
+/// Writes a file atomically: data goes to "<path>.tmp-<pid>-<n>" in the same
+/// directory; commit() fsyncs it, renames it over `path` and fsyncs the
+/// directory. Destroying an uncommitted writer removes the temporary file.
+class AtomicWriter {
+ public:
+  explicit AtomicWriter(std::string path);
+  ~AtomicWriter();
+  AtomicWriter(const AtomicWriter&) = delete;
+  AtomicWriter& operator=(const AtomicWriter&) = delete;
+
+  File& file() { return file_; }
+  const std::string& temp_path() const { return temp_path_; }
+  /// Appends at the current end; throws on any failure.
+  void append(const void* data, std::size_t size);
+  std::uint64_t written() const { return written_; }
+  void commit();
+
+ private:
+  std::string path_;
+  std::string temp_path_;
+  File file_;
+  std::uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace medfast::os

@@ -1,0 +1,216 @@
+#include "medfast/data/synth.hpp"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/parallel.hpp"
+#include "medfast/core/random.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast {
+
+SynthOptions& SynthOptions::set_cases(int v) {
+  if (v < 1) throw ValueError(str("data synth: --cases ", v, " must be at least 1"));
+  cases = v;
+  return *this;
+}
+
+SynthOptions& SynthOptions::set_size(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = spec.find(',', start);
+    parts.push_back(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (parts.size() != 3) {
+    throw ValueError(str("data synth: --size '", spec, "': expected X,Y,Z, each a size or a range lo-hi"));
+  }
+  for (int i = 0; i < 3; ++i) {
+    const auto dash = parts[i].find('-');
+    const std::string what = str("data synth: --size '", spec, "' axis ", i);
+    if (dash == std::string::npos) {
+      size_min[i] = size_max[i] = parse_int(parts[i], what);
+    } else {
+      size_min[i] = parse_int(parts[i].substr(0, dash), what);
+      size_max[i] = parse_int(parts[i].substr(dash + 1), what);
+    }
+  }
+  validate();
+  return *this;
+}
+
+SynthOptions& SynthOptions::set_spacing(const std::array<double, 3>& v) {
+  spacing = v;
+  validate();
+  return *this;
+}
+
+void SynthOptions::validate() const {
+  for (int i = 0; i < 3; ++i) {
+    if (size_min[i] < 8 || size_max[i] < size_min[i] || size_max[i] > 4096) {
+      throw ValueError(str("data synth: size of axis ", i, " is ", size_min[i], "-", size_max[i],
+                           "; expected 8 <= lo <= hi <= 4096"));
+    }
+    if (!(spacing[i] > 0) || !std::isfinite(spacing[i])) {
+      throw ValueError(str("data synth: spacing of axis ", i, " is ", spacing[i], "; expected a positive number"));
+    }
+  }
+  if (cases < 1) throw ValueError(str("data synth: cases is ", cases, "; expected at least 1"));
+}
+
+namespace {
+
+struct Ellipsoid {
+  double cx, cy, cz;  // voxel coordinates
+  double rx, ry, rz;  // voxel radii
+  double value(double x, double y, double z) const {
+    const double dx = (x - cx) / rx, dy = (y - cy) / ry, dz = (z - cz) / rz;
+    return dx * dx + dy * dy + dz * dz;
+  }
+};
+
+}  // namespace
+
+SynthCase make_synth_case(const SynthOptions& o, int index) {
+  o.validate();
+  Rng rng(derive_seed({o.seed, static_cast<std::uint64_t>(index), 0x5e11}));
+  std::array<std::int64_t, 3> n{};
+  for (int i = 0; i < 3; ++i) n[i] = rng.integer(o.size_min[i], o.size_max[i]);
+  const auto [nx, ny, nz] = n;
+  const auto [sx, sy, sz] = o.spacing;
+
+  // Body: an elliptic cylinder filling most of the field of view, with a fat
+  // layer and a spine behind it. Sizes are fractions of the field of view so
+  // that any --size looks alike.
+  const double bcx = nx / 2.0 + rng.uniform(-0.03, 0.03) * nx;
+  const double bcy = ny / 2.0 + rng.uniform(-0.03, 0.03) * ny;
+  const double brx = nx * rng.uniform(0.38, 0.44), bry = ny * rng.uniform(0.30, 0.36);
+  const double fat = 0.06;  // relative thickness of subcutaneous fat
+  const Ellipsoid spine{bcx, bcy + bry * 0.62, 0, brx * 0.12, bry * 0.14, 1e30};
+  // Organ: an ellipsoid of 30-70 mm radii (in-plane) inside the body, on the
+  // patient's left (image +x in an LPS affine), spanning several slices.
+  const double fov_x = nx * sx, fov_y = ny * sy;
+  const double scale_mm = std::min(fov_x, fov_y) / (512 * 0.8);  // shrink organs with small fields of view
+  Ellipsoid organ{};
+  organ.rx = rng.uniform(30, 60) * scale_mm / sx;
+  organ.ry = rng.uniform(25, 50) * scale_mm / sy;
+  organ.rz = std::max(2.0, std::min(rng.uniform(40, 80) / sz, nz * 0.35));
+  organ.cx = bcx + rng.uniform(0.15, 0.45) * brx;
+  organ.cy = bcy + rng.uniform(-0.3, 0.3) * bry;
+  organ.cz = rng.uniform(organ.rz, std::max(organ.rz, nz - organ.rz));
+  const double organ_hu = rng.uniform(90, 130);
+  const double tissue_hu = rng.uniform(30, 50);
+  const double noise_hu = rng.uniform(12, 25);
+
+  at::Tensor image = at::empty({nz, ny, nx}, at::kShort);  // file order: x fastest
+  at::Tensor label = at::empty({nz, ny, nx}, at::kByte);
+  auto* img = image.data_ptr<std::int16_t>();
+  auto* lab = label.data_ptr<std::uint8_t>();
+  parallel_for(static_cast<std::size_t>(nz), o.threads, [&](std::size_t k) {
+    Rng noise(derive_seed({o.seed, static_cast<std::uint64_t>(index), k}));
+    const double z = static_cast<double>(k);
+    for (std::int64_t j = 0; j < ny; ++j) {
+      for (std::int64_t i = 0; i < nx; ++i) {
+        const double x = static_cast<double>(i), y = static_cast<double>(j);
+        const double dx = (x - bcx) / brx, dy = (y - bcy) / bry;
+        const double body = dx * dx + dy * dy;
+        double hu;
+        std::uint8_t l = 0;
+        if (body > 1.0) {
+          hu = -1000 + noise.normal() * 5;
+        } else if (body > (1 - fat) * (1 - fat)) {
+          hu = -100 + noise.normal() * noise_hu;
+        } else if (spine.value(x, y, 0) <= 1.0) {
+          hu = 450 + noise.normal() * noise_hu * 2;
+        } else if (organ.value(x, y, z) <= 1.0) {
+          hu = organ_hu + noise.normal() * noise_hu;
+          l = 1;
+        } else {
+          hu = tissue_hu + noise.normal() * noise_hu;
+        }
+        const std::size_t at = (static_cast<std::size_t>(k) * ny + j) * nx + i;
+        img[at] = static_cast<std::int16_t>(std::lround(std::max(-1024.0, std::min(3071.0, hu))));
+        lab[at] = l;
+      }
+    }
+  });
+
+  // LPS affine (x to the patient's left, y posterior, z superior), centred
+  // near the origin as scanner coordinates are.
+  Affine a;
+  a(0, 0) = -sx;
+  a(1, 1) = -sy;
+  a(2, 2) = sz;
+  a(0, 3) = sx * (nx - 1) / 2.0;
+  a(1, 3) = sy * (ny - 1) / 2.0;
+  a(2, 3) = -sz * (nz - 1) / 2.0;
+
+  SynthCase c;
+  c.image.data = image.permute({2, 1, 0});
+  c.image.affine = a;
+  c.image.meta.qform_code = 1;  // scanner
+  c.image.meta.sform_code = 1;
+  c.image.meta.xyzt_units = 2 + 8;
+  c.image.meta.descrip = "medfast data synth: spleen-like CT";
+  c.label = c.image;
+  c.label.data = label.permute({2, 1, 0});
+  c.label.meta.descrip = "medfast data synth: organ label";
+  return c;
+}
+
+SynthResult synthesize_dataset(const SynthOptions& o) {
+  o.validate();
+  MEDFAST_CHECK_T(ValueError, !o.out_dir.empty(), "data synth: --out is required");
+  const auto t0 = std::chrono::steady_clock::now();
+  os::make_directories(o.out_dir + "/imagesTr");
+  os::make_directories(o.out_dir + "/labelsTr");
+  SynthResult r;
+  r.images.resize(static_cast<std::size_t>(o.cases));
+  r.labels.resize(static_cast<std::size_t>(o.cases));
+  const auto write_opts = NiftiWriteOptions().set_gzip_level(o.gzip_level).set_threads(o.threads);
+  for (int i = 0; i < o.cases; ++i) {
+    const SynthCase c = make_synth_case(o, i);
+    const std::string name = str("spleen_", i, ".nii.gz");
+    r.images[i] = "imagesTr/" + name;
+    r.labels[i] = "labelsTr/" + name;
+    write_nifti(o.out_dir + "/" + r.images[i], c.image, write_opts);
+    write_nifti(o.out_dir + "/" + r.labels[i], c.label, write_opts);
+    r.bytes += os::stat(o.out_dir + "/" + r.images[i]).size + os::stat(o.out_dir + "/" + r.labels[i]).size;
+  }
+  nlohmann::json ds;
+  ds["name"] = "SpleenSynth";
+  ds["description"] = "Synthetic spleen-like abdominal CT written by medfast data synth";
+  ds["reference"] = "medfast";
+  ds["licence"] = "CC0";
+  ds["tensorImageSize"] = "3D";
+  ds["modality"] = {{"0", "CT"}};
+  ds["labels"] = {{"0", "background"}, {"1", "spleen"}};
+  ds["numTraining"] = o.cases;
+  ds["numTest"] = 0;
+  ds["training"] = nlohmann::json::array();
+  for (int i = 0; i < o.cases; ++i) {
+    ds["training"].push_back({{"image", "./" + r.images[i]}, {"label", "./" + r.labels[i]}});
+  }
+  ds["test"] = nlohmann::json::array();
+  ds["medfast_synth"] = {{"seed", o.seed},
+                         {"size_min", o.size_min},
+                         {"size_max", o.size_max},
+                         {"spacing", o.spacing}};
+  const std::string text = ds.dump(2) + "\n";
+  os::AtomicWriter w(o.out_dir + "/dataset.json");
+  w.append(text.data(), text.size());
+  w.commit();
+  r.bytes += text.size();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace medfast

@@ -1,0 +1,290 @@
+#include "medfast/os/file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast::os {
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::open: return "open";
+    case Op::read: return "read";
+    case Op::write: return "write";
+    case Op::fsync: return "fsync";
+    case Op::rename: return "rename";
+    case Op::stat: return "stat";
+  }
+  return "?";
+}
+
+namespace testing {
+namespace {
+std::mutex g_hook_mutex;
+std::shared_ptr<Hook> g_hook;
+std::atomic<bool> g_hook_set{false};
+}  // namespace
+
+ScopedHook::ScopedHook(Hook hook) {
+  std::lock_guard<std::mutex> lock(g_hook_mutex);
+  g_hook = std::make_shared<Hook>(std::move(hook));
+  g_hook_set = true;
+}
+
+ScopedHook::~ScopedHook() {
+  std::lock_guard<std::mutex> lock(g_hook_mutex);
+  g_hook.reset();
+  g_hook_set = false;
+}
+}  // namespace testing
+
+namespace {
+
+// Consults the test hook, if any. Returns the errno to fail with (0: go on)
+// and may shrink `size` to simulate a short transfer.
+int consult_hook(Op op, const std::string& path, std::uint64_t offset, std::size_t& size) {
+  if (!testing::g_hook_set.load(std::memory_order_relaxed)) return 0;
+  std::shared_ptr<testing::Hook> hook;
+  {
+    std::lock_guard<std::mutex> lock(testing::g_hook_mutex);
+    hook = testing::g_hook;
+  }
+  if (!hook) return 0;
+  const testing::HookResult r = (*hook)(op, path, offset, size);
+  if (r.error != 0) return r.error;
+  if (r.max_bytes < size) size = r.max_bytes;
+  return 0;
+}
+
+int consult_hook(Op op, const std::string& path) {
+  std::size_t size = 0;
+  return consult_hook(op, path, 0, size);
+}
+
+[[noreturn]] void throw_os(const std::string& what, int err) {
+  throw OsError(str(what, ": ", std::strerror(err)), err);
+}
+
+}  // namespace
+
+File File::open(const std::string& path, Mode mode, int extra_flags, mode_t permissions) {
+  int flags = O_CLOEXEC | extra_flags;
+  switch (mode) {
+    case Mode::read: flags |= O_RDONLY; break;
+    case Mode::write: flags |= O_WRONLY | O_CREAT | O_TRUNC; break;
+    case Mode::read_write: flags |= O_RDWR | O_CREAT; break;
+    case Mode::create_new: flags |= O_WRONLY | O_CREAT | O_EXCL; break;
+  }
+  if (int err = consult_hook(Op::open, path)) throw_os(str("cannot open ", path), err);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags, permissions);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) throw_os(str("cannot open ", path), errno);
+  File f;
+  f.fd_ = fd;
+  f.path_ = path;
+  return f;
+}
+
+File::File(File&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) { other.fd_ = -1; }
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+FileInfo File::info() const {
+  if (int err = consult_hook(Op::stat, path_)) throw_os(str("cannot stat ", path_), err);
+  struct ::stat st {};
+  if (::fstat(fd_, &st) != 0) throw_os(str("cannot stat ", path_), errno);
+  FileInfo fi;
+  fi.size = static_cast<std::uint64_t>(st.st_size);
+  fi.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  fi.inode = st.st_ino;
+  fi.device = st.st_dev;
+  fi.is_regular = S_ISREG(st.st_mode);
+  fi.is_directory = S_ISDIR(st.st_mode);
+  return fi;
+}
+
+std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) const {
+  auto* out = static_cast<char*>(buffer);
+  std::size_t done = 0;
+  while (done < size) {
+    std::size_t chunk = size - done;
+    // Linux transfers at most 0x7ffff000 bytes per call.
+    if (chunk > 0x40000000) chunk = 0x40000000;
+    const std::uint64_t at = offset + done;
+    ssize_t n;
+    if (int err = consult_hook(Op::read, path_, at, chunk)) {
+      if (err == EINTR) continue;
+      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), err);
+    }
+    n = ::pread(fd_, out + done, chunk, static_cast<off_t>(at));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), errno);
+    }
+    if (n == 0) break;  // end of file
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
+}
+
+void File::read_exact(void* buffer, std::size_t size, std::uint64_t offset) const {
+  const std::size_t got = read_at(buffer, size, offset);
+  if (got != size) {
+    throw FormatError(str(path_, ": file is truncated: needed ", size, " bytes at offset ", offset,
+                          " but the file ends after ", got, " of them (file size ", offset + got, ")"));
+  }
+}
+
+void File::write_at(const void* buffer, std::size_t size, std::uint64_t offset) {
+  const auto* in = static_cast<const char*>(buffer);
+  std::size_t done = 0;
+  while (done < size) {
+    std::size_t chunk = size - done;
+    if (chunk > 0x40000000) chunk = 0x40000000;
+    const std::uint64_t at = offset + done;
+    if (int err = consult_hook(Op::write, path_, at, chunk)) {
+      if (err == EINTR) continue;
+      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), err);
+    }
+    const ssize_t n = ::pwrite(fd_, in + done, chunk, static_cast<off_t>(at));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), errno);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+void File::sync() {
+  if (int err = consult_hook(Op::fsync, path_)) throw_os(str("fsync of ", path_, " failed"), err);
+  if (::fsync(fd_) != 0) throw_os(str("fsync of ", path_, " failed"), errno);
+}
+
+void File::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0 && errno != EINTR) throw_os(str("close of ", path_, " failed"), errno);
+}
+
+FileInfo stat(const std::string& path) {
+  if (int err = consult_hook(Op::stat, path)) throw_os(str("cannot stat ", path), err);
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw_os(str("cannot stat ", path), errno);
+  FileInfo fi;
+  fi.size = static_cast<std::uint64_t>(st.st_size);
+  fi.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  fi.inode = st.st_ino;
+  fi.device = st.st_dev;
+  fi.is_regular = S_ISREG(st.st_mode);
+  fi.is_directory = S_ISDIR(st.st_mode);
+  return fi;
+}
+
+bool exists(const std::string& path) {
+  struct ::stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+void rename(const std::string& from, const std::string& to) {
+  if (int err = consult_hook(Op::rename, to)) throw_os(str("cannot rename ", from, " to ", to), err);
+  if (::rename(from.c_str(), to.c_str()) != 0) throw_os(str("cannot rename ", from, " to ", to), errno);
+}
+
+void remove_file(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_os(str("cannot remove ", path), errno);
+}
+
+void make_directories(const std::string& path) {
+  if (path.empty()) return;
+  std::string partial;
+  std::size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw_os(str("cannot create directory ", partial), errno);
+    }
+  }
+  struct ::stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw OsError(str("cannot create directory ", path, ": a file of that name exists"), ENOTDIR);
+  }
+}
+
+std::string parent_directory(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+void sync_directory(const std::string& path) {
+  File dir = File::open(path, File::Mode::read, O_DIRECTORY);
+  if (int err = consult_hook(Op::fsync, path)) throw_os(str("fsync of directory ", path, " failed"), err);
+  // Some file systems do not support fsync on directories; that is not a data-loss error.
+  if (::fsync(dir.fd()) != 0 && errno != EINVAL && errno != EROFS) {
+    throw_os(str("fsync of directory ", path, " failed"), errno);
+  }
+}
+
+std::string read_text_file(const std::string& path) {
+  File f = File::open(path, File::Mode::read);
+  std::string text(f.size(), '\0');
+  text.resize(f.read_at(text.data(), text.size(), 0));
+  return text;
+}
+
+namespace {
+std::atomic<std::uint64_t> g_temp_counter{0};
+}
+
+AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
+  temp_path_ = str(path_, ".tmp-", ::getpid(), "-", g_temp_counter.fetch_add(1));
+  file_ = File::open(temp_path_, File::Mode::create_new);
+}
+
+AtomicWriter::~AtomicWriter() {
+  if (!committed_) {
+    file_ = File();
+    ::unlink(temp_path_.c_str());
+  }
+}
+
+void AtomicWriter::append(const void* data, std::size_t size) {
+  file_.write_at(data, size, written_);
+  written_ += size;
+}
+
+void AtomicWriter::commit() {
+  file_.sync();
+  file_.close();
+  os::rename(temp_path_, path_);
+  committed_ = true;
+  sync_directory(parent_directory(path_));
+}
+
+}  // namespace medfast::os
