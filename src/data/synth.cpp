@@ -33,34 +33,38 @@ SynthOptions& SynthOptions::set_size(const std::string& spec) {
   if (parts.size() != 3) {
     throw ValueError(str("data synth: --size '", spec, "': expected X,Y,Z, each a size or a range lo-hi"));
   }
+  SynthOptions next = *this;  // validate a copy: a rejected value leaves the options as they were
   for (int i = 0; i < 3; ++i) {
     const auto dash = parts[i].find('-');
     const std::string what = str("data synth: --size '", spec, "' axis ", i);
     if (dash == std::string::npos) {
-      size_min[i] = size_max[i] = parse_int(parts[i], what);
+      next.size_min[i] = next.size_max[i] = parse_int(parts[i], what);
     } else {
-      size_min[i] = parse_int(parts[i].substr(0, dash), what);
-      size_max[i] = parse_int(parts[i].substr(dash + 1), what);
+      next.size_min[i] = parse_int(parts[i].substr(0, dash), what);
+      next.size_max[i] = parse_int(parts[i].substr(dash + 1), what);
     }
   }
-  validate();
+  next.validate();
+  *this = next;
   return *this;
 }
 
 SynthOptions& SynthOptions::set_spacing(const std::array<double, 3>& v) {
-  spacing = v;
-  validate();
+  SynthOptions next = *this;
+  next.spacing = v;
+  next.validate();
+  *this = next;
   return *this;
 }
 
 void SynthOptions::validate() const {
   for (int i = 0; i < 3; ++i) {
     if (size_min[i] < 8 || size_max[i] < size_min[i] || size_max[i] > 4096) {
-      throw ValueError(str("data synth: size of axis ", i, " is ", size_min[i], "-", size_max[i],
+      throw ValueError(str("data synth: --size: axis ", i, " is ", size_min[i], "-", size_max[i],
                            "; expected 8 <= lo <= hi <= 4096"));
     }
     if (!(spacing[i] > 0) || !std::isfinite(spacing[i])) {
-      throw ValueError(str("data synth: spacing of axis ", i, " is ", spacing[i], "; expected a positive number"));
+      throw ValueError(str("data synth: --spacing: axis ", i, " is ", spacing[i], "; expected a positive number"));
     }
   }
   if (cases < 1) throw ValueError(str("data synth: cases is ", cases, "; expected at least 1"));

@@ -101,31 +101,9 @@ bool is_unsigned_wide(int datatype) {
   return datatype == DT_UINT16 || datatype == DT_UINT32 || datatype == DT_UINT64;
 }
 
-// The dtype nibabel gives scaled data (apply_read_scaling with numpy 1.x
-// promotion): the slope's float type (float32 in NIfTI-1, float64 in
-// NIfTI-2), raised to float64 when the integer range would overflow it, then
-// promoted with the raw type (int32 and wider with float32 give float64).
-at::ScalarType scaled_type(const Header& h) {
-  const bool slope64 = h.version == 2;
-  const int dt = h.datatype;
-  if (dt == DT_FLOAT64) return at::kDouble;
-  if (dt == DT_FLOAT32) return slope64 ? at::kDouble : at::kFloat;
-  if (slope64) return at::kDouble;
-  const auto [slope, inter] = h.scaling();
-  double lo = 0, hi = 0;
-  switch (dt) {
-    case DT_UINT8: hi = 255; break;
-    case DT_INT8: lo = -128; hi = 127; break;
-    case DT_INT16: lo = -32768; hi = 32767; break;
-    case DT_UINT16: hi = 65535; break;
-    default: return at::kDouble;  // 32/64-bit integers promote to float64 with float32
-  }
-  for (double v : {lo, hi}) {
-    const float scaled = static_cast<float>(static_cast<float>(v) * static_cast<float>(slope)) + static_cast<float>(inter);
-    if (!std::isfinite(scaled)) return at::kDouble;
-  }
-  return at::kFloat;
-}
+// nibabel (5.x) scales with a float64 slope, so any scaled image reads as
+// float64, whatever the stored type; medfast matches it voxel for voxel.
+at::ScalarType scaled_type(const Header&) { return at::kDouble; }
 
 }  // namespace
 
@@ -259,7 +237,8 @@ Header header_for(const Volume& volume, const NiftiWriteOptions& options) {
     h.dim[i + 1] = i < t.dim() ? t.size(i) : 1;
     if (h.dim[i + 1] > 32767) needs_v2 = true;
   }
-  h.version = options.version != 0 ? options.version : (needs_v2 ? 2 : 1);
+  // Auto: keep a NIfTI-2 source's format (float64 geometry), else NIfTI-1 unless a size needs 2.
+  h.version = options.version != 0 ? options.version : (needs_v2 || volume.meta.nifti_version == 2 ? 2 : 1);
   h.vox_offset = h.version == 1 ? kNifti1MinVoxOffset : kNifti2MinVoxOffset;
   h.pixdim = {1, 1, 1, 1, 1, 1, 1, 1};
   for (int i = 4; i < 8; ++i) {

@@ -171,12 +171,13 @@ Header read_header(const std::string& path, const NiftiReadOptions& options, boo
     io::GzipReader stream(file);
     got = stream.read(prefix, sizeof prefix);
     h = parse_header(prefix, got, path);
+    check_data_size(h, path, options.max_volume_bytes);
     check_gzip_capacity(h, path, size);
   } else {
     h = parse_header(prefix, got, path);
+    check_data_size(h, path, options.max_volume_bytes);
     check_plain_size(h, path, size);
   }
-  check_data_size(h, path, options.max_volume_bytes);
   if (gzipped) *gzipped = gz;
   if (file_bytes) *file_bytes = size;
   return h;

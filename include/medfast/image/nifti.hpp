@@ -20,7 +20,7 @@ namespace medfast {
 struct NiftiWriteOptions {
   int gzip_level = kDefaultGzipLevel;  ///< libdeflate level 0..12 for .nii.gz
   int threads = 1;                     ///< threads compressing gzip members
-  int version = 0;                     ///< 1, 2, or 0: NIfTI-1 unless a size needs NIfTI-2
+  int version = 0;  ///< 1, 2, or 0: the source's version, NIfTI-1 for new volumes, 2 if a size needs it
 
   NiftiWriteOptions& set_gzip_level(int v);
   NiftiWriteOptions& set_threads(int v) { threads = v < 1 ? 1 : v; return *this; }

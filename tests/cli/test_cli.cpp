@@ -1,0 +1,114 @@
+// End-to-end tests of the medfast binary: they run it and read its --json output.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+test::CommandResult medfast(const std::string& args) { return test::run(test::medfast_binary() + " " + args); }
+
+nlohmann::json json_of(const test::CommandResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return nlohmann::json::parse(r.out);
+}
+
+TEST(Cli, VersionAndHelp) {
+  const auto v = medfast("--version");
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_NE(v.out.find("medfast 0."), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find("libtorch"), std::string::npos);
+  const auto none = medfast("");
+  EXPECT_NE(none.exit_code, 0);
+}
+
+TEST(Cli, ConfigShowReportsEachSource) {
+  test::TempDir dir;
+  test::write_file(dir / "cfg.yaml", "settings:\n  gzip_level: 3\n  threads: 2\n  log_level: warn\n");
+  const auto r = medfast("config show --json --config-file " + (dir / "cfg.yaml") + " --threads 1");
+  const auto j = json_of(medfast("config show --json"));
+  EXPECT_EQ(j["gzip_level"]["source"], "default");
+  const auto k = json_of(test::run("MEDFAST_GZIP_LEVEL=9 MEDFAST_LOG_LEVEL=debug " + test::medfast_binary() +
+                                   " config show --json --config-file " + (dir / "cfg.yaml") + " --threads 1"));
+  EXPECT_EQ(k["gzip_level"]["value"], "9");
+  EXPECT_EQ(k["gzip_level"]["source"], "env");
+  EXPECT_EQ(k["threads"]["value"], "1");
+  EXPECT_EQ(k["threads"]["source"], "flag");
+  EXPECT_EQ(k["log_level"]["source"], "env");
+  const auto f = json_of(r);
+  EXPECT_EQ(f["gzip_level"]["value"], "3");
+  EXPECT_EQ(f["gzip_level"]["source"], "file");
+  EXPECT_EQ(f["gzip_level"]["origin"], dir / "cfg.yaml");
+  // Text form prints every setting.
+  const auto t = medfast("config show");
+  EXPECT_EQ(t.exit_code, 0);
+  EXPECT_NE(t.out.find("MEDFAST_MAX_VOLUME_BYTES"), std::string::npos);
+}
+
+TEST(Cli, BadSettingValueIsOneLineAndNonZero) {
+  const auto r = test::run("MEDFAST_GZIP_LEVEL=99 " + test::medfast_binary() + " config show");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("MEDFAST_GZIP_LEVEL"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+TEST(Cli, SynthThenInfoWithStats) {
+  test::TempDir dir;
+  const auto s = json_of(medfast("data synth --out " + (dir / "ds") + " --cases 2 --size 48,40,10 --seed 4 --json"));
+  EXPECT_EQ(s["cases"], 2);
+  const std::string img = dir / "ds/imagesTr/spleen_0.nii.gz";
+  const auto j = json_of(medfast("info " + img + " --json --stats"));
+  EXPECT_EQ(j["shape"], nlohmann::json({48, 40, 10}));
+  EXPECT_EQ(j["dtype"], "int16");
+  EXPECT_EQ(j["orientation"], "LPS");
+  EXPECT_EQ(j["gzip"], true);
+  EXPECT_EQ(j["bytes_in_memory"], 48 * 40 * 10 * 2);
+  EXPECT_NEAR(j["spacing"][2].get<double>(), 5.0, 1e-6);
+  // Stats agree with numpy on the same file.
+  const auto py = test::run(test::python() + " -c \"import nibabel as n, numpy as np; d=np.asanyarray(n.load('" + img +
+                            "').dataobj).astype(np.float64); print(d.min(), d.max(), repr(d.mean()), repr(d.std(ddof=1)), np.count_nonzero(d))\"");
+  ASSERT_EQ(py.exit_code, 0) << py.err;
+  std::istringstream in(py.out);
+  double mn, mx, mean, sd;
+  long long nz;
+  in >> mn >> mx >> mean >> sd >> nz;
+  const auto& st = j["stats"];
+  EXPECT_EQ(st["min"].get<double>(), mn);
+  EXPECT_EQ(st["max"].get<double>(), mx);
+  EXPECT_NEAR(st["mean"].get<double>(), mean, 1e-9 * std::abs(mean) + 1e-9);
+  EXPECT_NEAR(st["std"].get<double>(), sd, 1e-9 * sd);
+  EXPECT_EQ(st["nonzero"].get<long long>(), nz);
+  // Text form.
+  const auto t = medfast("info " + img);
+  EXPECT_EQ(t.exit_code, 0);
+  EXPECT_NE(t.out.find("orientation  LPS"), std::string::npos) << t.out;
+}
+
+TEST(Cli, InfoOnBadFileExitsNonZeroWithOneLineNamingFileAndField) {
+  test::TempDir dir;
+  std::string bytes(400, '\0');
+  const std::int32_t sizeof_hdr = 999;
+  std::memcpy(bytes.data(), &sizeof_hdr, 4);
+  test::write_file(dir / "bad.nii", bytes);
+  const auto r = medfast("info " + (dir / "bad.nii"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(dir / "bad.nii"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sizeof_hdr"), std::string::npos) << r.err;
+  const auto m = medfast("info " + (dir / "missing.nii"));
+  EXPECT_NE(m.exit_code, 0);
+  EXPECT_NE(m.err.find("missing.nii"), std::string::npos) << m.err;
+}
+
+TEST(Cli, SynthRejectsBadSize) {
+  test::TempDir dir;
+  const auto r = medfast("data synth --out " + (dir / "x") + " --size 10,10");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--size"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace medfast

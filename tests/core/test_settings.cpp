@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/settings.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+TEST(Settings, DefaultsComeFromTheNamedConstants) {
+  Settings s;
+  EXPECT_EQ(s.get_int("gzip_level"), kDefaultGzipLevel);
+  EXPECT_EQ(s.get_int("threads"), kDefaultThreads);
+  EXPECT_EQ(s.get_bytes("max_volume_bytes"), kDefaultMaxVolumeBytes);
+  EXPECT_EQ(s.get_bytes("gzip_buffer_limit"), kDefaultGzipBufferLimit);
+  EXPECT_EQ(s.entry("gzip_level").source, SettingSource::default_value);
+  EXPECT_GE(s.threads(), 1);  // 0 resolves to the core count
+}
+
+TEST(Settings, PrecedenceIsFlagThenEnvThenFileThenDefault) {
+  Settings s;
+  s.set("gzip_level", "3", SettingSource::file, "cfg.yaml");
+  EXPECT_EQ(s.get("gzip_level"), "3");
+  s.set("gzip_level", "4", SettingSource::env, "MEDFAST_GZIP_LEVEL");
+  EXPECT_EQ(s.get("gzip_level"), "4");
+  s.set("gzip_level", "9", SettingSource::flag, "--gzip-level");
+  EXPECT_EQ(s.get("gzip_level"), "9");
+  // A lower-precedence source arriving later does not override.
+  s.set("gzip_level", "1", SettingSource::env, "MEDFAST_GZIP_LEVEL");
+  s.set("gzip_level", "2", SettingSource::file, "cfg.yaml");
+  EXPECT_EQ(s.get("gzip_level"), "9");
+  EXPECT_EQ(s.entry("gzip_level").source, SettingSource::flag);
+  EXPECT_EQ(s.entry("gzip_level").origin, "--gzip-level");
+}
+
+TEST(Settings, EnvironmentVariablesAreRead) {
+  ::setenv("MEDFAST_GZIP_LEVEL", "11", 1);
+  Settings s;
+  s.load_env();
+  ::unsetenv("MEDFAST_GZIP_LEVEL");
+  EXPECT_EQ(s.get_int("gzip_level"), 11);
+  EXPECT_EQ(s.entry("gzip_level").origin, "MEDFAST_GZIP_LEVEL");
+}
+
+TEST(Settings, BadValuesNameTheSettingValueSourceAndRange) {
+  Settings s;
+  try {
+    s.set("gzip_level", "13", SettingSource::env, "MEDFAST_GZIP_LEVEL");
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("gzip_level"), std::string::npos) << m;
+    EXPECT_NE(m.find("'13'"), std::string::npos) << m;
+    EXPECT_NE(m.find("MEDFAST_GZIP_LEVEL"), std::string::npos) << m;
+    EXPECT_NE(m.find("0..12"), std::string::npos) << m;
+  }
+  EXPECT_THROW(s.set("log_level", "loud", SettingSource::flag), ValueError);
+  EXPECT_THROW(s.set("max_volume_bytes", "12 parsecs", SettingSource::flag), ValueError);
+  EXPECT_THROW(s.set("no_such_setting", "1", SettingSource::flag), ValueError);
+  EXPECT_EQ(s.get_int("gzip_level"), kDefaultGzipLevel);  // unchanged after the failures
+}
+
+TEST(Settings, FileSettingsAreReadAndCheckedByKey) {
+  test::TempDir dir;
+  test::write_file(dir / "ok.yaml", "settings:\n  gzip_level: 2\n  max_volume_bytes: 1GiB\n");
+  Settings s;
+  load_settings_file(s, dir / "ok.yaml");
+  EXPECT_EQ(s.get_int("gzip_level"), 2);
+  EXPECT_EQ(s.get_bytes("max_volume_bytes"), 1ull << 30);
+  EXPECT_EQ(s.entry("gzip_level").source, SettingSource::file);
+
+  test::write_file(dir / "bad.yaml", "settings:\n  gzip_levle: 2\n");
+  try {
+    Settings t;
+    load_settings_file(t, dir / "bad.yaml");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("bad.yaml"), std::string::npos) << m;
+    EXPECT_NE(m.find("gzip_levle"), std::string::npos) << m;
+  }
+  test::write_file(dir / "broken.yaml", "settings: [1, 2\n");
+  Settings u;
+  EXPECT_THROW(load_settings_file(u, dir / "broken.yaml"), FormatError);
+}
+
+TEST(Settings, EveryDeclaredSettingHasEnvFlagAndDescription) {
+  for (const auto& d : setting_defs()) {
+    EXPECT_EQ(d.env_var().rfind("MEDFAST_", 0), 0u);
+    EXPECT_EQ(d.flag().rfind("--", 0), 0u);
+    EXPECT_FALSE(d.description.empty()) << d.name;
+  }
+}
+
+}  // namespace
+}  // namespace medfast

@@ -1,0 +1,97 @@
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/data/synth.hpp"
+#include "medfast/image/nifti.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+SynthOptions small(std::uint64_t seed, int threads = 1) {
+  SynthOptions o;
+  o.set_size("64,56,12-16");
+  o.seed = seed;
+  o.threads = threads;
+  o.cases = 3;
+  return o;
+}
+
+TEST(Synth, DeterministicForASeedWhateverTheThreadCount) {
+  const auto a = make_synth_case(small(5, 1), 1);
+  const auto b = make_synth_case(small(5, 4), 1);
+  EXPECT_TRUE(at::equal(a.image.data, b.image.data));
+  EXPECT_TRUE(at::equal(a.label.data, b.label.data));
+  const auto c = make_synth_case(small(6, 1), 1);
+  EXPECT_FALSE(a.image.data.sizes() == c.image.data.sizes() && at::equal(a.image.data, c.image.data));
+}
+
+TEST(Synth, LooksLikeAbdominalCtWithAnOrgan) {
+  const auto c = make_synth_case(small(11), 0);
+  const auto& img = c.image.data;
+  EXPECT_EQ(img.scalar_type(), at::kShort);
+  EXPECT_EQ(c.label.data.scalar_type(), at::kByte);
+  EXPECT_EQ(img.size(0), 64);
+  EXPECT_EQ(img.size(1), 56);
+  EXPECT_GE(img.size(2), 12);
+  EXPECT_LE(img.size(2), 16);
+  EXPECT_EQ(c.image.axcodes(), "LPS");  // not RAS, on purpose
+  const auto s = c.image.spacing();
+  EXPECT_DOUBLE_EQ(s[0], kDefaultSynthSpacing[0]);
+  EXPECT_DOUBLE_EQ(s[2], kDefaultSynthSpacing[2]);
+  EXPECT_EQ(c.image.affine, c.label.affine);
+  // Air at the corners, tissue in the middle, an organ that is brighter than tissue.
+  EXPECT_LT(img[0][0][0].item<int>(), -900);
+  const auto organ = c.label.data.to(at::kBool);
+  const auto n_organ = organ.sum().item<std::int64_t>();
+  EXPECT_GT(n_organ, 50);
+  EXPECT_LT(n_organ, img.numel() / 4);
+  const double organ_mean = img.masked_select(organ).to(at::kDouble).mean().item<double>();
+  EXPECT_GT(organ_mean, 80);
+  EXPECT_LT(organ_mean, 140);
+  // Labels only 0 and 1.
+  EXPECT_EQ(std::get<0>(at::_unique(c.label.data)).numel(), 2);
+}
+
+TEST(Synth, WritesAnMsdDatasetThatReadsBack) {
+  test::TempDir dir;
+  auto o = small(3);
+  o.out_dir = dir / "ds";
+  const auto r = synthesize_dataset(o);
+  ASSERT_EQ(r.images.size(), 3u);
+  const auto ds = nlohmann::json::parse(test::read_file(dir / "ds/dataset.json"));
+  EXPECT_EQ(ds["numTraining"], 3);
+  EXPECT_EQ(ds["training"].size(), 3u);
+  EXPECT_EQ(ds["labels"]["1"], "spleen");
+  for (int i = 0; i < 3; ++i) {
+    const std::string img = ds["training"][i]["image"], lab = ds["training"][i]["label"];
+    const Volume v = read_nifti(o.out_dir + "/" + img);
+    const Volume l = read_nifti(o.out_dir + "/" + lab);
+    const auto expected = make_synth_case(o, i);
+    EXPECT_TRUE(at::equal(v.data, expected.image.data));
+    EXPECT_TRUE(at::equal(l.data, expected.label.data));
+    EXPECT_EQ(v.axcodes(), "LPS");
+  }
+}
+
+TEST(Synth, BadOptionsAreRejectedWithTheOptionName) {
+  SynthOptions o;
+  EXPECT_THROW(o.set_size("64,64"), ValueError);
+  EXPECT_THROW(o.set_size("64,64,0"), ValueError);
+  EXPECT_THROW(o.set_size("64,64,20-10"), ValueError);
+  EXPECT_THROW(o.set_size("64,x,20"), ValueError);
+  EXPECT_THROW(o.set_cases(0), ValueError);
+  EXPECT_THROW(o.set_spacing({1, -1, 1}), ValueError);
+  try {
+    o.set_size("64,64,3");
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("axis 2"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace medfast

@@ -1,0 +1,208 @@
+// Bad input: every malformed file gives a FormatError that names the file and
+// the field, before anything large is allocated.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "medfast/core/error.hpp"
+#include "medfast/io/gzip.hpp"
+#include "medfast/image/nifti.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+// A valid little-endian NIfTI-1 (or -2) file of int16 voxels.
+std::string good_file(int version = 1, std::vector<std::int64_t> shape = {4, 3, 2}) {
+  nifti::Header h;
+  h.version = version;
+  h.datatype = nifti::DT_INT16;
+  h.dim[0] = static_cast<std::int64_t>(shape.size());
+  for (std::size_t i = 0; i < 7; ++i) h.dim[i + 1] = i < shape.size() ? shape[i] : 1;
+  h.pixdim = {1, 1, 1, 1, 1, 1, 1, 1};
+  h.vox_offset = version == 1 ? nifti::kNifti1MinVoxOffset : nifti::kNifti2MinVoxOffset;
+  Affine a;
+  h.set_affine(a, 1, 1);
+  const auto head = nifti::serialize_header(h);
+  std::string bytes(head.begin(), head.end());
+  for (std::uint64_t i = 0; i < h.voxel_count(); ++i) {
+    const std::int16_t v = static_cast<std::int16_t>(i * 3 - 7);
+    bytes.append(reinterpret_cast<const char*>(&v), 2);
+  }
+  return bytes;
+}
+
+template <typename T>
+void patch(std::string& bytes, std::size_t offset, T value) {
+  std::memcpy(bytes.data() + offset, &value, sizeof(T));
+}
+
+std::string gzip(const std::string& bytes) {
+  const auto gz = io::gzip_compress(bytes.data(), bytes.size(), 6);
+  return std::string(gz.begin(), gz.end());
+}
+
+// Expects read_nifti(path) to throw FormatError mentioning the path and every fragment.
+void expect_error(const std::string& path, std::initializer_list<std::string> fragments) {
+  SCOPED_TRACE(path);
+  for (bool header_only : {false, true}) {
+    try {
+      if (header_only) {
+        nifti::read_header(path);
+      } else {
+        read_nifti(path);
+      }
+      if (!header_only) ADD_FAILURE() << "no error for " << path;
+      // Data-only damage (a truncated gzip body) may be invisible to the header read.
+    } catch (const FormatError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      for (const auto& f : fragments) EXPECT_NE(m.find(f), std::string::npos) << "missing '" << f << "' in: " << m;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "wrong exception type: " << e.what();
+    }
+  }
+}
+
+class NiftiErrors : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string write(const std::string& name, const std::string& bytes) {
+    const std::string p = dir / name;
+    test::write_file(p, bytes);
+    return p;
+  }
+};
+
+TEST_F(NiftiErrors, GoodFilesRead) {
+  const Volume v = read_nifti(write("good.nii", good_file()));
+  EXPECT_EQ(v.shape(), (std::vector<std::int64_t>{4, 3, 2}));
+  EXPECT_EQ(v.data[1][0][0].item<int>(), -4);
+  EXPECT_NO_THROW(read_nifti(write("good2.nii.gz", gzip(good_file(2)))));
+}
+
+TEST_F(NiftiErrors, EmptyAndTruncatedFiles) {
+  expect_error(write("empty.nii", ""), {"truncated"});
+  expect_error(write("half_header.nii", good_file().substr(0, 200)), {"truncated"});
+  const auto good = good_file();
+  try {
+    read_nifti(write("short_data.nii", good.substr(0, good.size() - 5)));
+    FAIL();
+  } catch (const FormatError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+    EXPECT_NE(m.find("48 bytes of voxel data"), std::string::npos) << m;
+  }
+}
+
+TEST_F(NiftiErrors, TruncatedAndCorruptGzip) {
+  const std::string gz = gzip(good_file(1, {64, 64, 8}));
+  expect_error(write("trunc.nii.gz", gz.substr(0, gz.size() / 2)), {"truncated"});
+  std::string bad = gz;
+  for (std::size_t i = 60; i < 90; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x33);
+  try {
+    read_nifti(write("corrupt.nii.gz", bad));
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt.nii.gz"), std::string::npos) << e.what();
+  }
+  // The streaming path reports the same damage.
+  EXPECT_THROW(read_nifti(dir / "trunc.nii.gz", NiftiReadOptions().set_gzip_buffer_limit(0)), FormatError);
+  EXPECT_THROW(read_nifti(dir / "corrupt.nii.gz", NiftiReadOptions().set_gzip_buffer_limit(0)), FormatError);
+  expect_error(write("tiny.nii.gz", gz.substr(0, 12)), {"gzip"});
+}
+
+TEST_F(NiftiErrors, WrongSizeofHdrAndMagic) {
+  auto f = good_file();
+  patch<std::int32_t>(f, 0, 123);
+  expect_error(write("sizeof.nii", f), {"field sizeof_hdr", "123", "348"});
+  f = good_file();
+  std::memcpy(f.data() + 344, "xyz\0", 4);
+  expect_error(write("magic.nii", f), {"field magic", "xyz", "n+1"});
+  f = good_file();
+  std::memcpy(f.data() + 344, "ni1\0", 4);
+  expect_error(write("pair.nii", f), {"field magic", "two-file"});
+  f = good_file(2);
+  std::memcpy(f.data() + 4, "n+9\0", 4);
+  expect_error(write("magic2.nii", f), {"field magic", "n+2"});
+}
+
+TEST_F(NiftiErrors, ZeroNegativeAndOverflowingDims) {
+  auto f = good_file();
+  patch<std::int16_t>(f, 40 + 2 * 2, 0);
+  expect_error(write("zero.nii", f), {"field dim[2]", "is 0"});
+  f = good_file();
+  patch<std::int16_t>(f, 40 + 2 * 3, -5);
+  expect_error(write("negative.nii", f), {"field dim[3]", "-5"});
+  f = good_file();
+  patch<std::int16_t>(f, 40, 9);
+  expect_error(write("ndim.nii", f), {"field dim[0]", "9"});
+  f = good_file(2);
+  for (int i = 1; i <= 3; ++i) patch<std::int64_t>(f, 16 + 8 * i, std::int64_t{1} << 40);
+  expect_error(write("overflow.nii", f), {"field dim"});
+}
+
+TEST_F(NiftiErrors, HeaderClaimingTerabytes) {
+  auto f = good_file();
+  patch<std::int16_t>(f, 40 + 2 * 1, 32000);
+  patch<std::int16_t>(f, 40 + 2 * 2, 32000);
+  patch<std::int16_t>(f, 40 + 2 * 3, 32000);
+  // 32000^3 int16 = 65 TB: refused by max_volume_bytes before any allocation.
+  expect_error(write("huge.nii", f), {"field dim", "max_volume_bytes"});
+  // In a small .nii.gz even an allowed size is refused: deflate cannot expand that far.
+  auto g = good_file(1, {64, 64, 8});
+  patch<std::int16_t>(g, 40 + 2 * 3, 30000);
+  expect_error(write("huge.nii.gz", gzip(g)), {"field dim", "can hold at most"});
+}
+
+TEST_F(NiftiErrors, VoxOffsetPastTheEndOrTooSmall) {
+  auto f = good_file();
+  patch<float>(f, 108, 1e6f);
+  expect_error(write("offset.nii", f), {"field vox_offset", "past the end"});
+  f = good_file();
+  patch<float>(f, 108, 100.0f);
+  expect_error(write("offset_small.nii", f), {"field vox_offset", "352"});
+  f = good_file();
+  patch<float>(f, 108, 352.5f);
+  expect_error(write("offset_frac.nii", f), {"field vox_offset", "352.5"});
+}
+
+TEST_F(NiftiErrors, UnsupportedDatatypes) {
+  for (auto [code, name] : {std::pair<std::int16_t, const char*>{128, "rgb24"}, {32, "complex64"}, {1792, "complex128"},
+                            {1, "binary"}, {999, "unknown"}}) {
+    auto f = good_file();
+    patch<std::int16_t>(f, 70, code);
+    expect_error(write(std::string("dt_") + name + ".nii", f), {"field datatype", "unsupported datatype", name});
+  }
+}
+
+TEST_F(NiftiErrors, NonUnitQuaternionNamesTheFields) {
+  auto f = good_file();
+  patch<std::int16_t>(f, 254, 0);  // sform_code 0: the qform decides
+  patch<float>(f, 256, 0.9f);
+  patch<float>(f, 260, 0.9f);
+  patch<float>(f, 264, 0.9f);
+  try {
+    read_nifti(write("quat.nii", f));
+    FAIL();
+  } catch (const FormatError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("quat.nii"), std::string::npos) << m;
+    EXPECT_NE(m.find("quatern_b"), std::string::npos) << m;
+  }
+}
+
+TEST_F(NiftiErrors, InvalidInterceptWithValidSlope) {
+  auto f = good_file();
+  patch<float>(f, 112, 2.0f);
+  patch<float>(f, 116, std::numeric_limits<float>::quiet_NaN());
+  expect_error(write("inter.nii", f), {"field scl_inter"});
+}
+
+TEST_F(NiftiErrors, MissingFileIsAnOsError) {
+  EXPECT_THROW(read_nifti(dir / "missing.nii.gz"), OsError);
+}
+
+}  // namespace
+}  // namespace medfast

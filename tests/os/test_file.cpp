@@ -1,0 +1,174 @@
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/memory.hpp"
+#include "test_util.hpp"
+
+namespace medfast::os {
+namespace {
+
+std::string pattern(std::size_t n) {
+  std::string s(n, '\0');
+  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + 7) & 0xff);
+  return s;
+}
+
+TEST(OsFile, ReadExactAndReadAtEnd) {
+  test::TempDir dir;
+  const auto data = pattern(10000);
+  test::write_file(dir / "f", data);
+  File f = File::open(dir / "f", File::Mode::read);
+  EXPECT_EQ(f.size(), 10000u);
+  std::string buf(100, '\0');
+  f.read_exact(buf.data(), 100, 5000);
+  EXPECT_EQ(buf, data.substr(5000, 100));
+  std::string tail(500, '\0');
+  EXPECT_EQ(f.read_at(tail.data(), 500, 9800), 200u);  // short only at end of file
+  EXPECT_EQ(tail.substr(0, 200), data.substr(9800));
+}
+
+TEST(OsFile, TruncatedReadNamesPathOffsetAndSize) {
+  test::TempDir dir;
+  test::write_file(dir / "short", pattern(100));
+  File f = File::open(dir / "short", File::Mode::read);
+  std::string buf(64, '\0');
+  try {
+    f.read_exact(buf.data(), 64, 80);
+    FAIL();
+  } catch (const FormatError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir / "short"), std::string::npos) << m;
+    EXPECT_NE(m.find("offset 80"), std::string::npos) << m;
+    EXPECT_NE(m.find("64 bytes"), std::string::npos) << m;
+  }
+}
+
+TEST(OsFile, MissingFileIsAnOsErrorWithThePath) {
+  try {
+    File::open("/nonexistent/medfast/file.nii", File::Mode::read);
+    FAIL();
+  } catch (const OsError& e) {
+    EXPECT_EQ(e.errno_value(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/medfast/file.nii"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos);
+  }
+}
+
+TEST(OsFile, EintrAndShortReadsAreRetried) {
+  test::TempDir dir;
+  const auto data = pattern(1 << 20);
+  test::write_file(dir / "f", data);
+  File f = File::open(dir / "f", File::Mode::read);
+  int calls = 0;
+  testing::ScopedHook hook([&](Op op, const std::string&, std::uint64_t, std::size_t) {
+    testing::HookResult r;
+    if (op != Op::read) return r;
+    ++calls;
+    if (calls % 3 == 1) r.error = EINTR;  // interrupted
+    else r.max_bytes = 777;              // short transfer
+    return r;
+  });
+  std::string buf(data.size(), '\0');
+  f.read_exact(buf.data(), buf.size(), 0);
+  EXPECT_EQ(buf, data);
+  EXPECT_GT(calls, 1000);
+}
+
+TEST(OsFile, InjectedEioNamesPathOffsetSizeAndStrerror) {
+  test::TempDir dir;
+  test::write_file(dir / "f", pattern(8192));
+  File f = File::open(dir / "f", File::Mode::read);
+  testing::ScopedHook hook([](Op op, const std::string&, std::uint64_t offset, std::size_t) {
+    testing::HookResult r;
+    if (op == Op::read && offset >= 4096) r.error = EIO;
+    else r.max_bytes = 4096;
+    return r;
+  });
+  std::string buf(8192, '\0');
+  try {
+    f.read_exact(buf.data(), 8192, 0);
+    FAIL();
+  } catch (const OsError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(e.errno_value(), EIO);
+    EXPECT_NE(m.find(dir / "f"), std::string::npos) << m;
+    EXPECT_NE(m.find("8192 bytes at offset 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("failed at offset 4096"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::strerror(EIO)), std::string::npos) << m;
+  }
+}
+
+TEST(OsFile, EnospcDuringAtomicWriteKeepsTheOldFileAndLeavesNoTemp) {
+  test::TempDir dir;
+  const std::string target = dir / "out.bin";
+  test::write_file(target, "old contents");
+  std::string temp;
+  {
+    testing::ScopedHook hook([](Op op, const std::string&, std::uint64_t offset, std::size_t) {
+      testing::HookResult r;
+      if (op == Op::write && offset >= 1000) r.error = ENOSPC;
+      return r;
+    });
+    AtomicWriter w(target);
+    temp = w.temp_path();
+    const auto data = pattern(5000);
+    try {
+      w.append(data.data(), 1000);
+      w.append(data.data() + 1000, 4000);
+      FAIL();
+    } catch (const OsError& e) {
+      EXPECT_EQ(e.errno_value(), ENOSPC);
+      EXPECT_NE(std::string(e.what()).find("offset 1000"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(test::read_file(target), "old contents");
+  EXPECT_FALSE(exists(temp));
+}
+
+TEST(OsFile, AtomicWriterReplacesOnCommit) {
+  test::TempDir dir;
+  const std::string target = dir / "sub/dir/out.bin";
+  make_directories(parent_directory(target));
+  AtomicWriter w(target);
+  w.append("hello ", 6);
+  w.append("world", 5);
+  EXPECT_FALSE(exists(target));  // nothing visible before commit
+  w.commit();
+  EXPECT_EQ(test::read_file(target), "hello world");
+  EXPECT_FALSE(exists(w.temp_path()));
+}
+
+TEST(OsFile, FsyncFailureIsReported) {
+  test::TempDir dir;
+  testing::ScopedHook hook([](Op op, const std::string&, std::uint64_t, std::size_t) {
+    testing::HookResult r;
+    if (op == Op::fsync) r.error = EIO;
+    return r;
+  });
+  AtomicWriter w(dir / "x");
+  w.append("abc", 3);
+  EXPECT_THROW(w.commit(), OsError);
+  EXPECT_FALSE(exists(dir / "x"));
+}
+
+TEST(OsMemory, BuffersAreAlignedAndWritable) {
+  for (std::size_t n : {std::size_t{1}, std::size_t{4096}, std::size_t{5u << 20}, std::size_t{33u << 20} + 3}) {
+    Buffer b = Buffer::allocate(n);
+    ASSERT_NE(b.data(), nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % 4096, 0u);
+    std::memset(b.data(), 0xab, n);
+    EXPECT_EQ(b.as<unsigned char>()[n - 1], 0xab);
+  }
+  Buffer b = Buffer::allocate(8u << 20);
+  void* p = b.release();
+  EXPECT_EQ(b.data(), nullptr);
+  Buffer::free(p, 8u << 20);
+}
+
+}  // namespace
+}  // namespace medfast::os

@@ -1,0 +1,73 @@
+#pragma once
+// Helpers shared by the tests: temporary folders, running commands, reading files.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace medfast::test {
+
+/// A fresh folder under $TMPDIR, removed with its contents at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base ? base : "/tmp") + "/medfast-test-XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  ///< stdout
+  std::string err;  ///< stderr
+};
+
+/// Runs a shell command, capturing stdout and stderr.
+inline CommandResult run(const std::string& command) {
+  TempDir tmp;
+  const std::string out = tmp / "out", err = tmp / "err";
+  const int status = std::system((command + " >'" + out + "' 2>'" + err + "'").c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream o(out), e(err);
+  std::stringstream so, se;
+  so << o.rdbuf();
+  se << e.rdbuf();
+  r.out = so.str();
+  r.err = se.str();
+  return r;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f << bytes;
+}
+
+inline std::string golden_dir() { return MEDFAST_TEST_GOLDEN_DIR; }
+inline std::string python() { return MEDFAST_TEST_PYTHON; }
+inline std::string source_dir() { return MEDFAST_TEST_SOURCE_DIR; }
+inline std::string medfast_binary() { return MEDFAST_TEST_BINARY; }
+
+}  // namespace medfast::test
