@@ -12,6 +12,7 @@
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/os/memory.hpp"
 #include "medfast/version.hpp"
 
 namespace {
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "medfast: %s: %s\n", log::level_name(level), message.c_str());
     });
     at::set_num_threads(ctx.settings.threads());
+    os::set_buffer_pool_limit(ctx.settings.get_bytes("buffer_pool_bytes"));
 
     for (auto& c : commands) {
       if (c.app->parsed()) return c.run(ctx);

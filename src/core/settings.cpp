@@ -53,6 +53,8 @@ std::vector<SettingDef> make_defs() {
             "compressed files up to this size are inflated in one buffer (libdeflate); larger ones are streamed"),
       bytes("max_volume_bytes", kDefaultMaxVolumeBytes,
             "largest decoded volume a header may announce; larger ones are refused before allocating"),
+      bytes("buffer_pool_bytes", kDefaultBufferPoolBytes,
+            "freed large host buffers kept for reuse, so decoding skips the kernel's zero-fill (0: off)"),
   };
 }
 

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <unordered_map>
 
 #include "medfast/core/error.hpp"
 
@@ -16,7 +19,71 @@ constexpr std::size_t kPage = 4096;
 constexpr std::size_t kHugePage = 2u << 20;
 // Below this, malloc-class allocation is cheaper than a fresh mapping.
 constexpr std::size_t kMmapThreshold = 4u << 20;
+std::size_t rounded_huge(std::size_t size) { return (size + kHugePage - 1) / kHugePage * kHugePage; }
+
+// Large mappings: live ones by address (to know their capacity), free ones by
+// capacity (the pool).
+struct Pool {
+  std::mutex mutex;
+  std::unordered_map<void*, std::size_t> capacity;
+  std::multimap<std::size_t, void*> free_blocks;
+  std::uint64_t pooled = 0;
+  std::uint64_t limit = kDefaultBufferPoolBytes;
+};
+
+Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: tensors may free buffers during static destruction
+  return *p;
+}
+
+void* map_huge(std::size_t rounded) {
+  // Map with room to align the start to a huge page, then trim the slack.
+  const std::size_t span = rounded + kHugePage;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    throw OsError(str("cannot allocate ", rounded, " bytes of host memory: ", std::strerror(errno)), errno);
+  }
+  auto base = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > base) ::munmap(raw, aligned - base);
+  const std::uintptr_t end = aligned + rounded;
+  const std::uintptr_t span_end = base + span;
+  if (span_end > end) ::munmap(reinterpret_cast<void*>(end), span_end - end);
+  void* p = reinterpret_cast<void*>(aligned);
+  ::madvise(p, rounded, MADV_HUGEPAGE);  // advisory: failure only costs speed
+  return p;
+}
+
 }  // namespace
+
+void set_buffer_pool_limit(std::uint64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(pool().mutex);
+    pool().limit = bytes;
+  }
+  if (buffer_pool_bytes() > bytes) trim_buffer_pool();
+}
+
+std::uint64_t buffer_pool_limit() {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  return pool().limit;
+}
+
+std::uint64_t buffer_pool_bytes() {
+  std::lock_guard<std::mutex> lock(pool().mutex);
+  return pool().pooled;
+}
+
+void trim_buffer_pool() {
+  std::multimap<std::size_t, void*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(pool().mutex);
+    blocks.swap(pool().free_blocks);
+    for (const auto& [cap, p] : blocks) pool().capacity.erase(p);
+    pool().pooled = 0;
+  }
+  for (const auto& [cap, p] : blocks) ::munmap(p, cap);
+}
 
 Buffer Buffer::allocate(std::size_t size) {
   Buffer b;
@@ -31,22 +98,25 @@ Buffer Buffer::allocate(std::size_t size) {
     b.data_ = p;
     return b;
   }
-  // Map with room to align the start to a huge page, then trim the slack so
-  // that free() can unmap exactly [data, data + rounded size).
-  const std::size_t rounded = (size + kHugePage - 1) / kHugePage * kHugePage;
-  const std::size_t span = rounded + kHugePage;
-  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) {
-    throw OsError(str("cannot allocate ", size, " bytes of host memory: ", std::strerror(errno)), errno);
+  const std::size_t rounded = rounded_huge(size);
+  Pool& pl = pool();
+  {
+    std::lock_guard<std::mutex> lock(pl.mutex);
+    // Reuse a pooled mapping of at least this size and at most 25% larger.
+    auto it = pl.free_blocks.lower_bound(rounded);
+    if (it != pl.free_blocks.end() && it->first <= rounded + rounded / 4) {
+      b.data_ = it->second;
+      pl.pooled -= it->first;
+      pl.free_blocks.erase(it);
+      return b;
+    }
   }
-  auto base = reinterpret_cast<std::uintptr_t>(raw);
-  const std::uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > base) ::munmap(raw, aligned - base);
-  const std::uintptr_t end = aligned + rounded;
-  const std::uintptr_t span_end = base + span;
-  if (span_end > end) ::munmap(reinterpret_cast<void*>(end), span_end - end);
-  b.data_ = reinterpret_cast<void*>(aligned);
-  ::madvise(b.data_, rounded, MADV_HUGEPAGE);  // advisory: failure only costs speed
+  void* p = map_huge(rounded);
+  {
+    std::lock_guard<std::mutex> lock(pl.mutex);
+    pl.capacity[p] = rounded;
+  }
+  b.data_ = p;
   return b;
 }
 
@@ -56,8 +126,21 @@ void Buffer::free(void* data, std::size_t size) {
     std::free(data);
     return;
   }
-  const std::size_t rounded = (size + kHugePage - 1) / kHugePage * kHugePage;
-  ::munmap(data, rounded);
+  Pool& pl = pool();
+  std::size_t cap = 0;
+  {
+    std::lock_guard<std::mutex> lock(pl.mutex);
+    auto it = pl.capacity.find(data);
+    if (it == pl.capacity.end()) return;  // not ours: nothing sensible to do
+    cap = it->second;
+    if (pl.pooled + cap <= pl.limit) {
+      pl.free_blocks.emplace(cap, data);
+      pl.pooled += cap;
+      return;
+    }
+    pl.capacity.erase(it);
+  }
+  ::munmap(data, cap);
 }
 
 Buffer::Buffer(Buffer&& other) noexcept : data_(other.data_), size_(other.size_) {

@@ -170,5 +170,34 @@ TEST(OsMemory, BuffersAreAlignedAndWritable) {
   Buffer::free(p, 8u << 20);
 }
 
+TEST(OsMemory, FreedLargeBuffersAreReusedWithinTheLimit) {
+  trim_buffer_pool();
+  set_buffer_pool_limit(kDefaultBufferPoolBytes);
+  void* first;
+  {
+    Buffer a = Buffer::allocate(8u << 20);
+    first = a.data();
+    std::memset(a.data(), 1, a.size());
+  }
+  EXPECT_EQ(buffer_pool_bytes(), 8u << 20);
+  {
+    Buffer b = Buffer::allocate((8u << 20) - 100000);  // similar size: reused
+    EXPECT_EQ(b.data(), first);
+    EXPECT_EQ(buffer_pool_bytes(), 0u);
+    Buffer c = Buffer::allocate(64u << 20);  // much larger: a new mapping
+    EXPECT_NE(c.data(), first);
+  }
+  {
+    Buffer d = Buffer::allocate(5u << 20);  // 8 MiB block is more than 25% too big: not reused
+    EXPECT_NE(d.data(), first);
+  }
+  trim_buffer_pool();
+  EXPECT_EQ(buffer_pool_bytes(), 0u);
+  set_buffer_pool_limit(0);  // pooling off: freed memory goes back to the OS
+  { Buffer e = Buffer::allocate(8u << 20); }
+  EXPECT_EQ(buffer_pool_bytes(), 0u);
+  set_buffer_pool_limit(kDefaultBufferPoolBytes);
+}
+
 }  // namespace
 }  // namespace medfast::os

@@ -23,6 +23,7 @@ inline constexpr int kDefaultThreads = 0;  ///< 0: one per hardware core
 inline constexpr int kDefaultGzipLevel = 6;
 inline constexpr std::uint64_t kDefaultGzipBufferLimit = 1ull << 30;   ///< 1 GiB compressed
 inline constexpr std::uint64_t kDefaultMaxVolumeBytes = 64ull << 30;   ///< 64 GiB decoded
+inline constexpr std::uint64_t kDefaultBufferPoolBytes = 1ull << 30;  ///< 1 GiB of recycled host buffers
 
 enum class SettingKind { integer, bytes, choice, text };
 

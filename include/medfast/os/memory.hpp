@@ -1,12 +1,29 @@
 #pragma once
 /// \file
 /// Page-aligned host buffers. Large buffers are mmap-ed and advised for
-/// transparent huge pages, which halves the cost of first-touch page faults
-/// when a multi-hundred-MB volume is decoded into fresh memory.
+/// transparent huge pages, so first-touch faults are few.
+///
+/// Freed large buffers go back to a bounded pool and are handed out again
+/// for requests of a similar size (within 25%), as PyTorch's caching
+/// allocators do: a loader that decodes volume after volume then writes into
+/// memory that is already mapped, instead of paying the kernel to zero fresh
+/// pages each time. The pool holds at most buffer_pool_limit() bytes; beyond
+/// that, memory goes straight back to the OS.
 
 #include <cstddef>
+#include <cstdint>
+
+#include "medfast/core/settings.hpp"
 
 namespace medfast::os {
+
+/// Bytes of freed buffers the pool may keep (0 disables pooling); default kDefaultBufferPoolBytes.
+void set_buffer_pool_limit(std::uint64_t bytes);
+std::uint64_t buffer_pool_limit();
+/// Bytes currently held by the pool.
+std::uint64_t buffer_pool_bytes();
+/// Returns every pooled buffer to the OS.
+void trim_buffer_pool();
 
 /// A move-only, 4 KiB-aligned (2 MiB for large sizes) block of host memory.
 class Buffer {

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs medfast's tests: the README's test command, and what CI runs.
+#   1. installs the Debian packages (scripts/setup.sh, idempotent)
+#   2. builds medfast and its tests (build/), and the fuzz target with clang (build-fuzz/)
+#   3. runs a short libFuzzer smoke run, then the test suite with ctest
+# MEDFAST_FUZZ_SECONDS (default 60) sets the length of the fuzz run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+jobs=$(nproc)
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j "$jobs"
+
+cmake -S . -B build-fuzz -G Ninja -DMEDFAST_FUZZ_ONLY=ON \
+  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
+  -DFUZZ_SECONDS="${MEDFAST_FUZZ_SECONDS:-60}"
+cmake --build build-fuzz -j "$jobs"
+
+echo "== fuzz smoke run (${MEDFAST_FUZZ_SECONDS:-60} s)"
+ctest --test-dir build-fuzz --output-on-failure
+
+echo "== test suite"
+ctest --test-dir build --output-on-failure -j "$jobs"
