@@ -69,6 +69,32 @@ void align_data(RawImage& img) {
   }
 }
 
+// Validates a gzip file's header and allocates room for header + voxels, so
+// that the inflated stream lands with the voxels at vox_offset.
+RawImage start_gzip_image(const std::uint8_t* prefix, std::size_t got, const std::string& name,
+                          std::uint64_t compressed_bytes, const NiftiReadOptions& options) {
+  RawImage img;
+  img.header = parse_header(prefix, got, name);
+  img.gzipped = true;
+  img.file_bytes = compressed_bytes;
+  check_data_size(img.header, name, options.max_volume_bytes);
+  check_gzip_capacity(img.header, name, compressed_bytes);
+  img.storage = os::Buffer::allocate(static_cast<std::size_t>(img.header.vox_offset) + img.header.data_bytes());
+  img.offset = static_cast<std::size_t>(img.header.vox_offset);
+  return img;
+}
+
+void finish_gzip_image(RawImage& img, std::size_t produced, const std::string& name) {
+  const std::size_t total = img.offset + img.header.data_bytes();
+  if (produced < total) {
+    throw FormatError(str(name, ": file is truncated: the header announces ", describe(img.header), " = ",
+                          img.header.data_bytes(), " bytes of voxel data at vox_offset ", img.header.vox_offset,
+                          ", but the gzip stream ends after ", produced, " decompressed bytes"));
+  }
+  align_data(img);
+  finish(img);
+}
+
 RawImage decode_gzip_memory(const void* bytes, std::size_t size, const std::string& name,
                             const NiftiReadOptions& options) {
   std::uint8_t prefix[kNifti2HeaderSize];
@@ -77,85 +103,50 @@ RawImage decode_gzip_memory(const void* bytes, std::size_t size, const std::stri
     io::GzipReader head(bytes, size, name);
     got = head.read(prefix, sizeof prefix);
   }
-  RawImage img;
-  img.header = parse_header(prefix, got, name);
-  img.gzipped = true;
-  img.file_bytes = size;
-  check_data_size(img.header, name, options.max_volume_bytes);
-  check_gzip_capacity(img.header, name, size);
-  const std::size_t total = static_cast<std::size_t>(img.header.vox_offset) + img.header.data_bytes();
-  img.storage = os::Buffer::allocate(total);
-  img.offset = static_cast<std::size_t>(img.header.vox_offset);
-  const std::size_t produced = io::gunzip_into(bytes, size, img.storage.data(), total, name);
-  if (produced < total) {
-    throw FormatError(str(name, ": file is truncated: the header announces ", describe(img.header), " = ",
-                          img.header.data_bytes(), " bytes of voxel data at vox_offset ", img.header.vox_offset,
-                          ", but the gzip stream ends after ", produced, " decompressed bytes"));
-  }
-  align_data(img);
-  finish(img);
+  RawImage img = start_gzip_image(prefix, got, name, size, options);
+  const std::size_t total = img.offset + img.header.data_bytes();
+  finish_gzip_image(img, io::gunzip_into(bytes, size, img.storage.data(), total, name), name);
   return img;
 }
 
 RawImage read_gzip_stream(const os::File& file, const NiftiReadOptions& options) {
-  const std::string& name = file.path();
   io::GzipReader stream(file);
   std::uint8_t prefix[kNifti2HeaderSize];
   const std::size_t got = stream.read(prefix, sizeof prefix);
-  RawImage img;
-  img.header = parse_header(prefix, got, name);
-  img.gzipped = true;
-  img.file_bytes = file.size();
-  check_data_size(img.header, name, options.max_volume_bytes);
-  check_gzip_capacity(img.header, name, img.file_bytes);
-  const std::size_t total = static_cast<std::size_t>(img.header.vox_offset) + img.header.data_bytes();
-  img.storage = os::Buffer::allocate(total);
-  img.offset = static_cast<std::size_t>(img.header.vox_offset);
+  RawImage img = start_gzip_image(prefix, got, file.path(), file.size(), options);
+  const std::size_t total = img.offset + img.header.data_bytes();
   const std::size_t head = std::min(got, total);
   std::memcpy(img.storage.data(), prefix, head);
   const std::size_t rest = stream.read(static_cast<char*>(img.storage.data()) + head, total - head);
-  if (head + rest < total) {
-    throw FormatError(str(name, ": file is truncated: the header announces ", describe(img.header), " = ",
-                          img.header.data_bytes(), " bytes of voxel data at vox_offset ", img.header.vox_offset,
-                          ", but the gzip stream ends after ", head + rest, " decompressed bytes"));
-  }
-  align_data(img);
-  finish(img);
+  finish_gzip_image(img, head + rest, file.path());
   return img;
 }
 
+}  // namespace
+
+namespace {
+template <typename Word>
+void swap_words(std::uint8_t* p, std::size_t count, Word (*swap)(Word)) {
+  for (std::size_t i = 0; i < count; ++i) {
+    Word v;
+    std::memcpy(&v, p + sizeof(Word) * i, sizeof(Word));
+    v = swap(v);
+    std::memcpy(p + sizeof(Word) * i, &v, sizeof(Word));
+  }
+}
+std::uint16_t bswap16(std::uint16_t v) { return __builtin_bswap16(v); }
+std::uint32_t bswap32(std::uint32_t v) { return __builtin_bswap32(v); }
+std::uint64_t bswap64(std::uint64_t v) { return __builtin_bswap64(v); }
 }  // namespace
 
 void byteswap_inplace(void* data, std::size_t count, std::size_t element_size) {
   auto* p = static_cast<std::uint8_t*>(data);
   switch (element_size) {
     case 1: return;
-    case 2:
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint16_t v;
-        std::memcpy(&v, p + 2 * i, 2);
-        v = __builtin_bswap16(v);
-        std::memcpy(p + 2 * i, &v, 2);
-      }
-      return;
-    case 4:
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint32_t v;
-        std::memcpy(&v, p + 4 * i, 4);
-        v = __builtin_bswap32(v);
-        std::memcpy(p + 4 * i, &v, 4);
-      }
-      return;
-    case 8:
-      for (std::size_t i = 0; i < count; ++i) {
-        std::uint64_t v;
-        std::memcpy(&v, p + 8 * i, 8);
-        v = __builtin_bswap64(v);
-        std::memcpy(p + 8 * i, &v, 8);
-      }
-      return;
-    default:
-      throw ValueError(str("byteswap: element size ", element_size, " is not 1, 2, 4 or 8"));
+    case 2: return swap_words(p, count, bswap16);
+    case 4: return swap_words(p, count, bswap32);
+    case 8: return swap_words(p, count, bswap64);
+    default: throw ValueError(str("byteswap: element size ", element_size, " is not 1, 2, 4 or 8"));
   }
 }
 

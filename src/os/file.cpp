@@ -73,6 +73,17 @@ int consult_hook(Op op, const std::string& path) {
   throw OsError(str(what, ": ", std::strerror(err)), err);
 }
 
+FileInfo to_info(const struct ::stat& st) {
+  FileInfo fi;
+  fi.size = static_cast<std::uint64_t>(st.st_size);
+  fi.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  fi.inode = st.st_ino;
+  fi.device = st.st_dev;
+  fi.is_regular = S_ISREG(st.st_mode);
+  fi.is_directory = S_ISDIR(st.st_mode);
+  return fi;
+}
+
 }  // namespace
 
 File File::open(const std::string& path, Mode mode, int extra_flags, mode_t permissions) {
@@ -115,14 +126,7 @@ FileInfo File::info() const {
   if (int err = consult_hook(Op::stat, path_)) throw_os(str("cannot stat ", path_), err);
   struct ::stat st {};
   if (::fstat(fd_, &st) != 0) throw_os(str("cannot stat ", path_), errno);
-  FileInfo fi;
-  fi.size = static_cast<std::uint64_t>(st.st_size);
-  fi.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  fi.inode = st.st_ino;
-  fi.device = st.st_dev;
-  fi.is_regular = S_ISREG(st.st_mode);
-  fi.is_directory = S_ISDIR(st.st_mode);
-  return fi;
+  return to_info(st);
 }
 
 std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) const {
@@ -193,14 +197,7 @@ FileInfo stat(const std::string& path) {
   if (int err = consult_hook(Op::stat, path)) throw_os(str("cannot stat ", path), err);
   struct ::stat st {};
   if (::stat(path.c_str(), &st) != 0) throw_os(str("cannot stat ", path), errno);
-  FileInfo fi;
-  fi.size = static_cast<std::uint64_t>(st.st_size);
-  fi.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  fi.inode = st.st_ino;
-  fi.device = st.st_dev;
-  fi.is_regular = S_ISREG(st.st_mode);
-  fi.is_directory = S_ISDIR(st.st_mode);
-  return fi;
+  return to_info(st);
 }
 
 bool exists(const std::string& path) {
