@@ -24,6 +24,7 @@ struct Command {
 Command register_config(CLI::App& root);
 Command register_info(CLI::App& root);
 Command register_data(CLI::App& root);
+Command register_io(CLI::App& root);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   app.add_option("--config-file", ctx.config_file, "YAML/JSON file whose 'settings:' map sets defaults [env MEDFAST_CONFIG_FILE]")
       ->group("Settings");
 
-  std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app)};
+  std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app),
+                                       cli::register_io(app)};
 
   try {
     app.parse(argc, argv);

@@ -53,6 +53,13 @@ std::vector<SettingDef> make_defs() {
             "compressed files up to this size are inflated in one buffer (libdeflate); larger ones are streamed"),
       bytes("max_volume_bytes", kDefaultMaxVolumeBytes,
             "largest decoded volume a header may announce; larger ones are refused before allocating"),
+      choice("io_backend", "auto", {"auto", "posix", "odirect", "io_uring", "cufile"},
+             "tensor file I/O backend (auto: io_uring if the kernel allows it, else posix)"),
+      bytes("io_block_size", kDefaultIoBlockSize, "bytes per I/O request"),
+      integer("io_queue_depth", kDefaultIoQueueDepth, 1, 4096, "io_uring requests kept in flight"),
+      integer("io_threads", kDefaultIoThreads, 0, 1024, "posix backend worker threads (0: the threads setting)"),
+      choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
+      bytes("io_alignment", kDefaultIoAlignment, "O_DIRECT buffer/offset/length alignment"),
       bytes("buffer_pool_bytes", kDefaultBufferPoolBytes,
             "freed large host buffers kept for reuse, so decoding skips the kernel's zero-fill (0: off)"),
   };
@@ -178,6 +185,14 @@ const Settings::Entry& Settings::entry(const std::string& name) const {
 
 std::int64_t Settings::get_int(const std::string& name) const { return parse_int(get(name), name); }
 std::uint64_t Settings::get_bytes(const std::string& name) const { return parse_bytes(get(name)); }
+
+bool parse_bool(const std::string& text, const std::string& what) {
+  if (text == "on" || text == "true" || text == "1" || text == "yes") return true;
+  if (text == "off" || text == "false" || text == "0" || text == "no") return false;
+  throw ValueError(str(what, ": '", text, "' is not on/off"));
+}
+
+bool Settings::get_bool(const std::string& name) const { return parse_bool(get(name), name); }
 
 int Settings::threads() const {
   const auto t = get_int("threads");

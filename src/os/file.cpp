@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -63,6 +64,14 @@ int consult_hook(Op op, const std::string& path, std::uint64_t offset, std::size
   if (r.max_bytes < size) size = r.max_bytes;
   return 0;
 }
+
+}  // namespace
+
+int testing::apply_hook(Op op, const std::string& path, std::uint64_t offset, std::size_t& size) {
+  return consult_hook(op, path, offset, size);
+}
+
+namespace {
 
 int consult_hook(Op op, const std::string& path) {
   std::size_t size = 0;
@@ -151,6 +160,51 @@ std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) 
     done += static_cast<std::size_t>(n);
   }
   return done;
+}
+
+std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
+  for (;;) {
+    std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
+    if (int err = consult_hook(Op::read, path_, offset, chunk)) {
+      if (err == EINTR) continue;
+      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), err);
+    }
+    const ssize_t n = ::pread(fd_, buffer, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), errno);
+    }
+    return static_cast<std::size_t>(n);
+  }
+}
+
+std::size_t File::write_once(const void* buffer, std::size_t size, std::uint64_t offset) {
+  for (;;) {
+    std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
+    if (int err = consult_hook(Op::write, path_, offset, chunk)) {
+      if (err == EINTR) continue;
+      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), err);
+    }
+    const ssize_t n = ::pwrite(fd_, buffer, chunk, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), errno);
+    }
+    return static_cast<std::size_t>(n);
+  }
+}
+
+void File::drop_cache() {
+  ::fdatasync(fd_);
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+}
+
+void File::truncate(std::uint64_t size) {
+  int r;
+  do {
+    r = ::ftruncate(fd_, static_cast<off_t>(size));
+  } while (r != 0 && errno == EINTR);
+  if (r != 0) throw_os(str("cannot truncate ", path_, " to ", size, " bytes"), errno);
 }
 
 void File::read_exact(void* buffer, std::size_t size, std::uint64_t offset) const {

@@ -24,8 +24,15 @@ inline constexpr int kDefaultGzipLevel = 6;
 inline constexpr std::uint64_t kDefaultGzipBufferLimit = 1ull << 30;   ///< 1 GiB compressed
 inline constexpr std::uint64_t kDefaultMaxVolumeBytes = 64ull << 30;   ///< 64 GiB decoded
 inline constexpr std::uint64_t kDefaultBufferPoolBytes = 1ull << 30;  ///< 1 GiB of recycled host buffers
+inline constexpr std::uint64_t kDefaultIoBlockSize = 1ull << 20;      ///< 1 MiB per request
+inline constexpr int kDefaultIoQueueDepth = 128;                      ///< io_uring requests in flight
+inline constexpr int kDefaultIoThreads = 0;                           ///< posix workers (0: the threads setting)
+inline constexpr std::uint64_t kDefaultIoAlignment = 4096;            ///< O_DIRECT alignment
 
 enum class SettingKind { integer, bytes, choice, text };
+
+/// Parses on/off style values: on|off|true|false|1|0|yes|no. Throws ValueError.
+bool parse_bool(const std::string& text, const std::string& what);
 
 /// A declared setting.
 struct SettingDef {
@@ -72,6 +79,7 @@ class Settings {
   const std::string& get(const std::string& name) const { return entry(name).value; }
   std::int64_t get_int(const std::string& name) const;
   std::uint64_t get_bytes(const std::string& name) const;
+  bool get_bool(const std::string& name) const;
   /// threads, with 0 resolved to the number of hardware cores.
   int threads() const;
 

@@ -35,6 +35,11 @@ struct HookResult {
 };
 using Hook = std::function<HookResult(Op op, const std::string& path, std::uint64_t offset, std::size_t size)>;
 
+/// Consults the installed hook for one transfer (used by code that does not
+/// go through File::read_at, e.g. io_uring completions). Returns the errno to
+/// fail with (0: proceed) and may shrink `size`.
+int apply_hook(Op op, const std::string& path, std::uint64_t offset, std::size_t& size);
+
 /// Installs a hook for the lifetime of the object (process-wide; tests only).
 class ScopedHook {
  public:
@@ -88,6 +93,16 @@ class File {
   /// Reads exactly `size` bytes or throws (an early end of file is an error
   /// naming the path, offset, size and the bytes that were there).
   void read_exact(void* buffer, std::size_t size, std::uint64_t offset) const;
+  /// One pread(2) (EINTR retried, no continuation of short reads): for
+  /// O_DIRECT, where a continuation must restart at an aligned offset.
+  std::size_t read_once(void* buffer, std::size_t size, std::uint64_t offset) const;
+  /// One pwrite(2) (EINTR retried); returns the bytes written.
+  std::size_t write_once(const void* buffer, std::size_t size, std::uint64_t offset);
+  /// Asks the kernel to drop this file's clean pages from the page cache
+  /// (posix_fadvise DONTNEED), so that the next read is cold. Best effort.
+  void drop_cache();
+  /// ftruncate(2).
+  void truncate(std::uint64_t size);
   /// Writes all `size` bytes at `offset` or throws (ENOSPC, EIO...).
   void write_at(const void* buffer, std::size_t size, std::uint64_t offset);
   /// fsync(2).

@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// The tensor file engine's host-memory half: one FileHandle whose backend
+/// (posix, odirect, io_uring; cufile for device memory, see tensor_io.hpp) is
+/// chosen at run time, probed once, logged once, and forceable with
+/// MEDFAST_IO_BACKEND.
+///
+/// O_DIRECT protocol: the kernel moves data only between block-aligned file
+/// offsets and block-aligned buffers, in block-aligned lengths. A request at
+/// any offset, size and address is cut into aligned pieces: pieces whose
+/// destination is aligned go straight to (or from) the caller's memory;
+/// unaligned heads, tails and misaligned buffers go through aligned bounce
+/// buffers (for io_uring, registered with the ring). Writes of partial blocks
+/// read the block first (read-modify-write) and the file is truncated back to
+/// its true size afterwards. Concurrent writes that share a block must not
+/// overlap in time; disjoint aligned writes are safe.
+///
+/// Short transfers and EINTR are continued; EIO, ENOSPC and the like become
+/// OsError naming the path, offset and size. Every system call goes through
+/// os/ (io_uring completions pass through the same fault hooks as pread).
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "medfast/core/settings.hpp"
+
+namespace medfast::io {
+
+enum class Backend { posix, odirect, io_uring, cufile };
+const char* backend_name(Backend backend);
+/// "posix" | "odirect" | "io_uring" | "cufile"; throws ValueError otherwise.
+Backend parse_backend(const std::string& name);
+
+/// Options of the engine; every field is also a setting (io_*).
+struct IoOptions {
+  std::string backend = "auto";  ///< auto | posix | odirect | io_uring | cufile
+  std::uint64_t block_size = kDefaultIoBlockSize;
+  int queue_depth = kDefaultIoQueueDepth;
+  int threads = 1;  ///< posix/odirect workers
+  bool direct = true;
+  std::uint64_t alignment = kDefaultIoAlignment;
+
+  IoOptions& set_backend(const std::string& v);
+  IoOptions& set_block_size(std::uint64_t v);
+  IoOptions& set_queue_depth(int v);
+  IoOptions& set_threads(int v);
+  IoOptions& set_direct(bool v) { direct = v; return *this; }
+  IoOptions& set_alignment(std::uint64_t v);
+  /// Throws ValueError naming the field (block_size must be a multiple of alignment...).
+  void validate() const;
+  /// From the resolved io_* settings (io_threads 0: the threads setting).
+  static IoOptions from(const Settings& settings);
+};
+
+/// What the run-time probe found; computed once per process.
+struct IoProbe {
+  bool io_uring = false;
+  std::string io_uring_detail;  ///< why not, if not
+  bool cufile = false;
+  std::string cufile_detail;
+};
+const IoProbe& probe();
+
+/// The backend `options` select for host memory (auto resolves through the probe).
+Backend select_backend(const IoOptions& options);
+
+/// One open file and the backend that moves its bytes.
+class FileHandle {
+ public:
+  enum class Mode {
+    read,        ///< existing file
+    write,       ///< create or truncate
+    read_write,  ///< create if missing, keep contents
+  };
+
+  static FileHandle open(const std::string& path, Mode mode, const IoOptions& options = {});
+  FileHandle(FileHandle&&) noexcept;
+  FileHandle& operator=(FileHandle&&) noexcept;
+  ~FileHandle();
+
+  Backend backend() const;
+  const std::string& path() const;
+  const IoOptions& options() const;
+  /// True if O_DIRECT is in use (the file system may refuse it: then false).
+  bool direct() const;
+  std::uint64_t size() const;
+
+  /// Reads up to `size` bytes at `offset` into host memory; fewer only at end of file.
+  std::size_t read(void* dst, std::size_t size, std::uint64_t offset);
+  /// Reads exactly `size` bytes or throws FormatError naming path, offset and size.
+  void read_exact(void* dst, std::size_t size, std::uint64_t offset);
+  /// Writes all bytes or throws OsError naming path, offset and size.
+  void write(const void* src, std::size_t size, std::uint64_t offset);
+  /// Asynchronous forms; the memory must stay valid until the future is ready.
+  std::future<std::size_t> read_async(void* dst, std::size_t size, std::uint64_t offset);
+  std::future<void> write_async(const void* src, std::size_t size, std::uint64_t offset);
+  /// fsync.
+  void sync();
+  /// The file registered with cuFile (GPUDirect Storage), registering it on
+  /// first use; null if cuFile is unavailable or refuses this file.
+  void* cufile_handle();
+
+ private:
+  struct Impl;
+  explicit FileHandle(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace medfast::io

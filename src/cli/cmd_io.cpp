@@ -1,0 +1,300 @@
+// medfast io load|store|bench: the tensor file engine from the command line,
+// after DeepSpeed's DeepNVMe example scripts. Each loop prints GB/s; the
+// median closes the run; --validate compares with a plain read.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "commands.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/core/random.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::cli {
+
+namespace {
+
+// Engine flags of the io subcommands; each one sets the registry entry it names.
+struct EngineFlags {
+  std::string backend, block_size;
+  int queue_depth = 0, threads = 0;
+  std::string direct;
+  void add(CLI::App* app) {
+    app->add_option("--backend", backend, "posix | odirect | io_uring | cufile | auto (setting io_backend)");
+    app->add_option("--block-size", block_size, "bytes per request, e.g. 1M (setting io_block_size)");
+    app->add_option("--queue-depth", queue_depth, "io_uring requests in flight (setting io_queue_depth)");
+    app->add_option("--threads", threads, "posix/odirect worker threads (setting io_threads)");
+    app->add_option("--direct", direct, "on | off: O_DIRECT (setting io_direct)");
+  }
+  void apply(Settings& s) const {
+    if (!backend.empty()) s.set("io_backend", backend, SettingSource::flag, "--backend");
+    if (!block_size.empty()) s.set("io_block_size", block_size, SettingSource::flag, "--block-size");
+    if (queue_depth > 0) s.set("io_queue_depth", std::to_string(queue_depth), SettingSource::flag, "--queue-depth");
+    if (threads > 0) s.set("io_threads", std::to_string(threads), SettingSource::flag, "--threads");
+    if (!direct.empty()) s.set("io_direct", direct, SettingSource::flag, "--direct");
+  }
+};
+
+at::Device parse_device(const std::string& name) {
+  if (name == "cpu") return at::kCPU;
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+    if (!at::hasCUDA()) {
+      throw ValueError(str("--device ", name, ": no CUDA device is available (libtorch without CUDA, or no GPU)"));
+    }
+    return at::Device(name);
+  }
+  throw ValueError(str("--device '", name, "' is not cpu or cuda[:N]"));
+}
+
+at::Tensor make_buffer(std::size_t bytes, const at::Device& device) {
+  if (device.is_cpu()) return io::empty_aligned(bytes);
+  return at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+bool same_bytes_as_plain_read(const std::string& path, const at::Tensor& data, std::uint64_t bytes) {
+  const at::Tensor host = data.is_cpu() ? data : data.cpu();
+  const os::File f = os::File::open(path, os::File::Mode::read);
+  std::vector<char> plain(1 << 20);
+  for (std::uint64_t pos = 0; pos < bytes; pos += plain.size()) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(plain.size(), bytes - pos));
+    f.read_exact(plain.data(), n, pos);
+    if (std::memcmp(plain.data(), static_cast<const char*>(host.data_ptr()) + pos, n) != 0) return false;
+  }
+  return true;
+}
+
+nlohmann::json engine_json(const io::FileHandle& f, const io::IoOptions& o) {
+  return {{"backend", io::backend_name(f.backend())}, {"direct", f.direct()},  {"block_size", o.block_size},
+          {"queue_depth", o.queue_depth},             {"threads", o.threads}};
+}
+
+struct LoadArgs {
+  std::string file, device = "cpu";
+  int loops = 3;
+  bool validate = false, json = false, drop_cache = false;
+  EngineFlags engine;
+};
+
+struct LoadResult {
+  std::vector<double> seconds;
+  std::uint64_t bytes = 0;
+  bool validated = false;
+  nlohmann::json engine;
+};
+
+LoadResult load(const std::string& file, const io::IoOptions& options, const at::Device& device, int loops,
+                bool drop_cache, bool validate) {
+  io::FileHandle f = io::FileHandle::open(file, io::FileHandle::Mode::read, options);
+  LoadResult r;
+  r.bytes = f.size();
+  r.engine = engine_json(f, options);
+  if (!device.is_cpu()) r.engine["device_path"] = io::device_path(f);
+  at::Tensor buf = make_buffer(static_cast<std::size_t>(r.bytes), device);
+  for (int i = 0; i < loops; ++i) {
+    if (drop_cache) os::File::open(file, os::File::Mode::read).drop_cache();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t got = io::read_into(f, buf, 0);
+    r.seconds.push_back(seconds_since(t0));
+    MEDFAST_CHECK(got == r.bytes, file, ": read ", got, " of ", r.bytes, " bytes");
+  }
+  if (validate) {
+    r.validated = same_bytes_as_plain_read(file, buf, r.bytes);
+    MEDFAST_CHECK(r.validated, "io load --validate: ", file, ": the bytes read differ from a plain read");
+  }
+  return r;
+}
+
+int report(const char* what, const std::string& target, const LoadResult& r, const std::string& device, bool json) {
+  std::vector<double> gbps;
+  for (double s : r.seconds) gbps.push_back(static_cast<double>(r.bytes) / s / 1e9);
+  if (json) {
+    nlohmann::json j = r.engine;
+    j["operation"] = what;
+    j["target"] = target;
+    j["bytes"] = r.bytes;
+    j["device"] = device;
+    j["seconds"] = r.seconds;
+    j["gbps"] = gbps;
+    j["median_gbps"] = median(gbps);
+    j["validated"] = r.validated;
+    print_json(j.dump(2));
+    return 0;
+  }
+  std::printf("%s %s: %s, backend %s%s, block %s, queue depth %d, threads %d, device %s\n", what, target.c_str(),
+              format_bytes(r.bytes).c_str(), r.engine["backend"].get<std::string>().c_str(),
+              r.engine["direct"].get<bool>() ? " (O_DIRECT)" : "",
+              format_bytes(r.engine["block_size"].get<std::uint64_t>()).c_str(), r.engine["queue_depth"].get<int>(),
+              r.engine["threads"].get<int>(), device.c_str());
+  for (std::size_t i = 0; i < gbps.size(); ++i) {
+    std::printf("  loop %zu: %.3f s, %.2f GB/s\n", i + 1, r.seconds[i], gbps[i]);
+  }
+  std::printf("  median: %.2f GB/s%s\n", median(gbps), r.validated ? " (validated against a plain read)" : "");
+  return 0;
+}
+
+struct StoreArgs {
+  std::string dir, device = "cpu";
+  double mb = 1024;
+  int loops = 3;
+  bool validate = false, json = false;
+  EngineFlags engine;
+};
+
+int run_store(const StoreArgs& a, Context& ctx) {
+  a.engine.apply(ctx.settings);
+  const auto options = io::IoOptions::from(ctx.settings);
+  const at::Device device = parse_device(a.device);
+  MEDFAST_CHECK_T(ValueError, a.mb > 0, "io store: --mb-size ", a.mb, " must be positive");
+  const auto bytes = static_cast<std::size_t>(a.mb * 1024 * 1024);
+  os::make_directories(a.dir);
+  const std::string path = str(a.dir, "/medfast-io-store-", ::getpid(), ".bin");
+  // Deterministic, incompressible content.
+  at::Tensor host = io::empty_aligned(bytes);
+  Rng rng(derive_seed({0x57023}));
+  auto* words = static_cast<std::uint64_t*>(host.data_ptr());
+  for (std::size_t i = 0; i < bytes / 8; ++i) words[i] = rng.next();
+  for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) static_cast<char*>(host.data_ptr())[i] = static_cast<char>(i);
+  const at::Tensor src = device.is_cpu() ? host : host.to(device);
+  LoadResult r;
+  r.bytes = bytes;
+  struct Cleanup {
+    std::string p;
+    ~Cleanup() { os::remove_file(p); }
+  } cleanup{path};
+  for (int i = 0; i < a.loops; ++i) {
+    io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::write, options);
+    if (i == 0) {
+      r.engine = engine_json(f, options);
+      if (!device.is_cpu()) r.engine["device_path"] = io::device_path(f);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    io::write_from(f, src, 0);
+    f.sync();  // timed: a store is done when it is durable
+    r.seconds.push_back(seconds_since(t0));
+  }
+  if (a.validate) {
+    r.validated = same_bytes_as_plain_read(path, host, bytes) && os::stat(path).size == bytes;
+    MEDFAST_CHECK(r.validated, "io store --validate: ", path, " does not hold the bytes written");
+  }
+  return report("store", a.dir, r, a.device, a.json);
+}
+
+struct BenchArgs {
+  std::string file;
+  int loops = 2;
+  bool json = false;
+};
+
+int run_bench(const BenchArgs& a, Context& ctx) {
+  const auto base = io::IoOptions::from(ctx.settings);
+  struct Row {
+    std::string backend;
+    std::uint64_t block;
+    int depth, threads;
+    bool direct;
+    double gbps;
+  };
+  std::vector<Row> rows;
+  auto measure = [&](io::IoOptions o) {
+    const LoadResult r = load(a.file, o, at::kCPU, a.loops, /*drop_cache=*/!o.direct, /*validate=*/false);
+    std::vector<double> g;
+    for (double s : r.seconds) g.push_back(static_cast<double>(r.bytes) / s / 1e9);
+    rows.push_back({r.engine["backend"], o.block_size, o.queue_depth, o.threads, r.engine["direct"], median(g)});
+    if (!a.json) {
+      std::printf("%-9s direct=%-3s block %-9s depth %-4d threads %-3d %7.2f GB/s\n", rows.back().backend.c_str(),
+                  rows.back().direct ? "on" : "off", format_bytes(o.block_size).c_str(), o.queue_depth, o.threads,
+                  rows.back().gbps);
+      std::fflush(stdout);
+    }
+  };
+  for (std::uint64_t block : {std::uint64_t{128} << 10, std::uint64_t{1} << 20, std::uint64_t{4} << 20}) {
+    for (int threads : {1, base.threads}) {
+      measure(io::IoOptions(base).set_backend("posix").set_block_size(block).set_threads(threads).set_direct(false));
+      measure(io::IoOptions(base).set_backend("odirect").set_block_size(block).set_threads(threads).set_direct(true));
+      if (threads == base.threads) break;
+    }
+    if (io::probe().io_uring) {
+      for (int depth : {8, 32, 128}) {
+        measure(io::IoOptions(base).set_backend("io_uring").set_block_size(block).set_queue_depth(depth).set_direct(true));
+      }
+    }
+  }
+  const auto best = std::max_element(rows.begin(), rows.end(), [](const Row& x, const Row& y) { return x.gbps < y.gbps; });
+  if (a.json) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& r : rows) {
+      j.push_back({{"backend", r.backend}, {"block_size", r.block}, {"queue_depth", r.depth}, {"threads", r.threads},
+                   {"direct", r.direct}, {"gbps", r.gbps}});
+    }
+    print_json(nlohmann::json{{"file", a.file}, {"results", j}, {"best", j[best - rows.begin()]}}.dump(2));
+  } else {
+    std::printf("best: %s direct=%s block %s depth %d threads %d: %.2f GB/s\n", best->backend.c_str(),
+                best->direct ? "on" : "off", format_bytes(best->block).c_str(), best->depth, best->threads, best->gbps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command register_io(CLI::App& root) {
+  auto* io = root.add_subcommand("io", "Tensor file I/O engine: load, store, sweep");
+  io->require_subcommand(1);
+
+  auto la = std::make_shared<LoadArgs>();
+  auto* load_cmd = io->add_subcommand("load", "Read a file into a CPU or CUDA tensor, timing each loop");
+  load_cmd->add_option("--file", la->file, "File to read")->required();
+  load_cmd->add_option("--device", la->device, "cpu | cuda[:N]")->capture_default_str();
+  load_cmd->add_option("--loop", la->loops, "Number of timed loads")->capture_default_str();
+  load_cmd->add_flag("--validate", la->validate, "Compare the bytes with a plain read");
+  load_cmd->add_flag("--drop-cache", la->drop_cache, "Drop the file from the page cache before each loop (cold reads)");
+  load_cmd->add_flag("--json", la->json, "Print JSON");
+  la->engine.add(load_cmd);
+
+  auto sa = std::make_shared<StoreArgs>();
+  auto* store_cmd = io->add_subcommand("store", "Write a tensor to a file in DIR (removed afterwards), timing each loop");
+  store_cmd->add_option("--dir", sa->dir, "Folder to write in")->required();
+  store_cmd->add_option("--mb-size", sa->mb, "MiB to write")->capture_default_str();
+  store_cmd->add_option("--device", sa->device, "cpu | cuda[:N]")->capture_default_str();
+  store_cmd->add_option("--loop", sa->loops, "Number of timed stores")->capture_default_str();
+  store_cmd->add_flag("--validate", sa->validate, "Read the file back with a plain read and compare");
+  store_cmd->add_flag("--json", sa->json, "Print JSON");
+  sa->engine.add(store_cmd);
+
+  auto ba = std::make_shared<BenchArgs>();
+  auto* bench_cmd = io->add_subcommand("bench", "Sweep backends, block sizes and queue depths on FILE");
+  bench_cmd->add_option("file", ba->file, "File to read")->required();
+  bench_cmd->add_option("--loop", ba->loops, "Loads per configuration")->capture_default_str();
+  bench_cmd->add_flag("--json", ba->json, "Print JSON");
+
+  Command c;
+  c.app = io;
+  c.run = [la, sa, ba, load_cmd, store_cmd](Context& ctx) {
+    if (load_cmd->parsed()) {
+      la->engine.apply(ctx.settings);
+      MEDFAST_CHECK_T(ValueError, la->loops >= 1, "io load: --loop ", la->loops, " must be at least 1");
+      const LoadResult r = load(la->file, io::IoOptions::from(ctx.settings), parse_device(la->device), la->loops,
+                                la->drop_cache, la->validate);
+      return report("load", la->file, r, la->device, la->json);
+    }
+    if (store_cmd->parsed()) return run_store(*sa, ctx);
+    return run_bench(*ba, ctx);
+  };
+  return c;
+}
+
+}  // namespace medfast::cli

@@ -1,0 +1,152 @@
+#include "medfast/io/tensor_io.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "medfast/core/error.hpp"
+#include "medfast/os/memory.hpp"
+#include "medfast/shim/cufile.hpp"
+
+namespace medfast::io {
+
+namespace {
+
+constexpr std::size_t kBounceChunk = 16u << 20;
+
+void check_tensor(const at::Tensor& t, const char* what) {
+  MEDFAST_CHECK_T(ValueError, t.defined(), what, ": the tensor is undefined");
+  MEDFAST_CHECK_T(ValueError, t.is_contiguous(), what, ": the tensor must be contiguous");
+  MEDFAST_CHECK_T(ValueError, t.is_cpu() || t.is_cuda(), what, ": tensors on ", t.device(),
+                  " are not supported (CPU or CUDA)");
+}
+
+std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
+
+// libtorch 1.13's c10::Event has no host-side wait; poll it (a chunk's copy takes about a millisecond).
+void wait(const c10::Event& e) {
+  if (!e.was_marked_for_recording()) return;
+  while (!e.query()) std::this_thread::yield();
+}
+
+bool use_cufile(FileHandle& f) { return f.backend() == Backend::cufile && f.cufile_handle() != nullptr; }
+
+// Device transfers through two pinned host buffers, double-buffered.
+std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
+  const std::size_t total = nbytes(dst);
+  const at::Tensor flat = dst.view({-1}).view(at::kByte);
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  const std::size_t chunk = std::min(total, kBounceChunk);
+  at::Tensor host[2] = {at::empty({static_cast<std::int64_t>(chunk)}, pinned),
+                        at::empty({static_cast<std::int64_t>(chunk)}, pinned)};
+  c10::impl::VirtualGuardImpl guard(dst.device().type());
+  const c10::Stream stream = guard.getStream(dst.device());
+  c10::Event done[2] = {c10::Event(dst.device().type()), c10::Event(dst.device().type())};
+  std::size_t pos = 0;
+  for (int i = 0; pos < total; ++i) {
+    const int b = i % 2;
+    if (i >= 2) wait(done[b]);  // the copy out of this buffer has finished
+    const std::size_t len = std::min(chunk, total - pos);
+    const std::size_t got = f.read(host[b].data_ptr(), len, offset + pos);
+    if (got > 0) {
+      flat.narrow(0, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(got))
+          .copy_(host[b].narrow(0, 0, static_cast<std::int64_t>(got)), /*non_blocking=*/true);
+      done[b].record(stream);
+    }
+    pos += got;
+    if (got < len) break;  // end of file
+  }
+  for (auto& e : done) wait(e);
+  return pos;
+}
+
+void bounce_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
+  const std::size_t total = nbytes(src);
+  const at::Tensor flat = src.view({-1}).view(at::kByte);
+  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
+  const std::size_t chunk = std::min(total, kBounceChunk);
+  for (std::size_t pos = 0; pos < total; pos += chunk) {
+    const std::size_t len = std::min(chunk, total - pos);
+    at::Tensor host = at::empty({static_cast<std::int64_t>(len)}, pinned);
+    host.copy_(flat.narrow(0, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(len)));  // synchronous
+    f.write(host.data_ptr(), len, offset + pos);
+  }
+}
+
+std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
+  const shim::CuFileApi* api = shim::cufile();
+  const std::size_t total = nbytes(dst);
+  std::size_t pos = 0;
+  while (pos < total) {
+    const ssize_t n = api->read(f.cufile_handle(), dst.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
+                                static_cast<off_t>(pos));
+    if (n < 0) {
+      throw OsError(str("cuFileRead of ", total, " bytes at offset ", offset, " from ", f.path(), " failed at offset ",
+                        offset + pos, " (", n, ")"),
+                    EIO);
+    }
+    if (n == 0) break;
+    pos += static_cast<std::size_t>(n);
+  }
+  return pos;
+}
+
+void cufile_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
+  const shim::CuFileApi* api = shim::cufile();
+  const std::size_t total = nbytes(src);
+  std::size_t pos = 0;
+  while (pos < total) {
+    const ssize_t n = api->write(f.cufile_handle(), src.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
+                                 static_cast<off_t>(pos));
+    if (n <= 0) {
+      throw OsError(str("cuFileWrite of ", total, " bytes at offset ", offset, " to ", f.path(), " failed at offset ",
+                        offset + pos, " (", n, ")"),
+                    EIO);
+    }
+    pos += static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+at::Tensor empty_aligned(std::size_t bytes) {
+  os::Buffer b = os::Buffer::allocate(bytes);
+  void* p = b.release();
+  return at::from_blob(
+      p, {static_cast<std::int64_t>(bytes)}, [bytes](void* q) { os::Buffer::free(q, bytes); },
+      at::TensorOptions().dtype(at::kByte));
+}
+
+std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset) {
+  check_tensor(dst, "read_into");
+  if (dst.is_cpu()) return file.read(dst.data_ptr(), nbytes(dst), offset);
+  return use_cufile(file) ? cufile_read(file, dst, offset) : bounce_read(file, dst, offset);
+}
+
+void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
+  check_tensor(src, "write_from");
+  if (src.is_cpu()) return file.write(src.data_ptr(), nbytes(src), offset);
+  if (use_cufile(file)) return cufile_write(file, src, offset);
+  bounce_write(file, src, offset);
+}
+
+std::future<std::size_t> read_into_async(FileHandle& file, const at::Tensor& dst, std::uint64_t offset) {
+  check_tensor(dst, "read_into_async");
+  return std::async(std::launch::async, [&file, dst, offset] { return read_into(file, dst, offset); });
+}
+
+std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
+  check_tensor(src, "write_from_async");
+  return std::async(std::launch::async, [&file, src, offset] { write_from(file, src, offset); });
+}
+
+std::string device_path(FileHandle& file) {
+  return use_cufile(file) ? "cufile" : "bounce (pinned host buffers)";
+}
+
+}  // namespace medfast::io

@@ -1,0 +1,62 @@
+#include "medfast/shim/cufile.hpp"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast::shim {
+
+namespace {
+
+struct Loaded {
+  CuFileApi api;
+  bool ok = false;
+  std::string why;
+};
+
+template <typename Fn>
+bool bind(void* lib, const char* name, Fn& out, std::string& why) {
+  out = reinterpret_cast<Fn>(::dlsym(lib, name));
+  if (!out) why = str("libcufile has no symbol ", name);
+  return out != nullptr;
+}
+
+Loaded load() {
+  Loaded l;
+  void* lib = nullptr;
+  for (const char* name : {"libcufile.so.0", "libcufile.so.1", "libcufile.so"}) {
+    lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib) break;
+  }
+  if (!lib) {
+    l.why = "libcufile.so not found (GPUDirect Storage is not installed)";
+    return l;
+  }
+  CuFileApi& a = l.api;
+  if (!bind(lib, "cuFileDriverOpen", a.driver_open, l.why) || !bind(lib, "cuFileDriverClose", a.driver_close, l.why) ||
+      !bind(lib, "cuFileHandleRegister", a.handle_register, l.why) ||
+      !bind(lib, "cuFileHandleDeregister", a.handle_deregister, l.why) || !bind(lib, "cuFileRead", a.read, l.why) ||
+      !bind(lib, "cuFileWrite", a.write, l.why) || !bind(lib, "cuFileBufRegister", a.buf_register, l.why) ||
+      !bind(lib, "cuFileBufDeregister", a.buf_deregister, l.why)) {
+    return l;
+  }
+  const CUfileError e = a.driver_open();
+  if (e.err != 0) {
+    l.why = str("cuFileDriverOpen failed (cuFile error ", e.err, ", CUDA error ", e.cu_err, ")");
+    return l;
+  }
+  l.ok = true;
+  return l;
+}
+
+}  // namespace
+
+const CuFileApi* cufile(std::string* why) {
+  static const Loaded loaded = load();
+  if (why) *why = loaded.why;
+  return loaded.ok ? &loaded.api : nullptr;
+}
+
+}  // namespace medfast::shim
