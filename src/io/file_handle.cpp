@@ -245,6 +245,7 @@ struct FileHandle::Impl {
   std::size_t read_direct_range(char* out, std::size_t n, std::uint64_t off) {
     const std::uint64_t end = off + n;
     std::uint64_t pos = off;
+    int stalls = 0;
     while (pos < end) {
       const std::uint64_t a = align_down(pos, A());
       char* here = out + (pos - off);
@@ -257,7 +258,14 @@ struct FileHandle::Impl {
         const std::size_t len = static_cast<std::size_t>(std::min(B(), align_up(end - a, A())));
         char* bounce = bounce_block(static_cast<std::size_t>(B()));
         const std::size_t got = dfile.read_once(bounce, len, a);
-        if (a + got <= pos) break;  // end of file before pos
+        if (a + got <= pos) {
+          // Nothing new: end of file, or a short read that stopped before pos.
+          if (got == 0 || pos >= dfile.size()) break;
+          if (++stalls > 1000) {
+            throw OsError(str("read at offset ", pos, " from ", path, " makes no progress"), EIO);
+          }
+          continue;
+        }
         const std::uint64_t stop = std::min<std::uint64_t>(a + got, end);
         std::memcpy(here, bounce + (pos - a), static_cast<std::size_t>(stop - pos));
         pos = stop;

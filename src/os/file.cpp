@@ -146,16 +146,17 @@ std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) 
     // Linux transfers at most 0x7ffff000 bytes per call.
     if (chunk > 0x40000000) chunk = 0x40000000;
     const std::uint64_t at = offset + done;
-    ssize_t n;
-    if (int err = consult_hook(Op::read, path_, at, chunk)) {
+    std::size_t limit = chunk;
+    if (int err = consult_hook(Op::read, path_, at, limit)) {
       if (err == EINTR) continue;
       throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), err);
     }
-    n = ::pread(fd_, out + done, chunk, static_cast<off_t>(at));
+    ssize_t n = ::pread(fd_, out + done, chunk, static_cast<off_t>(at));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), errno);
     }
+    if (static_cast<std::size_t>(n) > limit) n = static_cast<ssize_t>(limit);  // simulated short read
     if (n == 0) break;  // end of file
     done += static_cast<std::size_t>(n);
   }
@@ -164,8 +165,9 @@ std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) 
 
 std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
   for (;;) {
-    std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
-    if (int err = consult_hook(Op::read, path_, offset, chunk)) {
+    const std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
+    std::size_t limit = chunk;
+    if (int err = consult_hook(Op::read, path_, offset, limit)) {
       if (err == EINTR) continue;
       throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), err);
     }
@@ -174,14 +176,15 @@ std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset
       if (errno == EINTR) continue;
       throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), errno);
     }
-    return static_cast<std::size_t>(n);
+    return std::min(static_cast<std::size_t>(n), limit);
   }
 }
 
 std::size_t File::write_once(const void* buffer, std::size_t size, std::uint64_t offset) {
   for (;;) {
-    std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
-    if (int err = consult_hook(Op::write, path_, offset, chunk)) {
+    const std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
+    std::size_t limit = chunk;
+    if (int err = consult_hook(Op::write, path_, offset, limit)) {
       if (err == EINTR) continue;
       throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), err);
     }
@@ -190,7 +193,7 @@ std::size_t File::write_once(const void* buffer, std::size_t size, std::uint64_t
       if (errno == EINTR) continue;
       throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), errno);
     }
-    return static_cast<std::size_t>(n);
+    return std::min(static_cast<std::size_t>(n), limit);
   }
 }
 
@@ -222,15 +225,17 @@ void File::write_at(const void* buffer, std::size_t size, std::uint64_t offset) 
     std::size_t chunk = size - done;
     if (chunk > 0x40000000) chunk = 0x40000000;
     const std::uint64_t at = offset + done;
-    if (int err = consult_hook(Op::write, path_, at, chunk)) {
+    std::size_t limit = chunk;
+    if (int err = consult_hook(Op::write, path_, at, limit)) {
       if (err == EINTR) continue;
       throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), err);
     }
-    const ssize_t n = ::pwrite(fd_, in + done, chunk, static_cast<off_t>(at));
+    ssize_t n = ::pwrite(fd_, in + done, chunk, static_cast<off_t>(at));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), errno);
     }
+    if (static_cast<std::size_t>(n) > limit) n = static_cast<ssize_t>(limit);  // simulated short write
     done += static_cast<std::size_t>(n);
   }
 }

@@ -1,7 +1,10 @@
 // End-to-end tests of the medfast binary: they run it and read its --json output.
 #include <gtest/gtest.h>
 
+#include <ATen/ATen.h>
+
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "test_util.hpp"
 
@@ -108,6 +111,72 @@ TEST(Cli, SynthRejectsBadSize) {
   const auto r = medfast("data synth --out " + (dir / "x") + " --size 10,10");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--size"), std::string::npos) << r.err;
+}
+
+TEST(CliIo, LoadValidatesAndReportsTheForcedBackend) {
+  test::TempDir dir;
+  std::string bytes(3u << 20, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + (i >> 12));
+  test::write_file(dir / "f.bin", bytes);
+  for (const std::string backend : {"posix", "odirect", "io_uring"}) {
+    const auto j = json_of(medfast("io load --file " + (dir / "f.bin") + " --backend " + backend +
+                                   " --loop 2 --validate --json --block-size 256K"));
+    EXPECT_EQ(j["backend"], backend);
+    EXPECT_EQ(j["bytes"], bytes.size());
+    EXPECT_EQ(j["validated"], true);
+    EXPECT_EQ(j["gbps"].size(), 2u);
+    EXPECT_EQ(j["block_size"], 256u << 10);
+  }
+  // The environment forces the backend too, and the flag wins over it.
+  const auto e = json_of(test::run("MEDFAST_IO_BACKEND=posix " + test::medfast_binary() + " io load --json --file " +
+                                   (dir / "f.bin")));
+  EXPECT_EQ(e["backend"], "posix");
+  const auto f = json_of(test::run("MEDFAST_IO_BACKEND=posix " + test::medfast_binary() +
+                                   " io load --json --backend odirect --file " + (dir / "f.bin")));
+  EXPECT_EQ(f["backend"], "odirect");
+  // Text output: one line per loop and the median.
+  const auto t = medfast("io load --file " + (dir / "f.bin") + " --loop 3");
+  EXPECT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("loop 3:"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("median:"), std::string::npos) << t.out;
+}
+
+TEST(CliIo, StoreWritesValidatesAndCleansUp) {
+  test::TempDir dir;
+  const auto j = json_of(medfast("io store --dir " + (dir / "out") + " --mb-size 3.5 --loop 2 --validate --json"));
+  EXPECT_EQ(j["bytes"], static_cast<std::uint64_t>(3.5 * 1024 * 1024));
+  EXPECT_EQ(j["validated"], true);
+  const auto ls = test::run("ls -A '" + (dir / "out") + "'");
+  EXPECT_TRUE(ls.out.empty()) << "left behind: " << ls.out;
+}
+
+TEST(CliIo, BadInputIsOneLineAndNonZero) {
+  test::TempDir dir;
+  const auto missing = medfast("io load --file " + (dir / "nope.bin"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("nope.bin"), std::string::npos) << missing.err;
+  test::write_file(dir / "f", "x");
+  const auto block = medfast("io load --file " + (dir / "f") + " --block-size 1000");
+  EXPECT_NE(block.exit_code, 0);
+  EXPECT_NE(block.err.find("1000"), std::string::npos) << block.err;
+  const auto backend = medfast("io load --file " + (dir / "f") + " --backend tape");
+  EXPECT_NE(backend.exit_code, 0);
+  EXPECT_NE(backend.err.find("tape"), std::string::npos) << backend.err;
+  if (!at::hasCUDA()) {
+    const auto cuda = medfast("io load --file " + (dir / "f") + " --device cuda");
+    EXPECT_NE(cuda.exit_code, 0);
+    EXPECT_NE(cuda.err.find("no CUDA device"), std::string::npos) << cuda.err;
+  }
+}
+
+TEST(CliIo, BenchSweepsBackends) {
+  test::TempDir dir;
+  test::write_file(dir / "f.bin", std::string(1u << 20, 'm'));
+  const auto j = json_of(medfast("io bench " + (dir / "f.bin") + " --loop 1 --json"));
+  std::set<std::string> seen;
+  for (const auto& r : j["results"]) seen.insert(r["backend"].get<std::string>());
+  EXPECT_TRUE(seen.count("posix") && seen.count("odirect"));
+  EXPECT_GT(j["best"]["gbps"].get<double>(), 0.0);
 }
 
 }  // namespace

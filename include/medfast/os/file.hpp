@@ -28,7 +28,8 @@ const char* op_name(Op op);
 
 namespace testing {
 /// What a hook decides for one call: fail with `error` (an errno), or let it
-/// proceed transferring at most `max_bytes`.
+/// proceed and report at most `max_bytes` transferred (the call itself is made
+/// in full, as a real short transfer would be, so O_DIRECT stays valid).
 struct HookResult {
   int error = 0;
   std::size_t max_bytes = static_cast<std::size_t>(-1);

@@ -1,0 +1,279 @@
+// Conformance suite of the tensor file engine: every backend configuration
+// must pass the same cases (sizes around the alignment, unaligned offsets and
+// buffers, reads past the end, concurrent requests, write then read back),
+// plus fault injection through the OS layer's hooks.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/random.hpp"
+#include "medfast/io/file_handle.hpp"
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/memory.hpp"
+#include "test_util.hpp"
+
+namespace medfast::io {
+namespace {
+
+std::string random_bytes(std::size_t n, std::uint64_t seed) {
+  Rng rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng.next() >> 56);
+  return s;
+}
+
+struct Config {
+  std::string name;
+  IoOptions options;
+};
+
+std::vector<Config> configs() {
+  std::vector<Config> c;
+  c.push_back({"posix", IoOptions().set_backend("posix").set_threads(3)});
+  c.push_back({"posix_small_blocks", IoOptions().set_backend("posix").set_threads(4).set_block_size(8192)});
+  c.push_back({"odirect", IoOptions().set_backend("odirect").set_threads(2)});
+  c.push_back({"odirect_small_blocks", IoOptions().set_backend("odirect").set_threads(3).set_block_size(8192)});
+  c.push_back({"odirect_512", IoOptions().set_backend("odirect").set_alignment(512).set_block_size(4096)});
+  c.push_back({"odirect_buffered", IoOptions().set_backend("odirect").set_direct(false)});
+  if (probe().io_uring) {
+    c.push_back({"io_uring", IoOptions().set_backend("io_uring")});
+    c.push_back({"io_uring_small", IoOptions().set_backend("io_uring").set_block_size(8192).set_queue_depth(4)});
+    c.push_back({"io_uring_buffered", IoOptions().set_backend("io_uring").set_direct(false).set_block_size(8192)});
+  }
+  return c;
+}
+
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+class Conformance : public ::testing::TestWithParam<Config> {
+ protected:
+  test::TempDir dir;
+  const IoOptions& options() const { return GetParam().options; }
+};
+
+TEST_P(Conformance, ReadsAnySizeAtAnyOffsetIntoAnyBuffer) {
+  const std::string data = random_bytes((3u << 20) + 777, 1);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  EXPECT_EQ(f.size(), data.size());
+  os::Buffer buf = os::Buffer::allocate((2u << 20) + 8192);
+  for (std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097},
+                           std::size_t{(1u << 20) + 3}}) {
+    for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{4095}, std::uint64_t{4096},
+                                 std::uint64_t{12345}, std::uint64_t{1u << 20}}) {
+      for (std::size_t shift : {std::size_t{0}, std::size_t{1}, std::size_t{512}}) {  // aligned and misaligned buffers
+        char* dst = buf.as<char>() + shift;
+        std::memset(dst, 0x5a, size + 16);
+        SCOPED_TRACE(str("size ", size, " offset ", offset, " buffer shift ", shift));
+        ASSERT_EQ(f.read(dst, size, offset), size);
+        ASSERT_EQ(std::memcmp(dst, data.data() + offset, size), 0);
+        ASSERT_EQ(static_cast<unsigned char>(dst[size]), 0x5a) << "wrote past the end of the buffer";
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, ReadsPastTheEndAreShortAndReadExactNamesTheFile) {
+  const std::string data = random_bytes(10000, 2);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  std::string out(20000, '\0');
+  EXPECT_EQ(f.read(out.data(), 5000, 9000), 1000u);
+  EXPECT_EQ(out.substr(0, 1000), data.substr(9000));
+  EXPECT_EQ(f.read(out.data(), 100, 10000), 0u);
+  EXPECT_EQ(f.read(out.data(), 100, 50000), 0u);
+  EXPECT_EQ(f.read(out.data(), 20000, 0), 10000u);
+  try {
+    f.read_exact(out.data(), 4096, 8192);
+    FAIL();
+  } catch (const FormatError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(dir / "f"), std::string::npos) << m;
+    EXPECT_NE(m.find("offset 8192"), std::string::npos) << m;
+    EXPECT_NE(m.find("4096 bytes"), std::string::npos) << m;
+  }
+}
+
+TEST_P(Conformance, WritesThenReadsBackWithoutPaddingOrDamage) {
+  const std::string path = dir / "w";
+  const std::string a = random_bytes((1u << 20) + 4097, 3);
+  {
+    FileHandle f = FileHandle::open(path, FileHandle::Mode::write, options());
+    f.write(a.data(), a.size(), 0);
+    f.sync();
+  }
+  EXPECT_EQ(test::read_file(path), a);
+  // Overwrite unaligned pieces in the middle and past the end; neighbours survive.
+  std::string expect = a;
+  const std::string b = random_bytes(5000, 4);
+  const std::string c = random_bytes(3, 5);
+  {
+    FileHandle f = FileHandle::open(path, FileHandle::Mode::read_write, options());
+    os::Buffer misaligned = os::Buffer::allocate(8192);
+    std::memcpy(misaligned.as<char>() + 1, b.data(), b.size());
+    f.write(misaligned.as<char>() + 1, b.size(), 4093);
+    expect.replace(4093, b.size(), b);
+    f.write(c.data(), c.size(), a.size() + 10);  // a hole of 10 bytes, then 3
+    expect += std::string(10, '\0') + c;
+    f.write(b.data(), 0, 7);  // empty write is a no-op
+  }
+  EXPECT_EQ(test::read_file(path), expect);
+  FileHandle r = FileHandle::open(path, FileHandle::Mode::read, options());
+  std::string back(expect.size(), '\0');
+  EXPECT_EQ(r.read(back.data(), back.size(), 0), expect.size());
+  EXPECT_EQ(back, expect);
+}
+
+TEST_P(Conformance, ConcurrentAndAsyncRequestsOnOneHandle) {
+  const std::string data = random_bytes(4u << 20, 6);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  std::vector<std::string> out(8, std::string(300000, '\0'));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      const std::uint64_t off = static_cast<std::uint64_t>(t) * 499999 + 13;
+      ASSERT_EQ(f.read(out[t].data(), out[t].size(), off), out[t].size());
+      EXPECT_EQ(out[t], data.substr(off, out[t].size()));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string a(1u << 20, '\0'), b(1u << 20, '\0');
+  auto fa = f.read_async(a.data(), a.size(), 0);
+  auto fb = f.read_async(b.data(), b.size(), 3u << 20);
+  EXPECT_EQ(fa.get(), a.size());
+  EXPECT_EQ(fb.get(), b.size());
+  EXPECT_EQ(a, data.substr(0, a.size()));
+  EXPECT_EQ(b, data.substr(3u << 20));
+}
+
+TEST_P(Conformance, TensorsReadAndWriteInPlace) {
+  const std::string data = random_bytes((2u << 20) + 6, 7);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  at::Tensor aligned = empty_aligned(data.size());
+  EXPECT_EQ(read_into(f, aligned, 0), data.size());
+  EXPECT_EQ(std::memcmp(aligned.data_ptr(), data.data(), data.size()), 0);
+  at::Tensor pageable = at::empty({static_cast<std::int64_t>(data.size() - 6) / 4}, at::kFloat);
+  EXPECT_EQ(read_into_async(f, pageable, 6).get(), data.size() - 6);
+  EXPECT_EQ(std::memcmp(pageable.data_ptr(), data.data() + 6, data.size() - 6), 0);
+  FileHandle w = FileHandle::open(dir / "t", FileHandle::Mode::write, options());
+  write_from_async(w, pageable, 0).get();
+  EXPECT_EQ(test::read_file(dir / "t"), data.substr(6));
+  EXPECT_THROW(read_into(f, pageable.t().reshape({-1}).as_strided({4}, {2}), 0), ValueError);  // not contiguous
+}
+
+TEST_P(Conformance, ShortTransfersAndEintrAreContinued) {
+  const std::string data = random_bytes((1u << 20) + 100, 8);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  int calls = 0;
+  os::testing::ScopedHook hook([&](os::Op op, const std::string&, std::uint64_t, std::size_t) {
+    os::testing::HookResult r;
+    if (op != os::Op::read && op != os::Op::write) return r;
+    ++calls;
+    if (calls % 5 == 0) r.error = EINTR;
+    else if (calls % 2 == 0) r.max_bytes = 1000;  // short transfer at an unaligned length
+    return r;
+  });
+  std::string out(data.size(), '\0');
+  ASSERT_EQ(f.read(out.data(), out.size(), 3), out.size() - 3);
+  EXPECT_EQ(out.substr(0, out.size() - 3), data.substr(3));
+  FileHandle w = FileHandle::open(dir / "w", FileHandle::Mode::write, options());
+  w.write(data.data(), data.size(), 0);
+  EXPECT_GT(calls, 2);
+  EXPECT_EQ(test::read_file(dir / "w"), data);
+}
+
+TEST_P(Conformance, EioAndEnospcNamePathOffsetAndSize) {
+  const std::string data = random_bytes(3u << 20, 9);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  {
+    os::testing::ScopedHook hook([](os::Op op, const std::string&, std::uint64_t offset, std::size_t) {
+      os::testing::HookResult r;
+      if (op == os::Op::read && offset >= (2u << 20)) r.error = EIO;
+      return r;
+    });
+    std::string out(data.size(), '\0');
+    try {
+      f.read(out.data(), out.size(), 0);
+      FAIL() << "no error";
+    } catch (const OsError& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.errno_value(), EIO);
+      EXPECT_NE(m.find(dir / "f"), std::string::npos) << m;
+      EXPECT_NE(m.find("offset"), std::string::npos) << m;
+      EXPECT_NE(m.find(std::strerror(EIO)), std::string::npos) << m;
+    }
+  }
+  FileHandle w = FileHandle::open(dir / "w", FileHandle::Mode::write, options());
+  os::testing::ScopedHook hook([](os::Op op, const std::string&, std::uint64_t offset, std::size_t) {
+    os::testing::HookResult r;
+    if (op == os::Op::write && offset >= (1u << 20)) r.error = ENOSPC;
+    return r;
+  });
+  try {
+    w.write(data.data(), data.size(), 0);
+    FAIL() << "no error";
+  } catch (const OsError& e) {
+    EXPECT_EQ(e.errno_value(), ENOSPC);
+    EXPECT_NE(std::string(e.what()).find(dir / "w"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(Conformance, MissingFileIsAnOsErrorNamingIt) {
+  try {
+    FileHandle::open(dir / "missing.bin", FileHandle::Mode::read, options());
+    FAIL();
+  } catch (const OsError& e) {
+    EXPECT_EQ(e.errno_value(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find("missing.bin"), std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(configs()),
+                         [](const ::testing::TestParamInfo<Config>& i) { return i.param.name; });
+
+TEST(IoBackend, ForcingSelectsTheBackendThroughTheEnvironment) {
+  for (const std::string name : {"posix", "odirect", "io_uring"}) {
+    if (name == "io_uring" && !probe().io_uring) continue;
+    ::setenv("MEDFAST_IO_BACKEND", name.c_str(), 1);
+    Settings s;
+    s.load_env();
+    ::unsetenv("MEDFAST_IO_BACKEND");
+    test::TempDir dir;
+    test::write_file(dir / "f", "abc");
+    const FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, IoOptions::from(s));
+    EXPECT_EQ(backend_name(f.backend()), name);
+    EXPECT_EQ(f.direct(), name != "posix");
+  }
+  const IoOptions automatic;
+  EXPECT_EQ(select_backend(automatic), probe().io_uring ? Backend::io_uring : Backend::posix);
+}
+
+TEST(IoBackend, OptionsAreValidatedWithTheBadValue) {
+  EXPECT_THROW(IoOptions().set_backend("tape"), ValueError);
+  EXPECT_THROW(IoOptions().set_block_size(1000), ValueError);
+  EXPECT_THROW(IoOptions().set_alignment(3000), ValueError);
+  EXPECT_THROW(IoOptions().set_queue_depth(0), ValueError);
+  try {
+    IoOptions().set_block_size(6000);
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("6000"), std::string::npos);
+  }
+  Settings s;
+  EXPECT_THROW(s.set("io_direct", "maybe", SettingSource::flag), ValueError);
+  EXPECT_EQ(IoOptions::from(s).block_size, kDefaultIoBlockSize);
+  EXPECT_EQ(IoOptions::from(s).queue_depth, kDefaultIoQueueDepth);
+}
+
+}  // namespace
+}  // namespace medfast::io
