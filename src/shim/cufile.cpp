@@ -2,11 +2,23 @@
 
 #include <dlfcn.h>
 
+#include <cstddef>
 #include <mutex>
 
 #include "medfast/core/error.hpp"
 
+#if MEDFAST_HAVE_CUDA_TOOLKIT
+#include <cuda.h>
+// The declarations in cufile.hpp mirror cufile.h; these are the CUDA types they stand for.
+static_assert(sizeof(CUresult) == sizeof(int), "CUfileError_t.cu_err is a CUresult");
+static_assert(sizeof(CUdeviceptr) == sizeof(void*), "cuFile takes device pointers as void*");
+#endif
+
 namespace medfast::shim {
+
+static_assert(sizeof(CUfileError) == 2 * sizeof(int), "CUfileError_t is {CUfileOpError, CUresult}");
+static_assert(offsetof(CUfileDescr, handle) == sizeof(void*), "CUfileDescr_t: the handle union follows the type");
+static_assert(sizeof(CUfileDescr) == 3 * sizeof(void*), "CUfileDescr_t is {type, handle union, fs_ops}");
 
 namespace {
 
