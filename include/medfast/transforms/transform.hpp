@@ -1,0 +1,84 @@
+#pragma once
+/// \file
+/// Transforms of a Sample, named and parameterised like MONAI's dictionary
+/// transforms (without the trailing d), so that a MONAI Compose translates
+/// line by line: {"name": "Spacing", "keys": ["image", "label"],
+/// "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]}.
+///
+/// Every transform reports its canonical arguments (defaults filled in) as
+/// JSON; a chain's hash covers them all, so a changed argument changes every
+/// cache key built from the chain (MONAI's transform hash, but always on).
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "medfast/cache/sample.hpp"
+
+namespace medfast::transforms {
+
+class Transform {
+ public:
+  virtual ~Transform() = default;
+  /// MONAI's name without the trailing d: "Spacing".
+  virtual std::string name() const = 0;
+  /// Canonical arguments, defaults included.
+  virtual nlohmann::json config() const = 0;
+  virtual void apply(Sample& sample) const = 0;
+};
+using TransformPtr = std::shared_ptr<const Transform>;
+
+/// A chain of transforms applied in order.
+class Compose {
+ public:
+  Compose() = default;
+  explicit Compose(std::vector<TransformPtr> transforms) : transforms_(std::move(transforms)) {}
+  /// Applies every transform; errors gain "transform i (Name)" as context.
+  void apply(Sample& sample) const;
+  /// [{"name": ..., "args": {...}}, ...]
+  nlohmann::json config() const;
+  /// Hex digest of the canonical config (and the cache format version).
+  std::string hash() const;
+  std::size_t size() const { return transforms_.size(); }
+  const std::vector<TransformPtr>& transforms() const { return transforms_; }
+
+ private:
+  std::vector<TransformPtr> transforms_;
+};
+
+/// Builds a transform from its name and JSON arguments. Throws ValueError
+/// naming the transform and the argument on unknown names or bad values.
+TransformPtr make(const std::string& name, const nlohmann::json& args);
+/// Builds a chain from [{"name": N, ...args}, ...].
+Compose make_chain(const nlohmann::json& list);
+/// Names make() knows.
+std::vector<std::string> names();
+
+/// Reads JSON arguments, remembering which were used so that a misspelt
+/// argument is an error ("Spacing: unknown argument 'pixdims'").
+class Args {
+ public:
+  Args(std::string transform, const nlohmann::json& args);
+  /// Throws ValueError if any argument was not read.
+  void finish() const;
+  bool has(const std::string& key) const;
+  std::vector<std::string> keys(const std::string& key = "keys");
+  std::string text(const std::string& key, const std::string& fallback);
+  double number(const std::string& key, double fallback);
+  std::int64_t integer(const std::string& key, std::int64_t fallback);
+  bool flag(const std::string& key, bool fallback);
+  std::vector<double> numbers(const std::string& key, std::size_t n);
+  std::vector<std::int64_t> integers(const std::string& key, std::size_t n);
+  /// A value per key: one string for all, or a list as long as `count`.
+  std::vector<std::string> per_key(const std::string& key, const std::string& fallback, std::size_t count);
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+
+ private:
+  const nlohmann::json& get(const std::string& key);
+  std::string transform_;
+  nlohmann::json args_;
+  std::vector<std::string> used_;
+};
+
+}  // namespace medfast::transforms

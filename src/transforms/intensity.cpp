@@ -1,0 +1,280 @@
+#include "medfast/transforms/intensity.hpp"
+
+#include <ATen/ATen.h>
+
+#include "medfast/core/error.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/transforms/indices.hpp"
+#include "medfast/transforms/spatial.hpp"
+
+namespace medfast::transforms {
+
+at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
+  if (name == "uint8") return at::kByte;
+  if (name == "int8") return at::kChar;
+  if (name == "int16") return at::kShort;
+  if (name == "int32") return at::kInt;
+  if (name == "int64") return at::kLong;
+  if (name == "float16") return at::kHalf;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  if (name == "bool") return at::kBool;
+  throw ValueError(str(what, ": dtype '", name,
+                       "' is not one of uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"));
+}
+
+namespace {
+
+void require_keys(const std::vector<std::string>& keys, const char* transform) {
+  if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));
+}
+
+class ScaleIntensityRange final : public Transform {
+ public:
+  explicit ScaleIntensityRange(ScaleIntensityRangeOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "ScaleIntensityRange");
+    if (o_.a_max == o_.a_min) throw ValueError("ScaleIntensityRange: arguments a_min and a_max must differ");
+  }
+  std::string name() const override { return "ScaleIntensityRange"; }
+  nlohmann::json config() const override {
+    return {{"keys", o_.keys}, {"a_min", o_.a_min}, {"a_max", o_.a_max},
+            {"b_min", o_.b_min}, {"b_max", o_.b_max}, {"clip", o_.clip}};
+  }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      Volume& v = s.volume(key);
+      // MONAI's order of operations, in float32 (its default dtype).
+      at::Tensor x = v.data.to(at::kFloat);
+      x = (x - o_.a_min) / (o_.a_max - o_.a_min);
+      x = x * (o_.b_max - o_.b_min) + o_.b_min;
+      if (o_.clip) x = x.clamp(std::min(o_.b_min, o_.b_max), std::max(o_.b_min, o_.b_max));
+      v.data = x;
+    }
+  }
+
+ private:
+  ScaleIntensityRangeOptions o_;
+};
+
+class NormalizeIntensity final : public Transform {
+ public:
+  explicit NormalizeIntensity(NormalizeIntensityOptions o) : o_(std::move(o)) { require_keys(o_.keys, "NormalizeIntensity"); }
+  std::string name() const override { return "NormalizeIntensity"; }
+  nlohmann::json config() const override {
+    return {{"keys", o_.keys}, {"nonzero", o_.nonzero}, {"channel_wise", o_.channel_wise}};
+  }
+  static at::Tensor normalize(at::Tensor x, bool nonzero) {
+    const at::Tensor mask = nonzero ? (x != 0) : at::ones_like(x, at::kBool);
+    const at::Tensor values = x.masked_select(mask);
+    if (values.numel() == 0) return x;
+    const double mean = values.mean().item<double>();
+    double sd = values.numel() > 1 ? values.std(/*unbiased=*/false).item<double>() : 0.0;
+    if (sd == 0) sd = 1;  // as MONAI: a constant image is only shifted
+    const at::Tensor y = (x - mean) / sd;
+    return nonzero ? at::where(mask, y, x) : y;
+  }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      Volume& v = s.volume(key);
+      at::Tensor x = v.data.to(at::kFloat);
+      if (o_.channel_wise && x.dim() > 1) {
+        std::vector<at::Tensor> channels;
+        for (std::int64_t c = 0; c < x.size(0); ++c) channels.push_back(normalize(x[c], o_.nonzero));
+        v.data = at::stack(channels);
+      } else {
+        v.data = normalize(x, o_.nonzero);
+      }
+    }
+  }
+
+ private:
+  NormalizeIntensityOptions o_;
+};
+
+class CastToType final : public Transform {
+ public:
+  explicit CastToType(CastToTypeOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "CastToType");
+    if (o_.dtype.size() != o_.keys.size()) throw ValueError("CastToType: argument dtype: one dtype per key");
+    for (const auto& d : o_.dtype) types_.push_back(parse_dtype(d, "CastToType: argument dtype"));
+  }
+  std::string name() const override { return "CastToType"; }
+  nlohmann::json config() const override { return {{"keys", o_.keys}, {"dtype", o_.dtype}}; }
+  void apply(Sample& s) const override {
+    for (std::size_t i = 0; i < o_.keys.size(); ++i) {
+      Volume& v = s.volume(o_.keys[i]);
+      v.data = v.data.to(types_[i]);
+    }
+  }
+
+ private:
+  CastToTypeOptions o_;
+  std::vector<at::ScalarType> types_;
+};
+
+class LoadImage final : public Transform {
+ public:
+  explicit LoadImage(LoadImageOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "LoadImage");
+    if (o_.dtype.empty()) o_.dtype.assign(o_.keys.size(), "float32");
+    if (o_.dtype.size() != o_.keys.size()) throw ValueError("LoadImage: argument dtype: one dtype per key");
+    for (const auto& d : o_.dtype) {
+      if (!d.empty()) parse_dtype(d, "LoadImage: argument dtype");
+    }
+  }
+  std::string name() const override { return "LoadImage"; }
+  nlohmann::json config() const override { return {{"keys", o_.keys}, {"dtype", o_.dtype}}; }
+  void apply(Sample& s) const override {
+    for (std::size_t i = 0; i < o_.keys.size(); ++i) {
+      const std::string& key = o_.keys[i];
+      if (!s.meta.contains(key) || !s.meta[key].is_string()) {
+        throw ValueError(str("LoadImage: the item has no file for key '", key, "'"));
+      }
+      std::string path = s.meta[key].get<std::string>();
+      if (!path.empty() && path[0] != '/' && s.meta.contains("base_dir")) {
+        path = s.meta["base_dir"].get<std::string>() + "/" + path;
+      }
+      Volume v = read_nifti(path, o_.read);
+      if (!o_.dtype[i].empty()) v.data = v.data.to(parse_dtype(o_.dtype[i], "LoadImage"));
+      s.volumes[key] = std::move(v);
+    }
+  }
+
+ private:
+  LoadImageOptions o_;
+};
+
+class ToDevice final : public Transform {
+ public:
+  ToDevice(ToDeviceOptions o, std::string name) : o_(std::move(o)), name_(std::move(name)), device_(o_.device) {
+    require_keys(o_.keys, name_.c_str());
+  }
+  std::string name() const override { return name_; }
+  nlohmann::json config() const override { return {{"keys", o_.keys}, {"device", o_.device}}; }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      Volume& v = s.volume(key);
+      v.data = v.data.to(device_);
+    }
+  }
+
+ private:
+  ToDeviceOptions o_;
+  std::string name_;
+  at::Device device_;
+};
+
+}  // namespace
+
+TransformPtr make_scale_intensity_range(const ScaleIntensityRangeOptions& o) { return std::make_shared<ScaleIntensityRange>(o); }
+TransformPtr make_normalize_intensity(const NormalizeIntensityOptions& o) { return std::make_shared<NormalizeIntensity>(o); }
+TransformPtr make_cast_to_type(const CastToTypeOptions& o) { return std::make_shared<CastToType>(o); }
+TransformPtr make_load_image(const LoadImageOptions& o) { return std::make_shared<LoadImage>(o); }
+TransformPtr make_to_device(const ToDeviceOptions& o) { return std::make_shared<ToDevice>(o, "ToDevice"); }
+
+// ---------------------------------------------------------------------------
+// The registry: MONAI names and arguments.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }
+std::array<std::int64_t, 3> three(const std::vector<std::int64_t>& v) { return {v[0], v[1], v[2]}; }
+
+}  // namespace
+
+std::vector<std::string> names() {
+  return {"LoadImage", "EnsureChannelFirst", "Orientation", "Spacing", "ScaleIntensityRange", "NormalizeIntensity",
+          "CropForeground", "FgBgToIndices", "ResizeWithPadOrCrop", "CastToType", "EnsureType", "ToDevice"};
+}
+
+TransformPtr make(const std::string& name, const nlohmann::json& json) {
+  Args a(name, json);
+  TransformPtr t;
+  if (name == "LoadImage") {
+    LoadImageOptions o;
+    o.keys = a.keys();
+    if (a.has("dtype") && json["dtype"].is_null()) {
+      o.dtype.assign(o.keys.size(), "");
+      a.text("dtype", "");
+    } else {
+      o.dtype = a.per_key("dtype", "float32", o.keys.size());
+    }
+    a.flag("image_only", true);  // medfast always keeps the geometry with the image
+    t = make_load_image(o);
+  } else if (name == "EnsureChannelFirst") {
+    t = make_ensure_channel_first({a.keys()});
+  } else if (name == "Orientation") {
+    OrientationOptions o;
+    o.keys = a.keys();
+    o.axcodes = a.text("axcodes", "RAS");
+    t = make_orientation(o);
+  } else if (name == "Spacing") {
+    SpacingOptions o;
+    o.keys = a.keys();
+    o.pixdim = three(a.numbers("pixdim", 3));
+    o.mode = a.per_key("mode", "bilinear", o.keys.size());
+    t = make_spacing(o);
+  } else if (name == "ScaleIntensityRange") {
+    ScaleIntensityRangeOptions o;
+    o.keys = a.keys();
+    o.a_min = a.number("a_min", 0);
+    o.a_max = a.number("a_max", 1);
+    o.b_min = a.number("b_min", 0);
+    o.b_max = a.number("b_max", 1);
+    o.clip = a.flag("clip", false);
+    t = make_scale_intensity_range(o);
+  } else if (name == "NormalizeIntensity") {
+    NormalizeIntensityOptions o;
+    o.keys = a.keys();
+    o.nonzero = a.flag("nonzero", false);
+    o.channel_wise = a.flag("channel_wise", false);
+    t = make_normalize_intensity(o);
+  } else if (name == "CropForeground") {
+    CropForegroundOptions o;
+    o.keys = a.keys();
+    o.source_key = a.text("source_key", "");
+    o.threshold = a.number("threshold", 0);
+    o.margin = a.has("margin") ? three(a.integers("margin", 3)) : std::array<std::int64_t, 3>{0, 0, 0};
+    if (!a.has("margin")) a.integer("margin", 0);
+    o.allow_smaller = a.flag("allow_smaller", true);
+    o.k_divisible = a.has("k_divisible") ? three(a.integers("k_divisible", 3)) : std::array<std::int64_t, 3>{1, 1, 1};
+    if (!a.has("k_divisible")) a.integer("k_divisible", 1);
+    t = make_crop_foreground(o);
+  } else if (name == "FgBgToIndices") {
+    FgBgToIndicesOptions o;
+    o.keys = a.keys();
+    o.image_key = a.text("image_key", "");
+    o.image_threshold = a.number("image_threshold", 0);
+    o.fg_postfix = a.text("fg_postfix", "_fg_indices");
+    o.bg_postfix = a.text("bg_postfix", "_bg_indices");
+    t = make_fg_bg_to_indices(o);
+  } else if (name == "ResizeWithPadOrCrop") {
+    ResizeWithPadOrCropOptions o;
+    o.keys = a.keys();
+    o.spatial_size = three(a.integers("spatial_size", 3));
+    o.value = a.number("value", 0);
+    a.text("mode", "constant");
+    t = make_resize_with_pad_or_crop(o);
+  } else if (name == "CastToType") {
+    CastToTypeOptions o;
+    o.keys = a.keys();
+    o.dtype = a.per_key("dtype", "float32", o.keys.size());
+    t = make_cast_to_type(o);
+  } else if (name == "EnsureType" || name == "ToDevice") {
+    ToDeviceOptions o;
+    o.keys = a.keys();
+    o.device = a.text("device", "cpu");
+    if (name == "EnsureType") a.text("data_type", "tensor");
+    t = std::make_shared<ToDevice>(o, name);
+  } else {
+    std::string known;
+    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    throw ValueError(str("unknown transform '", name, "' (known: ", known, ")"));
+  }
+  a.finish();
+  return t;
+}
+
+}  // namespace medfast::transforms

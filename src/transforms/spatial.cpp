@@ -1,0 +1,486 @@
+#include "medfast/transforms/spatial.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
+
+namespace medfast::transforms {
+
+namespace {
+
+using Mat3 = std::array<std::array<double, 3>, 3>;
+
+Mat3 upper3(const Affine& a) {
+  Mat3 m{};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) m[i][j] = a(i, j);
+  return m;
+}
+
+// Upper-triangular U with U^T U = S (S symmetric positive definite).
+Mat3 cholesky_upper(const Mat3& s) {
+  Mat3 l{};  // lower: S = L L^T, then U = L^T
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j <= i; ++j) {
+      double sum = s[i][j];
+      for (int k = 0; k < j; ++k) sum -= l[i][k] * l[j][k];
+      if (i == j) {
+        if (sum <= 0) throw ValueError("Spacing: the affine's 3x3 part is singular");
+        l[i][i] = std::sqrt(sum);
+      } else {
+        l[i][j] = sum / l[j][j];
+      }
+    }
+  }
+  Mat3 u{};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) u[i][j] = l[j][i];
+  return u;
+}
+
+Mat3 inverse_upper(const Mat3& u) {
+  Mat3 inv{};
+  for (int i = 2; i >= 0; --i) {
+    inv[i][i] = 1.0 / u[i][i];
+    for (int j = i + 1; j < 3; ++j) {
+      double sum = 0;
+      for (int k = i + 1; k <= j; ++k) sum += u[i][k] * inv[k][j];
+      inv[i][j] = -sum / u[i][i];
+    }
+  }
+  return inv;
+}
+
+bool same_orientation(const Affine& a, const Affine& b) {
+  const auto x = io_orientation(a), y = io_orientation(b);
+  for (int i = 0; i < 3; ++i) {
+    if (x[i].out_axis != y[i].out_axis || x[i].sign != y[i].sign) return false;
+  }
+  return true;
+}
+
+Affine translate(const Affine& a, const Shape3& voxels) {
+  Affine t;
+  for (int i = 0; i < 3; ++i) t(i, 3) = static_cast<double>(voxels[i]);
+  return a * t;
+}
+
+void require_keys(const std::vector<std::string>& keys, const char* transform) {
+  if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));
+}
+
+}  // namespace
+
+Shape3 spatial_shape(const at::Tensor& data, const std::string& what) {
+  if (!data.defined() || data.dim() != 4) {
+    throw ValueError(str(what, ": expected a channel-first volume (C, X, Y, Z), got ",
+                         data.defined() ? str(data.dim(), " dimensions") : std::string("no data"),
+                         "; put EnsureChannelFirst before it"));
+  }
+  return {data.size(1), data.size(2), data.size(3)};
+}
+
+Geometry spacing_geometry(const Shape3& shape, const Affine& affine, const std::array<double, 3>& pixdim) {
+  // zoom_affine(affine, pixdim, diagonal=False): keep the rotation, set the scales.
+  const Mat3 rzs = upper3(affine);
+  Mat3 sym{};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 3; ++k) sym[i][j] += rzs[k][i] * rzs[k][j];
+  const Mat3 zs = cholesky_upper(sym);
+  const Mat3 zs_inv = inverse_upper(zs);
+  Affine out;
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      double rs = 0;
+      for (int k = 0; k < 3; ++k) rs += rzs[i][k] * zs_inv[k][j];
+      const double s = (zs[j][j] < 0 ? -1.0 : 1.0) * std::abs(pixdim[j] == 0 ? 1.0 : pixdim[j]);
+      out(i, j) = rs * s;
+    }
+  }
+  // compute_shape_offset: corners (0 or n-1 per axis) in the new index space.
+  const Affine to_out = out.inverse() * affine;
+  double lo[3] = {1e300, 1e300, 1e300}, hi[3] = {-1e300, -1e300, -1e300};
+  double wlo[3] = {1e300, 1e300, 1e300};
+  for (int c = 0; c < 8; ++c) {
+    const double p[3] = {(c & 1) ? static_cast<double>(shape[0] - 1) : 0.0,
+                         (c & 2) ? static_cast<double>(shape[1] - 1) : 0.0,
+                         (c & 4) ? static_cast<double>(shape[2] - 1) : 0.0};
+    for (int i = 0; i < 3; ++i) {
+      const double q = to_out(i, 0) * p[0] + to_out(i, 1) * p[1] + to_out(i, 2) * p[2] + to_out(i, 3);
+      const double w = affine(i, 0) * p[0] + affine(i, 1) * p[1] + affine(i, 2) * p[2] + affine(i, 3);
+      lo[i] = std::min(lo[i], q);
+      hi[i] = std::max(hi[i], q);
+      wlo[i] = std::min(wlo[i], w);
+    }
+  }
+  Geometry g;
+  for (int i = 0; i < 3; ++i) {
+    g.shape[i] = static_cast<std::int64_t>(std::nearbyint(hi[i] - lo[i] + 1.0));  // numpy round: half to even
+    if (g.shape[i] < 1) g.shape[i] = 1;
+  }
+  const bool same = same_orientation(affine, out);
+  for (int i = 0; i < 3; ++i) out(i, 3) = same ? affine(i, 3) : wlo[i];
+  g.affine = out;
+  return g;
+}
+
+OrientationPlan orientation_plan(const Shape3& shape, const Affine& affine, const std::string& axcodes) {
+  if (axcodes.size() != 3) throw ValueError(str("Orientation: axcodes '", axcodes, "' must be three letters"));
+  std::array<AxisOrientation, 3> target{};
+  std::array<bool, 3> used{};
+  for (int i = 0; i < 3; ++i) {
+    const char c = static_cast<char>(std::toupper(static_cast<unsigned char>(axcodes[i])));
+    int axis = -1, sign = 1;
+    switch (c) {
+      case 'R': axis = 0; break;
+      case 'L': axis = 0; sign = -1; break;
+      case 'A': axis = 1; break;
+      case 'P': axis = 1; sign = -1; break;
+      case 'S': axis = 2; break;
+      case 'I': axis = 2; sign = -1; break;
+      default: throw ValueError(str("Orientation: axcodes '", axcodes, "': '", axcodes[i], "' is not one of RLAPSI"));
+    }
+    if (used[axis]) throw ValueError(str("Orientation: axcodes '", axcodes, "' names an axis twice"));
+    used[axis] = true;
+    target[i] = {axis, sign};
+  }
+  const auto source = io_orientation(affine);
+  // ornt_transform(source, target): input axis i goes to output axis k, flipped or not.
+  OrientationPlan plan;
+  std::array<int, 3> to_axis{};
+  std::array<int, 3> flips{};
+  for (int i = 0; i < 3; ++i) {
+    if (source[i].out_axis < 0) throw ValueError("Orientation: the affine has a zero column; cannot orient it");
+    for (int k = 0; k < 3; ++k) {
+      if (target[k].out_axis == source[i].out_axis) {
+        to_axis[i] = k;
+        flips[i] = source[i].sign == target[k].sign ? 1 : -1;
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    plan.source_axis[to_axis[i]] = i;
+    plan.flip[to_axis[i]] = flips[i] < 0;
+    plan.shape[to_axis[i]] = shape[i];
+  }
+  // inv_ornt_aff(transform, shape): undo_flip @ undo_reorder.
+  Affine undo_reorder;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) undo_reorder(i, j) = 0;
+  for (int i = 0; i < 3; ++i) undo_reorder(i, to_axis[i]) = 1;
+  undo_reorder(3, 3) = 1;
+  Affine undo_flip;
+  for (int i = 0; i < 3; ++i) {
+    const double center = -(static_cast<double>(shape[i]) - 1) / 2.0;
+    undo_flip(i, i) = flips[i];
+    undo_flip(i, 3) = flips[i] * center - center;
+  }
+  plan.affine = affine * (undo_flip * undo_reorder);
+  return plan;
+}
+
+namespace {
+
+// Index and weight tensors for sampling one axis at coordinates scale*j+shift.
+struct AxisSampling {
+  at::Tensor i0, i1, w;
+};
+
+AxisSampling axis_sampling(std::int64_t n_in, std::int64_t n_out, double scale, double shift, bool nearest,
+                           at::ScalarType wtype) {
+  std::vector<std::int64_t> a(static_cast<std::size_t>(n_out)), b(static_cast<std::size_t>(n_out));
+  std::vector<double> w(static_cast<std::size_t>(n_out));
+  for (std::int64_t j = 0; j < n_out; ++j) {
+    double c = scale * static_cast<double>(j) + shift;
+    c = std::min(std::max(c, 0.0), static_cast<double>(n_in - 1));  // border padding
+    if (nearest) {
+      a[j] = static_cast<std::int64_t>(std::nearbyint(c));
+      continue;
+    }
+    const auto f = static_cast<std::int64_t>(std::floor(c));
+    a[j] = f;
+    b[j] = std::min(f + 1, n_in - 1);
+    w[j] = c - static_cast<double>(f);
+  }
+  AxisSampling s;
+  s.i0 = at::tensor(a, at::kLong);
+  if (!nearest) {
+    s.i1 = at::tensor(b, at::kLong);
+    s.w = at::tensor(w, at::kDouble).to(wtype);
+  }
+  return s;
+}
+
+}  // namespace
+
+at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& to, bool nearest) {
+  const Shape3 in = spatial_shape(data, "resample");
+  const Affine m = from.inverse() * to.affine;  // output index -> input index
+  double scale_max = 0, off_diag = 0;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) {
+      if (i == j) scale_max = std::max(scale_max, std::abs(m(i, j)));
+      else off_diag = std::max(off_diag, std::abs(m(i, j)));
+    }
+  at::Tensor x = data;
+  if (!nearest && !at::isFloatingType(x.scalar_type())) x = x.to(at::kFloat);
+  if (off_diag <= 1e-9 * std::max(1.0, scale_max)) {
+    // Axis-aligned: trilinear is three 1-D passes, each over the smallest data so far.
+    const at::ScalarType wtype = x.scalar_type();
+    for (int axis = 0; axis < 3; ++axis) {
+      const auto s = axis_sampling(in[axis], to.shape[axis], m(axis, axis), m(axis, 3), nearest, wtype);
+      const int dim = axis + 1;
+      if (nearest) {
+        x = x.index_select(dim, s.i0);
+      } else {
+        std::vector<std::int64_t> wshape{1, 1, 1, 1};
+        wshape[dim] = to.shape[axis];
+        const at::Tensor w = s.w.view(wshape);
+        const at::Tensor a = x.index_select(dim, s.i0);
+        const at::Tensor b = x.index_select(dim, s.i1);
+        x = a + (b - a) * w;
+      }
+    }
+    return x.contiguous();
+  }
+  // General affine: grid_sampler with align_corners=True normalisation of
+  // input indices (so that index i maps exactly to voxel centre i).
+  at::Tensor src = x;
+  const at::ScalarType original = src.scalar_type();
+  if (!at::isFloatingType(original)) src = src.to(at::kFloat);
+  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  const at::Tensor gi = at::arange(to.shape[0], opts).view({-1, 1, 1});
+  const at::Tensor gj = at::arange(to.shape[1], opts).view({1, -1, 1});
+  const at::Tensor gk = at::arange(to.shape[2], opts).view({1, 1, -1});
+  std::vector<at::Tensor> coords(3);
+  for (int axis = 0; axis < 3; ++axis) {
+    const at::Tensor c = gi * m(axis, 0) + gj * m(axis, 1) + gk * m(axis, 2) + m(axis, 3);
+    const double n = static_cast<double>(in[axis]);
+    coords[axis] = n > 1 ? c * (2.0 / (n - 1)) - 1.0 : c * 0.0;
+  }
+  // grid_sampler's last dimension is (w, h, d) = (z, y, x) for input (N, C, x, y, z).
+  const at::Tensor grid = at::stack({coords[2], coords[1], coords[0]}, -1).unsqueeze(0).to(src.scalar_type());
+  at::Tensor out = at::grid_sampler(src.unsqueeze(0), grid, nearest ? 1 : 0, /*border*/ 1, /*align_corners*/ true)
+                       .squeeze(0);
+  if (nearest && !at::isFloatingType(original)) out = out.round().to(original);
+  return out.contiguous();
+}
+
+void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Shape3& start, const Shape3& end,
+                 double value) {
+  for (const auto& key : keys) {
+    Volume& v = sample.volume(key);
+    const Shape3 n = spatial_shape(v.data, key);
+    at::Tensor x = v.data;
+    // Pad first (negative start / end past the size), then crop.
+    std::vector<std::int64_t> pad;  // torch order: last dim first
+    bool any_pad = false;
+    for (int axis = 2; axis >= 0; --axis) {
+      const std::int64_t before = std::max<std::int64_t>(0, -start[axis]);
+      const std::int64_t after = std::max<std::int64_t>(0, end[axis] - n[axis]);
+      pad.push_back(before);
+      pad.push_back(after);
+      any_pad = any_pad || before > 0 || after > 0;
+    }
+    if (any_pad) x = at::constant_pad_nd(x, pad, value);
+    for (int axis = 0; axis < 3; ++axis) {
+      const std::int64_t offset = std::max<std::int64_t>(0, -start[axis]);
+      x = x.narrow(axis + 1, start[axis] + offset, end[axis] - start[axis]);
+    }
+    v.data = x.contiguous();
+    v.affine = translate(v.affine, start);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Transforms
+// ---------------------------------------------------------------------------
+
+namespace {
+
+nlohmann::json shape_json(const Shape3& s) { return {s[0], s[1], s[2]}; }
+
+class EnsureChannelFirst final : public Transform {
+ public:
+  explicit EnsureChannelFirst(EnsureChannelFirstOptions o) : o_(std::move(o)) { require_keys(o_.keys, "EnsureChannelFirst"); }
+  std::string name() const override { return "EnsureChannelFirst"; }
+  nlohmann::json config() const override { return {{"keys", o_.keys}}; }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      Volume& v = s.volume(key);
+      const auto d = v.data.dim();
+      if (d == 2 || d == 3) {
+        v.data = v.data.unsqueeze(0);
+      } else if (d == 4) {
+        v.data = v.data.movedim(3, 0);  // NIfTI keeps channels (or time) last
+      } else {
+        throw ValueError(str("EnsureChannelFirst: key ", key, " has ", d, " dimensions; expected 2, 3 or 4"));
+      }
+    }
+  }
+
+ private:
+  EnsureChannelFirstOptions o_;
+};
+
+class Orientation final : public Transform {
+ public:
+  explicit Orientation(OrientationOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "Orientation");
+    orientation_plan({2, 2, 2}, Affine(), o_.axcodes);  // validates the codes now
+  }
+  std::string name() const override { return "Orientation"; }
+  nlohmann::json config() const override { return {{"keys", o_.keys}, {"axcodes", o_.axcodes}}; }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      Volume& v = s.volume(key);
+      const auto plan = orientation_plan(spatial_shape(v.data, key), v.affine, o_.axcodes);
+      at::Tensor x = v.data;
+      std::vector<std::int64_t> flips;
+      for (int k = 0; k < 3; ++k) {
+        if (plan.flip[k]) flips.push_back(plan.source_axis[k] + 1);
+      }
+      if (!flips.empty()) x = x.flip(flips);
+      x = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
+      v.data = x.contiguous();
+      v.affine = plan.affine;
+    }
+  }
+
+ private:
+  OrientationOptions o_;
+};
+
+class Spacing final : public Transform {
+ public:
+  explicit Spacing(SpacingOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "Spacing");
+    if (o_.mode.empty()) o_.mode.assign(o_.keys.size(), "bilinear");
+    if (o_.mode.size() != o_.keys.size()) {
+      throw ValueError(str("Spacing: argument mode: ", o_.mode.size(), " modes for ", o_.keys.size(), " keys"));
+    }
+    for (const auto& m : o_.mode) {
+      if (m != "bilinear" && m != "nearest") {
+        throw ValueError(str("Spacing: argument mode: '", m, "' is not bilinear or nearest"));
+      }
+    }
+    for (double p : o_.pixdim) {
+      if (!(p > 0)) throw ValueError(str("Spacing: argument pixdim: ", p, " is not a positive spacing"));
+    }
+  }
+  std::string name() const override { return "Spacing"; }
+  nlohmann::json config() const override {
+    return {{"keys", o_.keys}, {"pixdim", o_.pixdim}, {"mode", o_.mode}, {"diagonal", false},
+            {"padding_mode", "border"}};
+  }
+  void apply(Sample& s) const override {
+    for (std::size_t i = 0; i < o_.keys.size(); ++i) {
+      Volume& v = s.volume(o_.keys[i]);
+      const Geometry g = spacing_geometry(spatial_shape(v.data, o_.keys[i]), v.affine, o_.pixdim);
+      v.data = resample(v.data, v.affine, g, o_.mode[i] == "nearest");
+      v.affine = g.affine;
+    }
+  }
+
+ private:
+  SpacingOptions o_;
+};
+
+class CropForeground final : public Transform {
+ public:
+  explicit CropForeground(CropForegroundOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "CropForeground");
+    if (o_.source_key.empty()) throw ValueError("CropForeground: argument source_key is required");
+    for (int i = 0; i < 3; ++i) {
+      if (o_.margin[i] < 0) throw ValueError(str("CropForeground: argument margin: ", o_.margin[i], " is negative"));
+      if (o_.k_divisible[i] < 1) throw ValueError(str("CropForeground: argument k_divisible: ", o_.k_divisible[i], " < 1"));
+    }
+  }
+  std::string name() const override { return "CropForeground"; }
+  nlohmann::json config() const override {
+    return {{"keys", o_.keys},          {"source_key", o_.source_key},     {"threshold", o_.threshold},
+            {"margin", o_.margin},      {"allow_smaller", o_.allow_smaller}, {"k_divisible", o_.k_divisible}};
+  }
+  void apply(Sample& s) const override {
+    const Volume& src = s.volume(o_.source_key);
+    const Shape3 n = spatial_shape(src.data, o_.source_key);
+    const at::Tensor mask = (src.data > o_.threshold).any(0);
+    Shape3 start{}, end{};
+    for (int axis = 0; axis < 3; ++axis) {
+      std::vector<std::int64_t> others;
+      for (int d = 0; d < 3; ++d) {
+        if (d != axis) others.push_back(d);
+      }
+      const at::Tensor along = mask.any(others[1]).any(others[0]);  // 1-D profile of this axis
+      const at::Tensor hits = along.nonzero();
+      if (hits.numel() == 0) {
+        log::warn("CropForeground: no voxel of '", o_.source_key, "' is above ", o_.threshold,
+                  "; keeping the whole volume");
+        return;
+      }
+      std::int64_t lo = hits.min().item<std::int64_t>() - o_.margin[axis];
+      std::int64_t hi = hits.max().item<std::int64_t>() + o_.margin[axis] + 1;
+      if (o_.allow_smaller) {
+        lo = std::max<std::int64_t>(lo, 0);
+        hi = std::min<std::int64_t>(hi, n[axis]);
+      }
+      // k_divisible: grow to a multiple of k around the box (MONAI's compute_divisible_spatial_size).
+      const std::int64_t size = hi - lo;
+      const std::int64_t k = o_.k_divisible[axis];
+      const std::int64_t want = (size + k - 1) / k * k;
+      lo -= (want - size) / 2;
+      start[axis] = lo;
+      end[axis] = lo + want;
+    }
+    crop_or_pad(s, o_.keys, start, end, 0.0);
+  }
+
+ private:
+  CropForegroundOptions o_;
+};
+
+class ResizeWithPadOrCrop final : public Transform {
+ public:
+  explicit ResizeWithPadOrCrop(ResizeWithPadOrCropOptions o) : o_(std::move(o)) {
+    require_keys(o_.keys, "ResizeWithPadOrCrop");
+    for (auto v : o_.spatial_size) {
+      if (v < 1) throw ValueError(str("ResizeWithPadOrCrop: argument spatial_size: ", v, " is not a positive size"));
+    }
+  }
+  std::string name() const override { return "ResizeWithPadOrCrop"; }
+  nlohmann::json config() const override {
+    return {{"keys", o_.keys}, {"spatial_size", shape_json(o_.spatial_size)}, {"value", o_.value}};
+  }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      const Shape3 n = spatial_shape(s.volume(key).data, key);
+      Shape3 start{}, end{};
+      for (int axis = 0; axis < 3; ++axis) {
+        const std::int64_t t = o_.spatial_size[axis];
+        // SpatialPad (symmetric: the extra voxel after), then CenterSpatialCrop (start = n/2 - t/2).
+        start[axis] = n[axis] < t ? -((t - n[axis]) / 2) : n[axis] / 2 - t / 2;
+        end[axis] = start[axis] + t;
+      }
+      crop_or_pad(s, {key}, start, end, o_.value);
+    }
+  }
+
+ private:
+  ResizeWithPadOrCropOptions o_;
+};
+
+}  // namespace
+
+TransformPtr make_ensure_channel_first(const EnsureChannelFirstOptions& o) { return std::make_shared<EnsureChannelFirst>(o); }
+TransformPtr make_orientation(const OrientationOptions& o) { return std::make_shared<Orientation>(o); }
+TransformPtr make_spacing(const SpacingOptions& o) { return std::make_shared<Spacing>(o); }
+TransformPtr make_crop_foreground(const CropForegroundOptions& o) { return std::make_shared<CropForeground>(o); }
+TransformPtr make_resize_with_pad_or_crop(const ResizeWithPadOrCropOptions& o) {
+  return std::make_shared<ResizeWithPadOrCrop>(o);
+}
+
+}  // namespace medfast::transforms

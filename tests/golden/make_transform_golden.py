@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Reference values for medfast's deterministic transforms, from nibabel/numpy/scipy.
+
+Usage: make_transform_golden.py OUTDIR
+
+Writes image.nii.gz (float32 HU-like, LPS, spacing 0.77 x 0.83 x 4.7) and
+label.nii.gz (uint8), then applies, step by step with independent code, the
+chain LoadImage -> EnsureChannelFirst -> Orientation(RAS) ->
+Spacing(1.5, 1.5, 2.0; bilinear/nearest) -> ScaleIntensityRange(-57, 164, 0, 1,
+clip) -> CropForeground(source image) -> FgBgToIndices(label, image_key image)
+and writes every stage's arrays (.bin, C order, little endian) and geometry
+to manifest.json. Orientation uses nibabel.orientations; resampling uses
+scipy.ndimage.map_coordinates (order 1 / 0, mode 'nearest' = border) on the
+index mapping inv(A_in) @ A_out; the Spacing grid follows MONAI 1.3's
+zoom_affine/compute_shape_offset. Spacings are chosen so that no sample falls
+exactly half-way between voxels, where nearest-rounding conventions differ.
+"""
+import json
+import os
+import sys
+
+import nibabel as nib
+import numpy as np
+from nibabel import orientations as ori
+from scipy import ndimage
+
+
+def spacing_grid(shape, aff, pixdim):
+    rzs = aff[:3, :3]
+    zs = np.linalg.cholesky(rzs.T @ rzs).T
+    rs = rzs @ np.linalg.inv(zs)
+    new = np.eye(4)
+    new[:3, :3] = rs @ np.diag(np.sign(np.diag(zs)) * np.abs(pixdim))
+    corners = np.array(np.meshgrid(*[(0.0, d - 1.0) for d in shape], indexing="ij")).reshape(3, -1)
+    corners = np.vstack([corners, np.ones((1, corners.shape[1]))])
+    out = np.linalg.solve(new, aff) @ corners
+    out_shape = np.round(out[:3].max(1) - out[:3].min(1) + 1.0).astype(int)
+    new[:3, 3] = aff[:3, 3]  # same orientation: the origin is kept
+    return tuple(out_shape), new
+
+
+def resample(data, aff_in, aff_out, out_shape, order):
+    m = np.linalg.inv(aff_in) @ aff_out
+    idx = np.array(np.meshgrid(*[np.arange(n) for n in out_shape], indexing="ij"), dtype=np.float64).reshape(3, -1)
+    coords = m[:3, :3] @ idx + m[:3, 3:4]
+    out = [ndimage.map_coordinates(c.astype(np.float64), coords, order=order, mode="nearest").reshape(out_shape)
+           for c in data]
+    return np.stack(out)
+
+
+def main():
+    outdir = sys.argv[1]
+    os.makedirs(outdir, exist_ok=True)
+    rng = np.random.default_rng(11)
+    shape = (46, 38, 9)
+    aff = np.array([[-0.77, 0, 0, 20.0], [0, -0.83, 0, 15.0], [0, 0, 4.7, -30.0], [0, 0, 0, 1]])
+    x, y, z = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij")
+    body = ((x - 23) / 20.0) ** 2 + ((y - 19) / 15.0) ** 2 <= 1
+    organ = ((x - 30) / 6.0) ** 2 + ((y - 17) / 5.0) ** 2 + ((z - 4) / 2.5) ** 2 <= 1
+    img = np.where(body, 40.0, -1000.0) + rng.normal(0, 20, shape)
+    img = np.where(organ, 110.0 + rng.normal(0, 10, shape), img).astype(np.float32)
+    lab = organ.astype(np.uint8)
+    nib.save(nib.Nifti1Image(img, aff), os.path.join(outdir, "image.nii.gz"))
+    nib.save(nib.Nifti1Image(lab, aff), os.path.join(outdir, "label.nii.gz"))
+    # What nibabel reads back (float32 affine precision).
+    aff = nib.load(os.path.join(outdir, "image.nii.gz")).affine
+
+    stages = {}
+
+    def save(name, arr, affine=None):
+        arr = np.ascontiguousarray(arr)
+        arr.astype(arr.dtype.newbyteorder("<")).tofile(os.path.join(outdir, name + ".bin"))
+        stages[name] = {"file": name + ".bin", "dtype": arr.dtype.name, "shape": list(arr.shape)}
+        if affine is not None:
+            stages[name]["affine"] = [[float(v) for v in row] for row in affine]
+
+    im = img[None].astype(np.float32)  # LoadImage(float32) + EnsureChannelFirst
+    lb = lab[None]
+    # Orientation(RAS)
+    t = ori.ornt_transform(ori.io_orientation(aff), ori.axcodes2ornt("RAS"))
+    im = np.stack([ori.apply_orientation(c, t) for c in im])
+    lb = np.stack([ori.apply_orientation(c, t) for c in lb])
+    aff = aff @ ori.inv_ornt_aff(t, shape)
+    save("orient_image", im, aff)
+    save("orient_label", lb, aff)
+    # Spacing
+    out_shape, new_aff = spacing_grid(im.shape[1:], aff, (1.5, 1.5, 2.0))
+    im = resample(im, aff, new_aff, out_shape, 1).astype(np.float32)
+    lb = resample(lb, aff, new_aff, out_shape, 0).astype(np.uint8)
+    aff = new_aff
+    save("spacing_image", im, aff)
+    save("spacing_label", lb, aff)
+    # ScaleIntensityRange(-57, 164, 0, 1, clip)
+    im = ((im - np.float32(-57.0)) / np.float32(164.0 - -57.0)) * np.float32(1.0) + np.float32(0.0)
+    im = np.clip(im, 0.0, 1.0).astype(np.float32)
+    save("scale_image", im, aff)
+    # CropForeground(source_key=image): voxels > 0 in any channel
+    mask = (im > 0).any(0)
+    lo = [int(np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != d))).min()) for d in range(3)]
+    hi = [int(np.flatnonzero(mask.any(axis=tuple(a for a in range(3) if a != d))).max()) + 1 for d in range(3)]
+    sl = (slice(None),) + tuple(slice(l, h) for l, h in zip(lo, hi))
+    im, lb = im[sl], lb[sl]
+    shift = np.eye(4)
+    shift[:3, 3] = lo
+    aff = aff @ shift
+    save("crop_image", im, aff)
+    save("crop_label", lb, aff)
+    # FgBgToIndices(label, image_key=image, threshold 0)
+    fg = (lb > 0).any(0)
+    bg = ~fg & (im > 0).any(0)
+    save("fg_indices", np.flatnonzero(fg).astype(np.int64))
+    save("bg_indices", np.flatnonzero(bg).astype(np.int64))
+    with open(os.path.join(outdir, "manifest.json"), "w") as f:
+        json.dump(stages, f, indent=1)
+    print(f"wrote transform references for {len(stages)} stages to {outdir}")
+
+
+if __name__ == "__main__":
+    main()

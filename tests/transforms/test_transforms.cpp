@@ -1,0 +1,244 @@
+// Deterministic transforms: MONAI 1.3 geometry (shared/reference), values
+// against tests/golden/make_transform_golden.py (nibabel, numpy, scipy), and
+// the chain's arguments and hash.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/transforms/indices.hpp"
+#include "medfast/transforms/intensity.hpp"
+#include "medfast/transforms/spatial.hpp"
+#include "test_util.hpp"
+
+namespace medfast::transforms {
+namespace {
+
+Affine affine_of(const nlohmann::json& rows) {
+  Affine a;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) a(i, j) = rows[i][j].get<double>();
+  return a;
+}
+
+// The reference rounds to 6 decimals.
+void expect_affine_near(const Affine& got, const Affine& want, double tol) {
+  EXPECT_LE(got.max_abs_diff(want), tol) << "got\n" << got.to_string(6) << "\nwant\n" << want.to_string(6);
+}
+
+TEST(TransformsGolden, MonaiGeometryOfOrientationAndSpacing) {
+  const std::string path = test::source_dir() + "/../shared/reference/monai_geometry.json";
+  const std::string text = test::read_file(path);
+  ASSERT_FALSE(text.empty()) << "missing " << path;
+  const auto ref = nlohmann::json::parse(text);
+  ASSERT_GE(ref["cases"].size(), 7u);
+  for (const auto& c : ref["cases"]) {
+    const auto in_shape = c["input_shape"].get<std::vector<std::int64_t>>();
+    SCOPED_TRACE(c["input_shape"].dump() + " " + c["input_affine"].dump());
+    const auto plan = orientation_plan({in_shape[0], in_shape[1], in_shape[2]}, affine_of(c["input_affine"]), "RAS");
+    const auto& o = c["after_orientation_RAS"];
+    EXPECT_EQ(std::vector<std::int64_t>(plan.shape.begin(), plan.shape.end()), o["shape"].get<std::vector<std::int64_t>>());
+    expect_affine_near(plan.affine, affine_of(o["affine"]), 2e-6);
+    const auto pix = c["pixdim"].get<std::vector<double>>();
+    const Geometry g = spacing_geometry(plan.shape, plan.affine, {pix[0], pix[1], pix[2]});
+    const auto& s = c["after_spacing"];
+    EXPECT_EQ(std::vector<std::int64_t>(g.shape.begin(), g.shape.end()), s["shape"].get<std::vector<std::int64_t>>());
+    expect_affine_near(g.affine, affine_of(s["affine"]), 2e-6);
+  }
+}
+
+TEST(TransformsGolden, TransformsApplyTheSameGeometryToData) {
+  // The transforms themselves (not only the planning functions) on a MONAI case.
+  Sample s;
+  Volume v;
+  v.data = at::arange(100 * 120 * 60, at::kFloat).view({1, 100, 120, 60});
+  v.affine.m = {{{0.9, 0, 0, -200}, {0, -1.1, 0, 150}, {0, 0, -3.0, -80}, {0, 0, 0, 1}}};
+  s.volumes["image"] = v;
+  make_chain(nlohmann::json::parse(R"([{"name": "Orientation", "keys": "image", "axcodes": "RAS"},
+                                       {"name": "Spacing", "keys": "image", "pixdim": [1.5, 1.5, 2.0]}])"))
+      .apply(s);
+  EXPECT_EQ(s.volume("image").shape(), (std::vector<std::int64_t>{1, 60, 88, 90}));
+  Affine want;
+  want.m = {{{1.5, 0, 0, -200}, {0, 1.5, 0, 19.1}, {0, 0, 2.0, -257}, {0, 0, 0, 1}}};
+  expect_affine_near(s.volume("image").affine, want, 1e-9);
+}
+
+// Stage-by-stage values from the Python reference.
+class TransformValues : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_transform_golden.py " +
+                             dir_->path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static at::Tensor stage(const std::string& name) {
+    const auto& m = manifest_[name];
+    const std::string bytes = test::read_file(*dir_ / m["file"].get<std::string>());
+    const std::string dt = m["dtype"];
+    const at::ScalarType t = dt == "float32" ? at::kFloat : dt == "uint8" ? at::kByte : at::kLong;
+    at::Tensor out = at::empty(m["shape"].get<std::vector<std::int64_t>>(), t);
+    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size()));
+    std::memcpy(out.data_ptr(), bytes.data(), bytes.size());
+    return out;
+  }
+  static Affine stage_affine(const std::string& name) { return affine_of(manifest_[name]["affine"]); }
+
+  static test::TempDir* dir_;
+  static nlohmann::json manifest_;
+};
+test::TempDir* TransformValues::dir_ = nullptr;
+nlohmann::json TransformValues::manifest_;
+
+TEST_F(TransformValues, SpleenChainMatchesTheReferenceAtEveryStage) {
+  const auto chain = make_chain(nlohmann::json::parse(R"([
+    {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+    {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
+    {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
+    {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
+    {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
+    {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])"));
+  ASSERT_EQ(chain.size(), 7u);
+  Sample s;
+  s.meta = {{"image", *dir_ / "image.nii.gz"}, {"label", *dir_ / "label.nii.gz"}};
+  const auto& t = chain.transforms();
+  for (int i = 0; i < 3; ++i) t[i]->apply(s);
+  EXPECT_TRUE(at::equal(s.volume("image").data, stage("orient_image")));
+  EXPECT_TRUE(at::equal(s.volume("label").data, stage("orient_label")));
+  EXPECT_EQ(s.volume("label").data.scalar_type(), at::kByte);  // dtype "" keeps the file's type
+  expect_affine_near(s.volume("image").affine, stage_affine("orient_image"), 1e-9);
+
+  t[3]->apply(s);
+  EXPECT_EQ(s.volume("image").shape(), stage("spacing_image").sizes().vec());
+  EXPECT_LT((s.volume("image").data - stage("spacing_image")).abs().max().item<double>(), 2e-3);  // HU scale
+  EXPECT_TRUE(at::equal(s.volume("label").data, stage("spacing_label")));
+  expect_affine_near(s.volume("image").affine, stage_affine("spacing_image"), 1e-9);
+  expect_affine_near(s.volume("label").affine, stage_affine("spacing_label"), 1e-9);
+
+  t[4]->apply(s);
+  EXPECT_LT((s.volume("image").data - stage("scale_image")).abs().max().item<double>(), 1e-5);
+
+  t[5]->apply(s);
+  EXPECT_EQ(s.volume("image").shape(), stage("crop_image").sizes().vec());
+  EXPECT_TRUE(at::equal(s.volume("label").data, stage("crop_label")));
+  expect_affine_near(s.volume("image").affine, stage_affine("crop_image"), 1e-9);
+
+  t[6]->apply(s);
+  EXPECT_TRUE(at::equal(runs_to_indices(s.arrays.at("label_fg_indices")), stage("fg_indices")));
+  EXPECT_TRUE(at::equal(runs_to_indices(s.arrays.at("label_bg_indices")), stage("bg_indices")));
+}
+
+TEST(Transforms, ObliqueSpacingUsesTheGeneralResamplerConsistently) {
+  // A rotated grid resampled onto itself at the same spacing returns the input.
+  const double a = 0.3;
+  Affine rot;
+  rot.m = {{{std::cos(a), -std::sin(a), 0, 5}, {std::sin(a), std::cos(a), 0, -3}, {0, 0, 1, 2}, {0, 0, 0, 1}}};
+  Affine scale;
+  scale.m = {{{1.5, 0, 0, 0}, {0, 1.5, 0, 0}, {0, 0, 2, 0}, {0, 0, 0, 1}}};
+  const Affine affine = rot * scale;
+  const at::Tensor data = at::rand({2, 12, 10, 8});
+  const Geometry g = spacing_geometry({12, 10, 8}, affine, {1.5, 1.5, 2});
+  EXPECT_EQ(g.shape, (Shape3{12, 10, 8}));
+  EXPECT_LT(g.affine.max_abs_diff(affine), 1e-12);
+  EXPECT_LT((resample(data, affine, g, false) - data).abs().max().item<double>(), 1e-5);
+  const at::Tensor labels = at::randint(0, 4, {1, 12, 10, 8}, at::kByte);
+  EXPECT_TRUE(at::equal(resample(labels, affine, g, true), labels));
+}
+
+TEST(Transforms, ResizeWithPadOrCropCentresLikeMonai) {
+  Sample s;
+  Volume v;
+  v.data = at::arange(8 * 5 * 3, at::kFloat).view({1, 8, 5, 3});
+  s.volumes["image"] = v;
+  make_resize_with_pad_or_crop({{"image"}, {5, 8, 3}, 0.0})->apply(s);
+  const Volume& out = s.volume("image");
+  EXPECT_EQ(out.shape(), (std::vector<std::int64_t>{1, 5, 8, 3}));
+  // x: 8 -> 5 crops from 8/2 - 5/2 = 2; y: 5 -> 8 pads 1 before, 2 after.
+  EXPECT_EQ(out.affine(0, 3), 2);
+  EXPECT_EQ(out.affine(1, 3), -1);
+  EXPECT_EQ(out.data[0][0][1][0].item<float>(), v.data[0][2][0][0].item<float>());
+  EXPECT_EQ(out.data[0][0][0][0].item<float>(), 0.0f);
+  EXPECT_EQ(out.data[0][0][7][0].item<float>(), 0.0f);
+}
+
+TEST(Transforms, NormalizeIntensityMatchesTheFormula) {
+  Sample s;
+  Volume v;
+  v.data = at::tensor({0.f, 2.f, 4.f, 0.f, 6.f}).view({1, 5, 1, 1});
+  s.volumes["image"] = v;
+  make_normalize_intensity({{"image"}, true, false})->apply(s);
+  const at::Tensor x = s.volume("image").data.view({-1});
+  // nonzero: mean 4, population std sqrt(8/3); zeros untouched.
+  const double sd = std::sqrt(8.0 / 3.0);
+  EXPECT_NEAR(x[1].item<double>(), (2 - 4) / sd, 1e-6);
+  EXPECT_NEAR(x[4].item<double>(), (6 - 4) / sd, 1e-6);
+  EXPECT_EQ(x[0].item<double>(), 0.0);
+}
+
+TEST(Transforms, RunsHoldTheIndicesCompactly) {
+  const at::Tensor mask = at::tensor({0, 1, 1, 0, 1, 0, 0, 1, 1, 1}, at::kByte).to(at::kBool);
+  const at::Tensor runs = mask_to_runs(mask);
+  EXPECT_EQ(runs.size(0), 3);
+  EXPECT_EQ(runs_count(runs), 6);
+  EXPECT_TRUE(at::equal(runs_to_indices(runs), at::tensor({1, 2, 4, 7, 8, 9}, at::kLong)));
+  EXPECT_EQ(runs_index(runs, 0), 1);
+  EXPECT_EQ(runs_index(runs, 2), 4);
+  EXPECT_EQ(runs_index(runs, 5), 9);
+  EXPECT_THROW(runs_index(runs, 6), ValueError);
+  EXPECT_EQ(mask_to_runs(at::zeros({5}, at::kBool)).size(0), 0);
+}
+
+TEST(Transforms, BadArgumentsNameTheTransformAndArgument) {
+  auto expect_error = [](const char* json, std::initializer_list<const char*> parts) {
+    try {
+      make_chain(nlohmann::json::parse(json));
+      ADD_FAILURE() << "no error for " << json;
+    } catch (const ValueError& e) {
+      for (const char* p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"([{"name": "Spacing", "keys": "image", "pixdims": [1, 1, 1]}])", {"Spacing", "pixdims"});
+  expect_error(R"([{"name": "Spacing", "keys": "image", "pixdim": [1, 1]}])", {"Spacing", "pixdim"});
+  expect_error(R"([{"name": "Spacing", "keys": "image", "pixdim": 1, "mode": "cubic"}])", {"cubic"});
+  expect_error(R"([{"name": "Orientation", "keys": "image", "axcodes": "RAX"}])", {"Orientation", "RAX"});
+  expect_error(R"([{"name": "Rotate90", "keys": "image"}])", {"unknown transform", "Rotate90"});
+  expect_error(R"([{"name": "ScaleIntensityRange"}])", {"ScaleIntensityRange", "keys"});
+  expect_error(R"([{"name": "CastToType", "keys": "image", "dtype": "complex"}])", {"complex"});
+  expect_error(R"([{"name": "Orientation", "keys": "image"}, {"keys": "image"}])", {"item 1"});
+  // A missing key at apply time names the transform and the key.
+  Sample s;
+  try {
+    make_chain(nlohmann::json::parse(R"([{"name": "Orientation", "keys": "label"}])")).apply(s);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Orientation"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("label"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Transforms, ChainHashChangesWithAnyArgument) {
+  const auto base = nlohmann::json::parse(R"([{"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0],
+                                               "mode": ["bilinear", "nearest"]}])");
+  const std::string h = make_chain(base).hash();
+  EXPECT_EQ(h, make_chain(base).hash());
+  auto changed = base;
+  changed[0]["pixdim"][2] = 2.5;
+  EXPECT_NE(make_chain(changed).hash(), h);
+  changed = base;
+  changed[0]["mode"][1] = "bilinear";
+  EXPECT_NE(make_chain(changed).hash(), h);
+  // Defaults spelled out or left implicit give the same chain.
+  const auto a = nlohmann::json::parse(R"([{"name": "Orientation", "keys": "image"}])");
+  const auto b = nlohmann::json::parse(R"([{"name": "Orientation", "keys": ["image"], "axcodes": "RAS"}])");
+  EXPECT_EQ(make_chain(a).hash(), make_chain(b).hash());
+}
+
+}  // namespace
+}  // namespace medfast::transforms
