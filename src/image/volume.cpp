@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "medfast/core/error.hpp"
+
 namespace medfast {
 
 std::vector<std::int64_t> Volume::shape() const {
@@ -9,8 +11,19 @@ std::vector<std::int64_t> Volume::shape() const {
   return data.sizes().vec();
 }
 
-std::string dtype_name(const at::Tensor& t) {
-  switch (t.scalar_type()) {
+std::string dtype_name(const at::Tensor& t) { return dtype_name(t.scalar_type()); }
+
+at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
+  for (at::ScalarType t : {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf, at::kBFloat16, at::kFloat,
+                           at::kDouble, at::kBool}) {
+    if (name == dtype_name(t)) return t;
+  }
+  throw ValueError(str(what, ": dtype '", name,
+                       "' is not one of uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"));
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
     case at::kByte: return "uint8";
     case at::kChar: return "int8";
     case at::kShort: return "int16";
@@ -21,7 +34,7 @@ std::string dtype_name(const at::Tensor& t) {
     case at::kHalf: return "float16";
     case at::kBFloat16: return "bfloat16";
     case at::kBool: return "bool";
-    default: return std::string(c10::toString(t.scalar_type()));
+    default: return std::string(c10::toString(t));
   }
 }
 

@@ -10,18 +10,7 @@
 namespace medfast::transforms {
 
 at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
-  if (name == "uint8") return at::kByte;
-  if (name == "int8") return at::kChar;
-  if (name == "int16") return at::kShort;
-  if (name == "int32") return at::kInt;
-  if (name == "int64") return at::kLong;
-  if (name == "float16") return at::kHalf;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  if (name == "bool") return at::kBool;
-  throw ValueError(str(what, ": dtype '", name,
-                       "' is not one of uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, bool"));
+  return medfast::parse_dtype(name, what);
 }
 
 namespace {

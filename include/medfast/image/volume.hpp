@@ -50,5 +50,8 @@ struct Volume {
 
 /// The medfast name of a tensor dtype ("uint8", "int16", "float32", ...).
 std::string dtype_name(const at::Tensor& t);
+std::string dtype_name(at::ScalarType t);
+/// "uint8" -> at::kByte, ...; throws ValueError naming `what` and the choices.
+at::ScalarType parse_dtype(const std::string& name, const std::string& what);
 
 }  // namespace medfast

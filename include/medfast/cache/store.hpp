@@ -1,0 +1,57 @@
+#pragma once
+/// \file
+/// Keyed storage of Samples, one interface for every cache kind:
+///   memory       Samples held in host memory
+///   device       Samples held in GPU memory (needs CUDA)
+///   disk         one entry file per key (entry.hpp), persistent across runs
+///   disk_device  disk entries read straight into GPU memory by the engine
+/// A corrupt or truncated disk entry is reported once (log warning) and
+/// counted, and get() treats it as a miss, so the caller recomputes and the
+/// atomic rewrite replaces it.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "medfast/cache/entry.hpp"
+
+namespace medfast::cache {
+
+struct StoreOptions {
+  std::string kind = "memory";  ///< memory | device | disk | disk_device
+  std::string dir;              ///< for disk kinds
+  io::IoOptions io;             ///< how disk entries are read
+  std::string device = "cuda";  ///< for device kinds
+
+  StoreOptions& set_kind(const std::string& v);
+  StoreOptions& set_dir(const std::string& v) { dir = v; return *this; }
+  StoreOptions& set_io(const io::IoOptions& v) { io = v; return *this; }
+};
+
+struct StoreStats {
+  std::uint64_t entries = 0, bytes = 0, hits = 0, misses = 0, corrupt = 0, writes = 0;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual std::string kind() const = 0;
+  /// The sample under `key`, or nullopt (missing, or corrupt: then warned and counted).
+  virtual std::optional<Sample> get(const std::string& key) = 0;
+  virtual void put(const std::string& key, const Sample& sample, const nlohmann::json& extra = {}) = 0;
+  /// True if an entry exists (for disk: a file whose header verifies).
+  virtual bool contains(const std::string& key) = 0;
+  virtual StoreStats stats() const = 0;
+};
+
+/// Builds a store; throws ValueError naming the kind (unknown, no CUDA, no dir).
+std::unique_ptr<Store> make_store(const StoreOptions& options);
+
+/// The entry path of `key` in a disk store at `dir`.
+std::string entry_path(const std::string& dir, const std::string& key);
+
+}  // namespace medfast::cache

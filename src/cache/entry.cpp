@@ -1,0 +1,269 @@
+#include "medfast/cache/entry.hpp"
+
+#include <ATen/ATen.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::cache {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'F', 'C', 'A', 'C', 'H', 'E', '\0'};
+constexpr std::size_t kHeaderBytes = 64;
+constexpr std::uint32_t kMaxJsonBytes = 64u << 20;
+
+struct Header {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t json_length;
+  std::uint32_t payloads;
+  std::uint32_t reserved;
+  std::uint64_t json_hash;
+  std::uint64_t file_size;
+  char pad[24];
+};
+static_assert(sizeof(Header) == kHeaderBytes, "cache entry header is 64 bytes");
+
+std::uint64_t align_up(std::uint64_t v) { return (v + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment; }
+
+std::string dtype_text(at::ScalarType t) {
+  const std::string name = dtype_name(t);
+  parse_dtype(name, "cache: stored tensor");  // rejects dtypes a cache cannot hold (complex...)
+  return name;
+}
+
+// The smallest lossless storage for a tensor.
+at::Tensor narrow_for_storage(const at::Tensor& t) {
+  if (t.numel() == 0) return t;
+  if (at::isFloatingType(t.scalar_type())) {
+    const auto lo = t.min().item<double>(), hi = t.max().item<double>();
+    if (lo >= 0 && hi <= 255 && at::equal(t, t.round())) return t.to(at::kByte);
+  } else if (t.scalar_type() == at::kLong) {
+    const auto lo = t.min().item<std::int64_t>(), hi = t.max().item<std::int64_t>();
+    if (lo >= INT32_MIN && hi <= INT32_MAX) return t.to(at::kInt);
+  }
+  return t;
+}
+
+nlohmann::json affine_json(const Affine& a) {
+  nlohmann::json v = nlohmann::json::array();
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) v.push_back(a(i, j));
+  return v;
+}
+
+nlohmann::json volume_meta_json(const VolumeMeta& m) {
+  return {{"source", m.source},         {"nifti_version", m.nifti_version}, {"disk_datatype", m.disk_datatype},
+          {"qform_code", m.qform_code}, {"sform_code", m.sform_code},       {"xyzt_units", m.xyzt_units},
+          {"descrip", m.descrip},       {"pixdim", m.pixdim}};
+}
+
+void volume_meta_from(const nlohmann::json& j, VolumeMeta& m) {
+  m.source = j.value("source", "");
+  m.nifti_version = j.value("nifti_version", 0);
+  m.disk_datatype = j.value("disk_datatype", 0);
+  m.qform_code = j.value("qform_code", 0);
+  m.sform_code = j.value("sform_code", 0);
+  m.xyzt_units = j.value("xyzt_units", 0);
+  m.descrip = j.value("descrip", "");
+  if (j.contains("pixdim")) m.pixdim = j["pixdim"].get<std::array<double, 8>>();
+}
+
+std::uint64_t xxh3(const void* p, std::size_t n) { return XXH3_64bits(p, n); }
+
+struct Parsed {
+  Header header{};
+  nlohmann::json meta;
+};
+
+Parsed parse_head(const std::string& path, const std::string& bytes_prefix, std::uint64_t file_size) {
+  Parsed p;
+  if (bytes_prefix.size() < kHeaderBytes) {
+    throw CorruptEntry(str(path, ": cache entry is truncated (", file_size, " bytes, the header needs ", kHeaderBytes, ")"));
+  }
+  std::memcpy(&p.header, bytes_prefix.data(), kHeaderBytes);
+  if (std::memcmp(p.header.magic, kMagic, 8) != 0) throw CorruptEntry(str(path, ": not a medfast cache entry (bad magic)"));
+  if (p.header.version != kEntryFormatVersion) {
+    throw CorruptEntry(str(path, ": cache entry format version ", p.header.version, ", expected ", kEntryFormatVersion));
+  }
+  if (p.header.file_size != file_size) {
+    throw CorruptEntry(str(path, ": cache entry is ", file_size, " bytes, its header says ", p.header.file_size,
+                           " (truncated or appended to)"));
+  }
+  if (p.header.json_length > kMaxJsonBytes || kHeaderBytes + p.header.json_length > bytes_prefix.size()) {
+    throw CorruptEntry(str(path, ": cache entry metadata length ", p.header.json_length, " is out of range"));
+  }
+  const char* json = bytes_prefix.data() + kHeaderBytes;
+  if (xxh3(json, p.header.json_length) != p.header.json_hash) {
+    throw CorruptEntry(str(path, ": cache entry metadata checksum mismatch"));
+  }
+  try {
+    p.meta = nlohmann::json::parse(json, json + p.header.json_length);
+  } catch (const std::exception& e) {
+    throw CorruptEntry(str(path, ": cache entry metadata is not JSON: ", e.what()));
+  }
+  return p;
+}
+
+Parsed read_head(io::FileHandle& f) {
+  const std::uint64_t size = f.size();
+  std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(size, 1u << 16)), '\0');
+  prefix.resize(f.read(prefix.data(), prefix.size(), 0));
+  if (prefix.size() >= kHeaderBytes) {
+    Header h;
+    std::memcpy(&h, prefix.data(), kHeaderBytes);
+    const std::uint64_t need = kHeaderBytes + std::min(h.json_length, kMaxJsonBytes);
+    if (need > prefix.size() && need <= size) {
+      prefix.resize(static_cast<std::size_t>(need));
+      f.read_exact(prefix.data(), prefix.size(), 0);
+    }
+  }
+  return parse_head(f.path(), prefix, size);
+}
+
+}  // namespace
+
+std::uint64_t write_entry(const std::string& path, const std::string& key, const Sample& sample,
+                          const nlohmann::json& extra) {
+  struct Payload {
+    std::string name;
+    bool volume;
+    at::Tensor stored;
+    std::string dtype;
+    std::vector<std::int64_t> shape;
+  };
+  std::vector<Payload> payloads;
+  for (const auto& [name, v] : sample.volumes) {
+    const at::Tensor t = v.data.is_cpu() ? v.data : v.data.cpu();
+    payloads.push_back({name, true, narrow_for_storage(t).contiguous(), dtype_text(t.scalar_type()), t.sizes().vec()});
+  }
+  for (const auto& [name, a] : sample.arrays) {
+    const at::Tensor t = a.is_cpu() ? a : a.cpu();
+    payloads.push_back({name, false, narrow_for_storage(t).contiguous(), dtype_text(t.scalar_type()), t.sizes().vec()});
+  }
+  // Lay out: the JSON must know the offsets, and the offsets depend on the
+  // JSON's length; reserve room and fix the layout with a second pass.
+  nlohmann::json meta = extra.is_object() ? extra : nlohmann::json::object();
+  meta["key"] = key;
+  meta["format_version"] = kEntryFormatVersion;
+  meta["sample_meta"] = sample.meta;
+  nlohmann::json volumes = nlohmann::json::object();
+  for (const auto& [name, v] : sample.volumes) {
+    volumes[name] = {{"affine", affine_json(v.affine)}, {"meta", volume_meta_json(v.meta)}};
+  }
+  meta["volumes"] = volumes;
+  std::string json;
+  std::uint64_t data_start = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    nlohmann::json list = nlohmann::json::array();
+    std::uint64_t offset = data_start;
+    for (const auto& p : payloads) {
+      const std::uint64_t length = static_cast<std::uint64_t>(p.stored.numel()) * p.stored.element_size();
+      list.push_back({{"name", p.name},
+                      {"kind", p.volume ? "volume" : "array"},
+                      {"dtype", p.dtype},
+                      {"stored_dtype", dtype_text(p.stored.scalar_type())},
+                      {"shape", p.shape},
+                      {"offset", offset},
+                      {"length", length},
+                      {"xxh3", xxh3(p.stored.data_ptr(), static_cast<std::size_t>(length))}});
+      offset = align_up(offset + length);
+    }
+    meta["payloads"] = list;
+    json = meta.dump();
+    const std::uint64_t start = align_up(kHeaderBytes + json.size());
+    if (start == data_start) break;
+    data_start = start;
+  }
+  std::uint64_t file_size = data_start;
+  for (const auto& p : meta["payloads"]) file_size = p["offset"].get<std::uint64_t>() + p["length"].get<std::uint64_t>();
+
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kEntryFormatVersion;
+  h.json_length = static_cast<std::uint32_t>(json.size());
+  h.payloads = static_cast<std::uint32_t>(payloads.size());
+  h.json_hash = xxh3(json.data(), json.size());
+  h.file_size = file_size;
+  os::make_directories(os::parent_directory(path));
+  os::AtomicWriter w(path);
+  w.append(&h, sizeof h);
+  w.append(json.data(), json.size());
+  const std::string zeros(kPayloadAlignment, '\0');
+  for (std::size_t i = 0; i < payloads.size(); ++i) {
+    const auto offset = meta["payloads"][i]["offset"].get<std::uint64_t>();
+    if (offset > w.written()) w.append(zeros.data(), static_cast<std::size_t>(offset - w.written()));
+    const auto length = meta["payloads"][i]["length"].get<std::uint64_t>();
+    w.append(payloads[i].stored.data_ptr(), static_cast<std::size_t>(length));
+  }
+  w.commit();
+  return file_size;
+}
+
+nlohmann::json read_entry_meta(const std::string& path) {
+  io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io::IoOptions().set_backend("posix"));
+  return read_head(f).meta;
+}
+
+Sample read_entry(const std::string& path, const std::string& expected_key, const io::IoOptions& io,
+                  const std::string& device) {
+  io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io);
+  const Parsed head = read_head(f);
+  const auto& meta = head.meta;
+  if (!expected_key.empty() && meta.value("key", "") != expected_key) {
+    throw CorruptEntry(str(path, ": cache entry holds key ", meta.value("key", "?"), ", expected ", expected_key));
+  }
+  Sample s;
+  try {
+    s.meta = meta.at("sample_meta");
+    const at::Device dev(device);
+    for (const auto& p : meta.at("payloads")) {
+      const auto offset = p.at("offset").get<std::uint64_t>();
+      const auto length = p.at("length").get<std::uint64_t>();
+      if (offset % kPayloadAlignment != 0 || offset + length > head.header.file_size) {
+        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " lies outside the file"));
+      }
+      const at::ScalarType stored = parse_dtype(p.at("stored_dtype"), "cache entry");
+      const at::ScalarType logical = parse_dtype(p.at("dtype"), "cache entry");
+      const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
+      at::Tensor raw = io::empty_aligned(static_cast<std::size_t>(length));
+      f.read_exact(raw.data_ptr(), static_cast<std::size_t>(length), offset);
+      if (xxh3(raw.data_ptr(), static_cast<std::size_t>(length)) != p.at("xxh3").get<std::uint64_t>()) {
+        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " checksum mismatch"));
+      }
+      std::int64_t numel = 1;
+      for (auto d : shape) numel *= d;
+      if (numel * static_cast<std::int64_t>(c10::elementSize(stored)) != static_cast<std::int64_t>(length)) {
+        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " size does not match its shape"));
+      }
+      at::Tensor t = raw.view(stored).view(shape);
+      if (stored != logical) t = t.to(logical);
+      if (!dev.is_cpu()) t = t.to(dev, /*non_blocking=*/false);
+      const std::string name = p.at("name");
+      if (p.at("kind") == "volume") {
+        Volume v;
+        v.data = t;
+        const auto& vm = meta.at("volumes").at(name);
+        const auto aff = vm.at("affine").get<std::vector<double>>();
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < 4; ++j) v.affine(i, j) = aff.at(static_cast<std::size_t>(4 * i + j));
+        volume_meta_from(vm.at("meta"), v.meta);
+        s.volumes[name] = std::move(v);
+      } else {
+        s.arrays[name] = t;
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptEntry(str(path, ": cache entry metadata is incomplete: ", e.what()));
+  } catch (const ValueError& e) {
+    throw CorruptEntry(str(path, ": ", e.what()));
+  }
+  return s;
+}
+
+}  // namespace medfast::cache

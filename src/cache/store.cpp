@@ -1,0 +1,161 @@
+#include "medfast/cache/store.hpp"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "medfast/core/log.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::cache {
+
+StoreOptions& StoreOptions::set_kind(const std::string& v) {
+  if (v != "memory" && v != "device" && v != "disk" && v != "disk_device") {
+    throw ValueError(str("cache kind '", v, "' is not one of memory, device, disk, disk_device"));
+  }
+  kind = v;
+  return *this;
+}
+
+std::string entry_path(const std::string& dir, const std::string& key) { return dir + "/" + key + kEntrySuffix; }
+
+namespace {
+
+Sample to_device(const Sample& s, const at::Device& device) {
+  Sample out;
+  out.meta = s.meta;
+  for (const auto& [k, v] : s.volumes) {
+    Volume moved = v;
+    moved.data = v.data.to(device);
+    out.volumes[k] = std::move(moved);
+  }
+  for (const auto& [k, a] : s.arrays) out.arrays[k] = a.to(device);
+  return out;
+}
+
+class MemoryStore final : public Store {
+ public:
+  explicit MemoryStore(std::string kind, std::optional<at::Device> device = std::nullopt)
+      : kind_(std::move(kind)), device_(device) {}
+  std::string kind() const override { return kind_; }
+  std::optional<Sample> get(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = items_.find(key);
+    if (it == items_.end()) {
+      ++stats_.misses;
+      return std::nullopt;
+    }
+    ++stats_.hits;
+    return it->second;  // shares tensors: cached outputs are read-only by contract
+  }
+  void put(const std::string& key, const Sample& sample, const nlohmann::json&) override {
+    Sample stored = device_ ? to_device(sample, *device_) : sample;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = items_.find(key);
+    if (it != items_.end()) stats_.bytes -= it->second.bytes();
+    else ++stats_.entries;
+    stats_.bytes += stored.bytes();
+    ++stats_.writes;
+    items_[key] = std::move(stored);
+  }
+  bool contains(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return items_.count(key) > 0;
+  }
+  StoreStats stats() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  std::string kind_;
+  std::optional<at::Device> device_;
+  mutable std::mutex mutex_;
+  std::map<std::string, Sample> items_;
+  StoreStats stats_;
+};
+
+class DiskStore final : public Store {
+ public:
+  DiskStore(std::string kind, std::string dir, io::IoOptions io, std::string device)
+      : kind_(std::move(kind)), dir_(std::move(dir)), io_(std::move(io)), device_(std::move(device)) {
+    if (dir_.empty()) throw ValueError(str("cache kind ", kind_, " needs a directory (cache.dir)"));
+    os::make_directories(dir_);
+  }
+  std::string kind() const override { return kind_; }
+  std::optional<Sample> get(const std::string& key) override {
+    const std::string path = entry_path(dir_, key);
+    if (!os::exists(path)) {
+      ++misses_;
+      return std::nullopt;
+    }
+    try {
+      Sample s = read_entry(path, key, io_, device_);
+      ++hits_;
+      return s;
+    } catch (const CorruptEntry& e) {
+      report_corrupt(key, e.what());
+      ++misses_;
+      return std::nullopt;
+    }
+  }
+  void put(const std::string& key, const Sample& sample, const nlohmann::json& extra) override {
+    const std::uint64_t n = write_entry(entry_path(dir_, key), key, sample, extra);
+    bytes_ += n;
+    ++writes_;
+  }
+  bool contains(const std::string& key) override {
+    const std::string path = entry_path(dir_, key);
+    if (!os::exists(path)) return false;
+    try {
+      return read_entry_meta(path).value("key", "") == key;
+    } catch (const CorruptEntry& e) {
+      report_corrupt(key, e.what());
+      return false;
+    }
+  }
+  StoreStats stats() const override {
+    StoreStats s;
+    s.hits = hits_;
+    s.misses = misses_;
+    s.corrupt = corrupt_;
+    s.writes = writes_;
+    s.bytes = bytes_;
+    s.entries = writes_;
+    return s;
+  }
+
+ private:
+  void report_corrupt(const std::string& key, const std::string& why) {
+    ++corrupt_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (warned_.insert(key).second) log::warn("cache: ", why, "; recomputing the entry");
+  }
+
+  std::string kind_, dir_;
+  io::IoOptions io_;
+  std::string device_;
+  std::atomic<std::uint64_t> hits_{0}, misses_{0}, corrupt_{0}, writes_{0}, bytes_{0};
+  std::mutex mutex_;
+  std::set<std::string> warned_;
+};
+
+at::Device cuda_device(const StoreOptions& o) {
+  if (!at::hasCUDA()) {
+    throw ValueError(str("cache kind ", o.kind, " keeps samples in GPU memory, but no CUDA device is available "
+                         "(libtorch without CUDA, or no GPU); use memory or disk"));
+  }
+  return at::Device(o.device);
+}
+
+}  // namespace
+
+std::unique_ptr<Store> make_store(const StoreOptions& o) {
+  if (o.kind == "memory") return std::make_unique<MemoryStore>("memory");
+  if (o.kind == "device") return std::make_unique<MemoryStore>("device", cuda_device(o));
+  if (o.kind == "disk") return std::make_unique<DiskStore>("disk", o.dir, o.io, "cpu");
+  if (o.kind == "disk_device") return std::make_unique<DiskStore>("disk_device", o.dir, o.io, cuda_device(o).str());
+  throw ValueError(str("cache kind '", o.kind, "' is not one of memory, device, disk, disk_device"));
+}
+
+}  // namespace medfast::cache

@@ -1,0 +1,205 @@
+// Conformance suite: every cache kind stores and returns Samples unchanged;
+// disk entries survive restarts and detect every kind of damage.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "medfast/cache/store.hpp"
+#include "medfast/core/log.hpp"
+#include "medfast/os/file.hpp"
+#include "test_util.hpp"
+
+namespace medfast::cache {
+namespace {
+
+Sample make_sample(int seed) {
+  at::manual_seed(seed);
+  Sample s;
+  Volume image;
+  image.data = at::randn({1, 17, 9, 5});
+  image.affine.m = {{{1.5, 0, 0, -10}, {0, 1.5, 0, 20}, {0, 0, 2, -30.25}, {0, 0, 0, 1}}};
+  image.meta.source = "/data/image_" + std::to_string(seed) + ".nii.gz";
+  image.meta.disk_datatype = 4;
+  Volume label;
+  label.data = at::randint(0, 3, {1, 17, 9, 5}).to(at::kFloat);  // float labels: stored as uint8, read as float
+  label.affine = image.affine;
+  s.volumes["image"] = image;
+  s.volumes["label"] = label;
+  s.arrays["label_fg_indices"] = at::tensor({0, 5, 9, 100}, at::kLong).view({2, 2});
+  s.arrays["empty"] = at::empty({0, 2}, at::kLong);
+  s.meta = {{"image", image.meta.source}, {"index", seed}};
+  return s;
+}
+
+void expect_same(const Sample& a, const Sample& b) {
+  ASSERT_EQ(a.volumes.size(), b.volumes.size());
+  for (const auto& [k, v] : a.volumes) {
+    const Volume& w = b.volumes.at(k);
+    EXPECT_EQ(v.data.scalar_type(), w.data.scalar_type()) << k;
+    EXPECT_TRUE(at::equal(v.data.cpu(), w.data.cpu())) << k;
+    EXPECT_EQ(v.affine, w.affine) << k;
+    EXPECT_EQ(v.meta.source, w.meta.source) << k;
+    EXPECT_EQ(v.meta.disk_datatype, w.meta.disk_datatype) << k;
+  }
+  ASSERT_EQ(a.arrays.size(), b.arrays.size());
+  for (const auto& [k, t] : a.arrays) {
+    EXPECT_EQ(t.scalar_type(), b.arrays.at(k).scalar_type()) << k;
+    EXPECT_TRUE(at::equal(t.cpu(), b.arrays.at(k).cpu())) << k;
+  }
+  EXPECT_EQ(a.meta, b.meta);
+}
+
+class StoreConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if ((GetParam() == "device" || GetParam() == "disk_device") && !at::hasCUDA()) {
+      GTEST_SKIP() << "cache kind " << GetParam() << " needs CUDA: libtorch without CUDA or no GPU";
+    }
+    store = make_store(StoreOptions().set_kind(GetParam()).set_dir(dir / "cache"));
+  }
+  test::TempDir dir;
+  std::unique_ptr<Store> store;
+};
+
+TEST_P(StoreConformance, PutThenGetReturnsTheSameSample) {
+  EXPECT_FALSE(store->get("a").has_value());
+  EXPECT_FALSE(store->contains("a"));
+  const Sample s = make_sample(1);
+  store->put("a", s);
+  EXPECT_TRUE(store->contains("a"));
+  const auto got = store->get("a");
+  ASSERT_TRUE(got.has_value());
+  expect_same(s, *got);
+  const auto st = store->stats();
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.writes, 1u);
+}
+
+TEST_P(StoreConformance, OverwriteReplaces) {
+  store->put("k", make_sample(1));
+  const Sample b = make_sample(2);
+  store->put("k", b);
+  expect_same(b, *store->get("k"));
+}
+
+TEST_P(StoreConformance, ConcurrentPutsAndGets) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) {
+        const std::string key = "t" + std::to_string(t) + "_" + std::to_string(i);
+        store->put(key, make_sample(t * 10 + i));
+        const auto got = store->get(key);
+        ASSERT_TRUE(got.has_value());
+        EXPECT_EQ((*got).meta["index"], t * 10 + i);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(store->stats().hits, 24u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, StoreConformance, ::testing::Values("memory", "disk", "device", "disk_device"));
+
+class DiskEntries : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string path() const { return entry_path(dir / "cache", "k"); }
+  std::unique_ptr<Store> disk() { return make_store(StoreOptions().set_kind("disk").set_dir(dir / "cache")); }
+};
+
+TEST_F(DiskEntries, PersistAcrossStoresAndUseAlignedPayloads) {
+  const Sample s = make_sample(3);
+  disk()->put("k", s);
+  expect_same(s, *disk()->get("k"));
+  const auto meta = read_entry_meta(path());
+  EXPECT_EQ(meta["key"], "k");
+  for (const auto& p : meta["payloads"]) EXPECT_EQ(p["offset"].get<std::uint64_t>() % kPayloadAlignment, 0u);
+  // The float label is stored as uint8, the index runs as int32: lossless and small.
+  for (const auto& p : meta["payloads"]) {
+    if (p["name"] == "label") EXPECT_EQ(p["stored_dtype"], "uint8");
+    if (p["name"] == "label_fg_indices") EXPECT_EQ(p["stored_dtype"], "int32");
+    if (p["name"] == "image") EXPECT_EQ(p["stored_dtype"], "float32");
+  }
+  EXPECT_FALSE(disk()->contains("other"));
+}
+
+TEST_F(DiskEntries, EveryKindOfDamageIsAMissWithOneWarning) {
+  std::vector<std::string> warnings;
+  log::set_sink([&](log::Level l, const std::string& m) {
+    if (l == log::Level::warn) warnings.push_back(m);
+  });
+  const Sample s = make_sample(4);
+  const auto meta_probe = [&] {
+    disk()->put("k", s);
+    return read_entry_meta(path());
+  };
+  const auto meta = meta_probe();
+  const std::uint64_t payload = meta["payloads"][0]["offset"];
+  struct Damage {
+    const char* what;
+    std::function<void(std::string&)> apply;
+  };
+  const std::vector<Damage> damages = {
+      {"payload bit flip", [&](std::string& b) { b[static_cast<std::size_t>(payload) + 7] ^= 0x10; }},
+      {"metadata bit flip", [](std::string& b) { b[80] ^= 0x01; }},
+      {"bad magic", [](std::string& b) { b[0] = 'X'; }},
+      {"truncated", [](std::string& b) { b.resize(b.size() - 100); }},
+      {"header only", [](std::string& b) { b.resize(40); }},
+      {"appended", [](std::string& b) { b += "garbage"; }},
+      {"empty", [](std::string& b) { b.clear(); }},
+  };
+  for (const auto& d : damages) {
+    SCOPED_TRACE(d.what);
+    disk()->put("k", s);
+    std::string bytes = test::read_file(path());
+    d.apply(bytes);
+    test::write_file(path(), bytes);
+    auto store = disk();
+    warnings.clear();
+    EXPECT_FALSE(store->get("k").has_value());
+    EXPECT_FALSE(store->get("k").has_value());
+    EXPECT_EQ(store->stats().corrupt, 2u);
+    EXPECT_EQ(warnings.size(), 1u) << "one warning per entry";
+    if (!warnings.empty()) EXPECT_NE(warnings[0].find(path()), std::string::npos) << warnings[0];
+    // Recomputing overwrites the damaged entry.
+    store->put("k", s);
+    expect_same(s, *store->get("k"));
+  }
+  log::set_sink({});
+}
+
+TEST_F(DiskEntries, AnEntryUnderAnotherKeyIsRejected) {
+  disk()->put("k", make_sample(5));
+  os::rename(path(), entry_path(dir / "cache", "j"));
+  EXPECT_FALSE(disk()->get("j").has_value());
+  EXPECT_THROW(read_entry(entry_path(dir / "cache", "j"), "j"), CorruptEntry);
+}
+
+TEST_F(DiskEntries, EveryEngineBackendReadsEntries) {
+  const Sample s = make_sample(6);
+  disk()->put("k", s);
+  for (const std::string b : {"posix", "odirect", "io_uring"}) {
+    if (b == "io_uring" && !io::probe().io_uring) continue;
+    expect_same(s, read_entry(path(), "k", io::IoOptions().set_backend(b)));
+  }
+}
+
+TEST(StoreKinds, UnknownOrImpossibleKindsAreClearErrors) {
+  EXPECT_THROW(make_store(StoreOptions().set_kind("ram")), ValueError);
+  EXPECT_THROW(StoreOptions().set_kind("ram"), ValueError);
+  EXPECT_THROW(make_store(StoreOptions().set_kind("disk")), ValueError);  // no directory
+  if (!at::hasCUDA()) {
+    try {
+      make_store(StoreOptions().set_kind("device"));
+      FAIL();
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace medfast::cache
