@@ -37,17 +37,32 @@ std::string dtype_text(at::ScalarType t) {
   return name;
 }
 
+// True if every value is a whole number in [lo, hi]; stops at the first that is not.
+template <typename T>
+bool all_whole_in(const at::Tensor& t, double lo, double hi) {
+  const at::Tensor c = t.contiguous();
+  const T* p = c.data_ptr<T>();
+  const std::int64_t n = c.numel();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(p[i]);
+    if (!(v >= lo && v <= hi) || v != std::floor(v)) return false;
+  }
+  return true;
+}
+
 // The smallest lossless storage for a tensor.
 at::Tensor narrow_for_storage(const at::Tensor& t) {
   if (t.numel() == 0) return t;
-  if (at::isFloatingType(t.scalar_type())) {
-    const auto lo = t.min().item<double>(), hi = t.max().item<double>();
-    if (lo >= 0 && hi <= 255 && at::equal(t, t.round())) return t.to(at::kByte);
-  } else if (t.scalar_type() == at::kLong) {
-    const auto lo = t.min().item<std::int64_t>(), hi = t.max().item<std::int64_t>();
-    if (lo >= INT32_MIN && hi <= INT32_MAX) return t.to(at::kInt);
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return all_whole_in<float>(t, 0, 255) ? t.to(at::kByte) : t;
+    case at::kDouble:
+      return all_whole_in<double>(t, 0, 255) ? t.to(at::kByte) : t;
+    case at::kLong:
+      return all_whole_in<std::int64_t>(t, INT32_MIN, INT32_MAX) ? t.to(at::kInt) : t;
+    default:
+      return t;
   }
-  return t;
 }
 
 nlohmann::json affine_json(const Affine& a) {

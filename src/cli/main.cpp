@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       ->group("Settings");
 
   std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app),
-                                       cli::register_io(app)};
+                                       cli::register_io(app), cli::register_cache(app)};
 
   try {
     app.parse(argc, argv);

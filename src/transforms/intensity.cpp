@@ -1,6 +1,7 @@
 #include "medfast/transforms/intensity.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "medfast/core/error.hpp"
 #include "medfast/image/nifti.hpp"
@@ -33,11 +34,22 @@ class ScaleIntensityRange final : public Transform {
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
-      // MONAI's order of operations, in float32 (its default dtype).
-      at::Tensor x = v.data.to(at::kFloat);
-      x = (x - o_.a_min) / (o_.a_max - o_.a_min);
-      x = x * (o_.b_max - o_.b_min) + o_.b_min;
-      if (o_.clip) x = x.clamp(std::min(o_.b_min, o_.b_max), std::max(o_.b_min, o_.b_max));
+      // MONAI's operations in MONAI's order, in float32 (its default dtype),
+      // fused into one pass over a copy in the data's own memory order.
+      at::Tensor x = v.data.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      if (!x.is_non_overlapping_and_dense()) x = x.contiguous();
+      const float a_min = static_cast<float>(o_.a_min), range = static_cast<float>(o_.a_max - o_.a_min);
+      const float b_range = static_cast<float>(o_.b_max - o_.b_min), b_min = static_cast<float>(o_.b_min);
+      const float lo = static_cast<float>(std::min(o_.b_min, o_.b_max)), hi = static_cast<float>(std::max(o_.b_min, o_.b_max));
+      const bool clip = o_.clip;
+      float* p = x.data_ptr<float>();
+      at::parallel_for(0, x.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) {
+          float y = (p[i] - a_min) / range * b_range + b_min;
+          if (clip) y = y < lo ? lo : (y > hi ? hi : y);
+          p[i] = y;
+        }
+      });
       v.data = x;
     }
   }

@@ -1,8 +1,12 @@
 #include "medfast/transforms/spatial.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
@@ -185,34 +189,101 @@ OrientationPlan orientation_plan(const Shape3& shape, const Affine& affine, cons
 
 namespace {
 
-// Index and weight tensors for sampling one axis at coordinates scale*j+shift.
-struct AxisSampling {
-  at::Tensor i0, i1, w;
+// Where output index j of one axis samples the input: two neighbours and a
+// weight (trilinear), or one index (nearest). Border padding clamps.
+struct AxisTable {
+  std::vector<std::int64_t> i0, i1;
+  std::vector<double> w;
 };
 
-AxisSampling axis_sampling(std::int64_t n_in, std::int64_t n_out, double scale, double shift, bool nearest,
-                           at::ScalarType wtype) {
-  std::vector<std::int64_t> a(static_cast<std::size_t>(n_out)), b(static_cast<std::size_t>(n_out));
-  std::vector<double> w(static_cast<std::size_t>(n_out));
+AxisTable axis_table(std::int64_t n_in, std::int64_t n_out, double scale, double shift, bool nearest) {
+  AxisTable t;
+  t.i0.resize(static_cast<std::size_t>(n_out));
+  t.i1.resize(static_cast<std::size_t>(n_out));
+  t.w.resize(static_cast<std::size_t>(n_out));
   for (std::int64_t j = 0; j < n_out; ++j) {
     double c = scale * static_cast<double>(j) + shift;
-    c = std::min(std::max(c, 0.0), static_cast<double>(n_in - 1));  // border padding
+    c = std::min(std::max(c, 0.0), static_cast<double>(n_in - 1));
     if (nearest) {
-      a[j] = static_cast<std::int64_t>(std::nearbyint(c));
+      t.i0[j] = t.i1[j] = static_cast<std::int64_t>(std::nearbyint(c));  // round half to even, as grid_sample
       continue;
     }
     const auto f = static_cast<std::int64_t>(std::floor(c));
-    a[j] = f;
-    b[j] = std::min(f + 1, n_in - 1);
-    w[j] = c - static_cast<double>(f);
+    t.i0[j] = f;
+    t.i1[j] = std::min(f + 1, n_in - 1);
+    t.w[j] = c - static_cast<double>(f);
   }
-  AxisSampling s;
-  s.i0 = at::tensor(a, at::kLong);
-  if (!nearest) {
-    s.i1 = at::tensor(b, at::kLong);
-    s.w = at::tensor(w, at::kDouble).to(wtype);
+  return t;
+}
+
+// An empty tensor of `sizes` whose memory order of dims matches `like`'s, so
+// that resampling writes (and later reads) in the order the data already has.
+at::Tensor empty_in_layout_of(const at::Tensor& like, const std::vector<std::int64_t>& sizes, at::ScalarType dtype) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(like.dim()));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return like.stride(a) > like.stride(b); });
+  std::vector<std::int64_t> permuted_sizes;
+  for (auto d : order) permuted_sizes.push_back(sizes[static_cast<std::size_t>(d)]);
+  std::vector<std::int64_t> inverse(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) inverse[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
+  return at::empty(permuted_sizes, like.options().dtype(dtype)).permute(inverse);
+}
+
+template <typename T, bool Nearest>
+void resample_kernel(const at::Tensor& in, at::Tensor& out, const AxisTable (&t)[3]) {
+  const T* src = in.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  // Loop levels: spatial dims from largest to smallest output stride, so the
+  // inner loop walks memory; per level, input element offsets of both neighbours.
+  int order[3] = {1, 2, 3};
+  std::sort(order, order + 3, [&](int a, int b) { return out.stride(a) > out.stride(b); });
+  struct Level {
+    std::int64_t n, out_stride;
+    std::vector<std::int64_t> a, b;  // input offsets of the two neighbours
+    std::vector<T> w;
+  } lv[3];
+  for (int l = 0; l < 3; ++l) {
+    const int d = order[l];
+    const AxisTable& tab = t[d - 1];
+    lv[l].n = out.size(d);
+    lv[l].out_stride = out.stride(d);
+    for (std::int64_t j = 0; j < lv[l].n; ++j) {
+      lv[l].a.push_back(tab.i0[static_cast<std::size_t>(j)] * in.stride(d));
+      lv[l].b.push_back(tab.i1[static_cast<std::size_t>(j)] * in.stride(d));
+      lv[l].w.push_back(static_cast<T>(tab.w[static_cast<std::size_t>(j)]));
+    }
   }
-  return s;
+  const std::int64_t channels = out.size(0), in_c = in.stride(0), out_c = out.stride(0);
+  const Level &L0 = lv[0], &L1 = lv[1], &L2 = lv[2];
+  at::parallel_for(0, channels * L0.n, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t o = begin; o < end; ++o) {
+      const std::int64_t c = o / L0.n, i = o % L0.n;
+      const T* base = src + c * in_c;
+      T* out_row = dst + c * out_c + i * L0.out_stride;
+      for (std::int64_t j = 0; j < L1.n; ++j) {
+        T* out_line = out_row + j * L1.out_stride;
+        if (Nearest) {
+          const T* p = base + L0.a[i] + L1.a[j];
+          for (std::int64_t k = 0; k < L2.n; ++k) out_line[k * L2.out_stride] = p[L2.a[k]];
+          continue;
+        }
+        const T* p00 = base + L0.a[i] + L1.a[j];
+        const T* p01 = base + L0.a[i] + L1.b[j];
+        const T* p10 = base + L0.b[i] + L1.a[j];
+        const T* p11 = base + L0.b[i] + L1.b[j];
+        const T w0 = L0.w[i], w1 = L1.w[j];
+        for (std::int64_t k = 0; k < L2.n; ++k) {
+          const std::int64_t ka = L2.a[k], kb = L2.b[k];
+          const T w2 = L2.w[k];
+          auto lerp = [](T a, T b, T w) { return a + (b - a) * w; };
+          const T v00 = lerp(p00[ka], p00[kb], w2), v01 = lerp(p01[ka], p01[kb], w2);
+          const T v10 = lerp(p10[ka], p10[kb], w2), v11 = lerp(p11[ka], p11[kb], w2);
+          out_line[k * L2.out_stride] = lerp(lerp(v00, v01, w1), lerp(v10, v11, w1), w0);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -229,23 +300,21 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
   at::Tensor x = data;
   if (!nearest && !at::isFloatingType(x.scalar_type())) x = x.to(at::kFloat);
   if (off_diag <= 1e-9 * std::max(1.0, scale_max)) {
-    // Axis-aligned: trilinear is three 1-D passes, each over the smallest data so far.
-    const at::ScalarType wtype = x.scalar_type();
-    for (int axis = 0; axis < 3; ++axis) {
-      const auto s = axis_sampling(in[axis], to.shape[axis], m(axis, axis), m(axis, 3), nearest, wtype);
-      const int dim = axis + 1;
-      if (nearest) {
-        x = x.index_select(dim, s.i0);
-      } else {
-        std::vector<std::int64_t> wshape{1, 1, 1, 1};
-        wshape[dim] = to.shape[axis];
-        const at::Tensor w = s.w.view(wshape);
-        const at::Tensor a = x.index_select(dim, s.i0);
-        const at::Tensor b = x.index_select(dim, s.i1);
-        x = a + (b - a) * w;
-      }
+    // Axis-aligned (always the case after Orientation for non-oblique data):
+    // one pass, in the data's own memory order.
+    if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
+    const AxisTable tables[3] = {axis_table(in[0], to.shape[0], m(0, 0), m(0, 3), nearest),
+                                 axis_table(in[1], to.shape[1], m(1, 1), m(1, 3), nearest),
+                                 axis_table(in[2], to.shape[2], m(2, 2), m(2, 3), nearest)};
+    at::Tensor out = empty_in_layout_of(x, {x.size(0), to.shape[0], to.shape[1], to.shape[2]}, x.scalar_type());
+    if (nearest) {
+      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, x.scalar_type(), "resample_nearest",
+                                 [&] { resample_kernel<scalar_t, true>(x, out, tables); });
+    } else {
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "resample_linear",
+                                 [&] { resample_kernel<scalar_t, false>(x, out, tables); });
     }
-    return x.contiguous();
+    return out;
   }
   // General affine: grid_sampler with align_corners=True normalisation of
   // input indices (so that index i maps exactly to voxel centre i).
@@ -291,7 +360,8 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
       const std::int64_t offset = std::max<std::int64_t>(0, -start[axis]);
       x = x.narrow(axis + 1, start[axis] + offset, end[axis] - start[axis]);
     }
-    v.data = x.contiguous();
+    // A compact copy in the data's own memory order (a view would pin the uncropped storage).
+    v.data = x.clone(at::MemoryFormat::Preserve);
     v.affine = translate(v.affine, start);
   }
 }
@@ -303,6 +373,60 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
 namespace {
 
 nlohmann::json shape_json(const Shape3& s) { return {s[0], s[1], s[2]}; }
+
+// Flips `dims` of a dense tensor into a new tensor with the same memory
+// order: every line along the innermost memory dim is copied whole, reversed
+// if that dim is flipped (torch's generic flip indexes every element).
+template <typename Word>
+void flip_lines(const at::Tensor& in, at::Tensor& out, const std::vector<bool>& flipped, const std::vector<int>& order) {
+  const Word* src = static_cast<const Word*>(in.data_ptr());
+  Word* dst = static_cast<Word*>(out.data_ptr());
+  const int inner = order.back();
+  const std::int64_t n_inner = in.size(inner);
+  const bool reverse = flipped[static_cast<std::size_t>(inner)];
+  // Lines: all index combinations of the other dims, in memory order.
+  std::int64_t lines = 1;
+  for (std::size_t i = 0; i + 1 < order.size(); ++i) lines *= in.size(order[i]);
+  at::parallel_for(0, lines, 64, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t line = begin; line < end; ++line) {
+      std::int64_t rest = line, in_off = 0, out_off = 0;
+      for (std::size_t i = order.size() - 1; i-- > 0;) {
+        const int d = order[i];
+        const std::int64_t k = rest % in.size(d);
+        rest /= in.size(d);
+        const std::int64_t src_k = flipped[static_cast<std::size_t>(d)] ? in.size(d) - 1 - k : k;
+        in_off += src_k * in.stride(d);
+        out_off += k * out.stride(d);
+      }
+      const Word* a = src + in_off;
+      Word* b = dst + out_off;
+      if (reverse) {
+        for (std::int64_t j = 0; j < n_inner; ++j) b[j] = a[n_inner - 1 - j];
+      } else {
+        std::memcpy(b, a, static_cast<std::size_t>(n_inner) * sizeof(Word));
+      }
+    }
+  });
+}
+
+at::Tensor fast_flip(const at::Tensor& x, const std::vector<std::int64_t>& dims) {
+  std::vector<int> order(static_cast<std::size_t>(x.dim()));
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x.stride(a) > x.stride(b); });
+  const bool dense = x.is_non_overlapping_and_dense() && x.stride(order.back()) == 1;
+  const std::size_t word = x.element_size();
+  if (!dense || (word != 1 && word != 2 && word != 4 && word != 8)) return x.flip(dims);
+  std::vector<bool> flipped(static_cast<std::size_t>(x.dim()), false);
+  for (auto d : dims) flipped[static_cast<std::size_t>(d)] = true;
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Preserve);
+  switch (word) {
+    case 1: flip_lines<std::uint8_t>(x, out, flipped, order); break;
+    case 2: flip_lines<std::uint16_t>(x, out, flipped, order); break;
+    case 4: flip_lines<std::uint32_t>(x, out, flipped, order); break;
+    default: flip_lines<std::uint64_t>(x, out, flipped, order); break;
+  }
+  return out;
+}
 
 class EnsureChannelFirst final : public Transform {
  public:
@@ -344,9 +468,9 @@ class Orientation final : public Transform {
       for (int k = 0; k < 3; ++k) {
         if (plan.flip[k]) flips.push_back(plan.source_axis[k] + 1);
       }
-      if (!flips.empty()) x = x.flip(flips);
-      x = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
-      v.data = x.contiguous();
+      if (!flips.empty()) x = fast_flip(x, flips);
+      // flip copies in the data's own memory order; the permute is a view.
+      v.data = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
       v.affine = plan.affine;
     }
   }
@@ -390,6 +514,52 @@ class Spacing final : public Transform {
   SpacingOptions o_;
 };
 
+// Smallest and largest index per spatial axis of voxels above `threshold` in
+// any channel, in one pass in memory order. False if there are none.
+template <typename T>
+bool box_kernel(const at::Tensor& x, double threshold, std::array<std::int64_t, 3>& lo, std::array<std::int64_t, 3>& hi) {
+  const T* p = x.data_ptr<T>();
+  lo = {INT64_MAX, INT64_MAX, INT64_MAX};
+  hi = {-1, -1, -1};
+  int order[4] = {0, 1, 2, 3};
+  std::sort(order, order + 4, [&](int a, int b) { return x.stride(a) > x.stride(b); });
+  std::int64_t idx[4];
+  const T thr = static_cast<T>(threshold);
+  const bool exact = static_cast<double>(thr) == threshold;
+  for (idx[order[0]] = 0; idx[order[0]] < x.size(order[0]); ++idx[order[0]]) {
+    for (idx[order[1]] = 0; idx[order[1]] < x.size(order[1]); ++idx[order[1]]) {
+      for (idx[order[2]] = 0; idx[order[2]] < x.size(order[2]); ++idx[order[2]]) {
+        const T* line = p + idx[order[0]] * x.stride(order[0]) + idx[order[1]] * x.stride(order[1]) +
+                        idx[order[2]] * x.stride(order[2]);
+        // Only the first and last hit of a line matter.
+        const std::int64_t s = x.stride(order[3]), n = x.size(order[3]);
+        auto above = [&](T v) { return exact ? v > thr : static_cast<double>(v) > threshold; };
+        std::int64_t first = 0;
+        while (first < n && !above(line[first * s])) ++first;
+        if (first == n) continue;
+        std::int64_t last = n - 1;
+        while (!above(line[last * s])) --last;
+        for (std::int64_t at_end : {first, last}) {
+          idx[order[3]] = at_end;
+          for (int a = 0; a < 3; ++a) {
+            lo[a] = std::min(lo[a], idx[a + 1]);
+            hi[a] = std::max(hi[a], idx[a + 1]);
+          }
+        }
+      }
+    }
+  }
+  return hi[0] >= 0;
+}
+
+bool foreground_box(const at::Tensor& data, double threshold, std::array<std::int64_t, 3>& lo,
+                    std::array<std::int64_t, 3>& hi) {
+  bool found = false;
+  AT_DISPATCH_ALL_TYPES_AND(at::kBool, data.scalar_type(), "foreground_box",
+                            [&] { found = box_kernel<scalar_t>(data, threshold, lo, hi); });
+  return found;
+}
+
 class CropForeground final : public Transform {
  public:
   explicit CropForeground(CropForegroundOptions o) : o_(std::move(o)) {
@@ -408,33 +578,27 @@ class CropForeground final : public Transform {
   void apply(Sample& s) const override {
     const Volume& src = s.volume(o_.source_key);
     const Shape3 n = spatial_shape(src.data, o_.source_key);
-    const at::Tensor mask = (src.data > o_.threshold).any(0);
+    std::array<std::int64_t, 3> lo{}, hi{};
+    if (!foreground_box(src.data, o_.threshold, lo, hi)) {
+      log::warn("CropForeground: no voxel of '", o_.source_key, "' is above ", o_.threshold,
+                "; keeping the whole volume");
+      return;
+    }
     Shape3 start{}, end{};
     for (int axis = 0; axis < 3; ++axis) {
-      std::vector<std::int64_t> others;
-      for (int d = 0; d < 3; ++d) {
-        if (d != axis) others.push_back(d);
-      }
-      const at::Tensor along = mask.any(others[1]).any(others[0]);  // 1-D profile of this axis
-      const at::Tensor hits = along.nonzero();
-      if (hits.numel() == 0) {
-        log::warn("CropForeground: no voxel of '", o_.source_key, "' is above ", o_.threshold,
-                  "; keeping the whole volume");
-        return;
-      }
-      std::int64_t lo = hits.min().item<std::int64_t>() - o_.margin[axis];
-      std::int64_t hi = hits.max().item<std::int64_t>() + o_.margin[axis] + 1;
+      std::int64_t a = lo[axis] - o_.margin[axis];
+      std::int64_t b = hi[axis] + o_.margin[axis] + 1;
       if (o_.allow_smaller) {
-        lo = std::max<std::int64_t>(lo, 0);
-        hi = std::min<std::int64_t>(hi, n[axis]);
+        a = std::max<std::int64_t>(a, 0);
+        b = std::min<std::int64_t>(b, n[axis]);
       }
       // k_divisible: grow to a multiple of k around the box (MONAI's compute_divisible_spatial_size).
-      const std::int64_t size = hi - lo;
+      const std::int64_t size = b - a;
       const std::int64_t k = o_.k_divisible[axis];
       const std::int64_t want = (size + k - 1) / k * k;
-      lo -= (want - size) / 2;
-      start[axis] = lo;
-      end[axis] = lo + want;
+      a -= (want - size) / 2;
+      start[axis] = a;
+      end[axis] = a + want;
     }
     crop_or_pad(s, o_.keys, start, end, 0.0);
   }

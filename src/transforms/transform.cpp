@@ -3,16 +3,21 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
 
 namespace medfast::transforms {
 
 void Compose::apply(Sample& sample) const {
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
     try {
+      const auto t0 = std::chrono::steady_clock::now();
       transforms_[i]->apply(sample);
+      log::debug("transform ", transforms_[i]->name(), ": ",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
     } catch (...) {
       rethrow_with_context(str("transform ", i, " (", transforms_[i]->name(), ")"));
     }

@@ -1,0 +1,32 @@
+#pragma once
+/// \file
+/// Dataset lists: which files make up each item.
+///   - MSD dataset.json: {"training": [{"image": "./imagesTr/x.nii.gz", "label": ...}], ...}
+///   - a JSON list with folds: {"training": [{"image": ..., "label": ..., "fold": 0}, ...]}
+///   - CSV with a header row: image,label[,fold]
+/// Relative paths are relative to the list's folder.
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace medfast::data {
+
+struct DatasetItem {
+  std::map<std::string, std::string> files;  ///< key -> absolute path
+  int fold = -1;
+};
+
+struct Dataset {
+  std::string source;  ///< the list file
+  std::vector<DatasetItem> items;
+};
+
+/// Reads a list; `section` picks the JSON section ("training", "validation",
+/// "test"). Throws FormatError naming the file, the item and the field.
+Dataset load_dataset(const std::string& path, const std::string& section = "training");
+
+/// Items whose fold is (validation) or is not (training) `fold`.
+Dataset select_fold(const Dataset& dataset, int fold, bool validation);
+
+}  // namespace medfast::data

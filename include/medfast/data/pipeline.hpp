@@ -1,0 +1,43 @@
+#pragma once
+/// \file
+/// The data section of a run's config (YAML or JSON):
+///
+///   data:
+///     dataset: data/spleen-synth/dataset.json   # MSD dataset.json, JSON list with folds, or CSV
+///     section: training
+///     fold: 0                    # optional: train on the other folds
+///     deterministic:             # cached chain, MONAI names and arguments
+///       - {name: LoadImage, keys: [image, label]}
+///       - ...
+///     random: [...]              # the random chain (applied after the cache)
+///     cache: {kind: disk, dir: cache/spleen, cache_rate: 1.0, content_hash: false}
+///   settings: {threads: 2}       # medfast settings (see `medfast config show`)
+///
+/// Relative paths are relative to the config file's folder.
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "medfast/core/settings.hpp"
+#include "medfast/data/cached_dataset.hpp"
+
+namespace medfast::data {
+
+struct PipelineConfig {
+  std::string path;  ///< the config file
+  Dataset dataset;
+  nlohmann::json deterministic = nlohmann::json::array();
+  nlohmann::json random = nlohmann::json::array();
+  CacheConfig cache;
+};
+
+/// YAML (or JSON, which is YAML) to JSON: numbers, booleans and null typed.
+nlohmann::json load_yaml_as_json(const std::string& path);
+
+/// Reads the data section. Throws FormatError naming the file and the key.
+PipelineConfig load_pipeline(const std::string& path, const Settings& settings);
+
+/// Builds the cached dataset the config describes (training items).
+CachedDataset make_cached_dataset(const PipelineConfig& config);
+
+}  // namespace medfast::data

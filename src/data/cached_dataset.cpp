@@ -1,0 +1,165 @@
+#include "medfast/data/cached_dataset.hpp"
+
+#include <xxhash.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/thread_pool.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/memory.hpp"
+
+namespace medfast::data {
+
+CacheConfig& CacheConfig::from_environment() {
+  if (const char* r = std::getenv("RANK")) rank = static_cast<int>(parse_int(r, "environment RANK"));
+  if (const char* w = std::getenv("WORLD_SIZE")) world_size = static_cast<int>(parse_int(w, "environment WORLD_SIZE"));
+  return *this;
+}
+
+void CacheConfig::validate() const {
+  if (!(cache_rate >= 0 && cache_rate <= 1)) throw ValueError(str("cache: cache_rate ", cache_rate, " is outside 0..1"));
+  if (threads < 1) throw ValueError(str("cache: threads ", threads, " must be at least 1"));
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw ValueError(str("cache: rank ", rank, " of world size ", world_size, " is not a valid DDP rank"));
+  }
+}
+
+namespace {
+
+std::string hex64(std::uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::string content_digest(const std::string& path) {
+  const os::File f = os::File::open(path, os::File::Mode::read);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  os::Buffer buf = os::Buffer::allocate(8u << 20);
+  for (std::uint64_t off = 0;;) {
+    const std::size_t n = f.read_at(buf.data(), buf.size(), off);
+    if (n == 0) break;
+    XXH3_64bits_update(state, buf.data(), n);
+    off += n;
+  }
+  const auto h = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return hex64(h);
+}
+
+}  // namespace
+
+CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheConfig config)
+    : dataset_(std::move(dataset)), chain_(std::move(chain)), config_(std::move(config)) {
+  config_.validate();
+  store_ = cache::make_store(config_.store);
+  for (std::size_t i = static_cast<std::size_t>(config_.rank); i < dataset_.items.size();
+       i += static_cast<std::size_t>(config_.world_size)) {
+    indices_.push_back(i);
+  }
+  cached_count_ = static_cast<std::size_t>(std::llround(config_.cache_rate * static_cast<double>(indices_.size())));
+  chain_hash_ = chain_.hash();
+}
+
+std::string CachedDataset::key(std::size_t i) const {
+  {
+    std::lock_guard<std::mutex> lock(keys_mutex_);
+    if (keys_.size() != indices_.size()) keys_.resize(indices_.size());
+    if (!keys_.at(i).empty()) return keys_[i];
+  }
+  const DatasetItem& item = dataset_.items.at(indices_.at(i));
+  nlohmann::json inputs = nlohmann::json::object();
+  for (const auto& [k, path] : item.files) {
+    if (config_.content_hash) {
+      inputs[k] = {{"path", path}, {"xxh3", content_digest(path)}};
+    } else {
+      const os::FileInfo fi = os::stat(path);
+      inputs[k] = {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
+    }
+  }
+  const nlohmann::json id = {{"format", cache::kEntryFormatVersion}, {"chain", chain_.config()}, {"inputs", inputs}};
+  const std::string text = id.dump();
+  const std::string k = hex64(XXH3_64bits(text.data(), text.size()));
+  std::lock_guard<std::mutex> lock(keys_mutex_);
+  keys_[i] = k;
+  return k;
+}
+
+Sample CachedDataset::compute(std::size_t i) const {
+  const std::size_t g = indices_.at(i);
+  const DatasetItem& item = dataset_.items.at(g);
+  Sample s;
+  for (const auto& [k, path] : item.files) s.meta[k] = path;
+  s.meta["index"] = g;
+  try {
+    chain_.apply(s);
+  } catch (...) {
+    std::string files;
+    for (const auto& [k, path] : item.files) files += (files.empty() ? "" : ", ") + k + "=" + path;
+    rethrow_with_context(str("item ", g, " (", files, ")"));
+  }
+  return s;
+}
+
+Sample CachedDataset::get(std::size_t i) {
+  if (!cached(i)) return compute(i);
+  const std::string k = key(i);
+  if (auto s = store_->get(k)) return std::move(*s);
+  Sample s = compute(i);
+  store_->put(k, s, {{"chain", chain_hash_}, {"dataset", dataset_.source}});
+  return s;
+}
+
+FillReport CachedDataset::fill(const std::function<void(std::size_t, std::size_t)>& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FillReport r;
+  r.items = cached_count_;
+  std::atomic<std::size_t> done{0}, computed{0}, reused{0};
+  std::atomic<std::uint64_t> bytes{0};
+  std::mutex progress_mutex;
+  {
+    ThreadPool pool(config_.threads);
+    std::vector<std::future<void>> jobs;
+    for (std::size_t i = 0; i < cached_count_; ++i) {
+      jobs.push_back(pool.submit([&, i] {
+        const std::string k = key(i);
+        if (store_->contains(k)) {
+          ++reused;
+        } else {
+          const Sample s = compute(i);
+          bytes += s.bytes();
+          store_->put(k, s, {{"chain", chain_hash_}, {"dataset", dataset_.source}});
+          ++computed;
+        }
+        const std::size_t n = ++done;
+        if (progress) {
+          std::lock_guard<std::mutex> lock(progress_mutex);
+          progress(n, cached_count_);
+        }
+      }));
+    }
+    std::exception_ptr error;
+    for (auto& j : jobs) {
+      try {
+        j.get();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  }
+  r.computed = computed;
+  r.reused = reused;
+  r.bytes = bytes;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace medfast::data

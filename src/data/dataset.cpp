@@ -1,0 +1,121 @@
+#include "medfast/data/dataset.hpp"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "medfast/core/error.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::data {
+
+namespace {
+
+std::string resolve(const std::string& base, const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  std::string rel = p;
+  while (rel.rfind("./", 0) == 0) rel = rel.substr(2);
+  return base + "/" + rel;
+}
+
+Dataset from_json(const std::string& path, const std::string& section) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(os::read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(str(path, ": not valid JSON: ", e.what()));
+  }
+  const std::string base = os::parent_directory(path);
+  const nlohmann::json* list = nullptr;
+  if (j.is_array()) {
+    list = &j;
+  } else if (j.is_object() && j.contains(section)) {
+    list = &j[section];
+  } else {
+    throw FormatError(str(path, ": no section '", section, "' (expected an MSD dataset.json or a list of items)"));
+  }
+  if (!list->is_array()) throw FormatError(str(path, ": section '", section, "' is not a list"));
+  Dataset d;
+  d.source = path;
+  for (std::size_t i = 0; i < list->size(); ++i) {
+    const auto& it = (*list)[i];
+    DatasetItem item;
+    if (it.is_string()) {  // MSD "test": ["./imagesTs/x.nii.gz", ...]
+      item.files["image"] = resolve(base, it.get<std::string>());
+    } else if (it.is_object()) {
+      for (const auto& [k, v] : it.items()) {
+        if (k == "fold") {
+          if (!v.is_number_integer()) throw FormatError(str(path, ": ", section, "[", i, "].fold is not a whole number"));
+          item.fold = v.get<int>();
+        } else if (v.is_string()) {
+          item.files[k] = resolve(base, v.get<std::string>());
+        }
+      }
+    } else {
+      throw FormatError(str(path, ": ", section, "[", i, "] is neither a path nor an object"));
+    }
+    if (item.files.empty()) throw FormatError(str(path, ": ", section, "[", i, "] names no file"));
+    d.items.push_back(std::move(item));
+  }
+  return d;
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cell;
+  std::istringstream in(line);
+  while (std::getline(in, cell, ',')) {
+    while (!cell.empty() && (cell.back() == '\r' || cell.back() == ' ')) cell.pop_back();
+    while (!cell.empty() && cell.front() == ' ') cell.erase(cell.begin());
+    out.push_back(cell);
+  }
+  return out;
+}
+
+Dataset from_csv(const std::string& path) {
+  std::istringstream in(os::read_text_file(path));
+  std::string line;
+  if (!std::getline(in, line)) throw FormatError(str(path, ": empty CSV (expected a header row such as image,label)"));
+  const auto header = split_csv(line);
+  const std::string base = os::parent_directory(path);
+  Dataset d;
+  d.source = path;
+  for (int row = 2; std::getline(in, line); ++row) {
+    if (line.empty() || line == "\r") continue;
+    const auto cells = split_csv(line);
+    if (cells.size() != header.size()) {
+      throw FormatError(str(path, ": line ", row, " has ", cells.size(), " columns, the header has ", header.size()));
+    }
+    DatasetItem item;
+    for (std::size_t c = 0; c < cells.size(); ++c) {
+      if (header[c] == "fold") {
+        try {
+          item.fold = std::stoi(cells[c]);
+        } catch (const std::exception&) {
+          throw FormatError(str(path, ": line ", row, ", column fold: '", cells[c], "' is not a whole number"));
+        }
+      } else {
+        item.files[header[c]] = resolve(base, cells[c]);
+      }
+    }
+    d.items.push_back(std::move(item));
+  }
+  return d;
+}
+
+}  // namespace
+
+Dataset load_dataset(const std::string& path, const std::string& section) {
+  const bool csv = path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+  return csv ? from_csv(path) : from_json(path, section);
+}
+
+Dataset select_fold(const Dataset& dataset, int fold, bool validation) {
+  Dataset out;
+  out.source = dataset.source;
+  for (const auto& it : dataset.items) {
+    if ((it.fold == fold) == validation) out.items.push_back(it);
+  }
+  return out;
+}
+
+}  // namespace medfast::data

@@ -1,0 +1,131 @@
+#include "medfast/data/pipeline.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::data {
+
+namespace {
+
+nlohmann::json to_json(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Sequence: {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& x : n) a.push_back(to_json(x));
+      return a;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json o = nlohmann::json::object();
+      for (const auto& kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
+      return o;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string s = n.Scalar();
+      if (n.Tag() == "!") return s;  // quoted: a string
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "null" || s == "~") return nullptr;
+      try {
+        std::size_t used = 0;
+        const long long i = std::stoll(s, &used);
+        if (used == s.size()) return i;
+      } catch (const std::exception&) {
+      }
+      try {
+        std::size_t used = 0;
+        const double d = std::stod(s, &used);
+        if (used == s.size()) return d;
+      } catch (const std::exception&) {
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+std::string resolve(const std::string& base, const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  return base + "/" + p;
+}
+
+}  // namespace
+
+nlohmann::json load_yaml_as_json(const std::string& path) {
+  const std::string text = os::read_text_file(path);
+  try {
+    return to_json(YAML::Load(text));
+  } catch (const YAML::Exception& e) {
+    throw FormatError(str(path, ": not valid YAML/JSON: ", e.what()));
+  }
+}
+
+PipelineConfig load_pipeline(const std::string& path, const Settings& settings) {
+  const nlohmann::json root = load_yaml_as_json(path);
+  const std::string base = os::parent_directory(path);
+  auto fail = [&](const std::string& key, const std::string& what) -> FormatError {
+    return FormatError(str(path, ": ", key, ": ", what));
+  };
+  if (!root.is_object() || !root.contains("data") || !root["data"].is_object()) {
+    throw fail("data", "missing (expected a mapping with dataset, deterministic, cache)");
+  }
+  const auto& d = root["data"];
+  PipelineConfig c;
+  c.path = path;
+  if (!d.contains("dataset") || !d["dataset"].is_string()) throw fail("data.dataset", "expected the path of a dataset list");
+  const std::string section = d.value("section", "training");
+  c.dataset = load_dataset(resolve(base, d["dataset"].get<std::string>()), section);
+  if (d.contains("fold") && !d["fold"].is_null()) {
+    if (!d["fold"].is_number_integer()) throw fail("data.fold", "expected a whole number");
+    c.dataset = select_fold(c.dataset, d["fold"].get<int>(), /*validation=*/false);
+  }
+  if (c.dataset.items.empty()) throw fail("data.dataset", "selects no items");
+  c.deterministic = d.value("deterministic", nlohmann::json::array());
+  c.random = d.value("random", nlohmann::json::array());
+  if (!c.deterministic.is_array()) throw fail("data.deterministic", "expected a list of transforms");
+  if (!c.random.is_array()) throw fail("data.random", "expected a list of transforms");
+  const nlohmann::json cache = d.value("cache", nlohmann::json::object());
+  if (!cache.is_object()) throw fail("data.cache", "expected a mapping");
+  for (const auto& [k, v] : cache.items()) {
+    if (k != "kind" && k != "dir" && k != "cache_rate" && k != "content_hash") {
+      throw fail("data.cache." + k, "unknown key (known: kind, dir, cache_rate, content_hash)");
+    }
+  }
+  try {
+    c.cache.store.set_kind(cache.value("kind", "memory"));
+  } catch (const ValueError& e) {
+    throw fail("data.cache.kind", e.what());
+  }
+  if (cache.contains("dir")) c.cache.store.dir = resolve(base, cache["dir"].get<std::string>());
+  if (cache.contains("cache_rate")) {
+    if (!cache["cache_rate"].is_number()) throw fail("data.cache.cache_rate", "expected a number in 0..1");
+    c.cache.cache_rate = cache["cache_rate"].get<double>();
+  }
+  c.cache.content_hash = cache.value("content_hash", false);
+  c.cache.threads = settings.threads();
+  c.cache.store.io = io::IoOptions::from(settings);
+  c.cache.from_environment();
+  try {
+    c.cache.validate();
+  } catch (const ValueError& e) {
+    throw fail("data.cache", e.what());
+  }
+  return c;
+}
+
+CachedDataset make_cached_dataset(const PipelineConfig& c) {
+  transforms::Compose chain;
+  try {
+    chain = transforms::make_chain(c.deterministic);
+  } catch (Error& e) {
+    e.add_context(str(c.path, ": data.deterministic"));
+    throw;
+  }
+  return CachedDataset(c.dataset, std::move(chain), c.cache);
+}
+
+}  // namespace medfast::data
