@@ -76,13 +76,17 @@ std::string CachedDataset::key(std::size_t i) const {
   }
   const DatasetItem& item = dataset_.items.at(indices_.at(i));
   nlohmann::json inputs = nlohmann::json::object();
-  for (const auto& [k, path] : item.files) {
-    if (config_.content_hash) {
-      inputs[k] = {{"path", path}, {"xxh3", content_digest(path)}};
-    } else {
-      const os::FileInfo fi = os::stat(path);
-      inputs[k] = {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
+  try {
+    for (const auto& [k, path] : item.files) {
+      if (config_.content_hash) {
+        inputs[k] = {{"path", path}, {"xxh3", content_digest(path)}};
+      } else {
+        const os::FileInfo fi = os::stat(path);
+        inputs[k] = {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
+      }
     }
+  } catch (...) {
+    rethrow_with_context(item_context(indices_.at(i)));
   }
   const nlohmann::json id = {{"format", cache::kEntryFormatVersion}, {"chain", chain_.config()}, {"inputs", inputs}};
   const std::string text = id.dump();
@@ -90,6 +94,12 @@ std::string CachedDataset::key(std::size_t i) const {
   std::lock_guard<std::mutex> lock(keys_mutex_);
   keys_[i] = k;
   return k;
+}
+
+std::string CachedDataset::item_context(std::size_t g) const {
+  std::string files;
+  for (const auto& [k, path] : dataset_.items.at(g).files) files += (files.empty() ? "" : ", ") + k + "=" + path;
+  return str("item ", g, " (", files, ")");
 }
 
 Sample CachedDataset::compute(std::size_t i) const {
@@ -101,9 +111,7 @@ Sample CachedDataset::compute(std::size_t i) const {
   try {
     chain_.apply(s);
   } catch (...) {
-    std::string files;
-    for (const auto& [k, path] : item.files) files += (files.empty() ? "" : ", ") + k + "=" + path;
-    rethrow_with_context(str("item ", g, " (", files, ")"));
+    rethrow_with_context(item_context(g));
   }
   return s;
 }

@@ -62,6 +62,8 @@ class CachedDataset {
 
  private:
   Sample compute(std::size_t i) const;
+  /// "item 3 (image=..., label=...)" for error messages.
+  std::string item_context(std::size_t global_index) const;
   bool cached(std::size_t i) const { return i < cached_count_; }
 
   Dataset dataset_;

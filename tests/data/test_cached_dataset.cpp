@@ -1,0 +1,349 @@
+// Dataset lists, CachedDataset (keys, fill, cache_rate, partitions, damage)
+// and the cache CLI under crashes and concurrent writers.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/data/synth.hpp"
+#include "medfast/os/file.hpp"
+#include "test_util.hpp"
+
+namespace medfast::data {
+namespace {
+
+const char* kChain = R"([
+  {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+  {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+  {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
+  {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
+  {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
+  {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
+  {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
+
+// A small synthetic MSD dataset, written once for the suite.
+class CachedDatasetTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    SynthOptions o;
+    o.out_dir = dir_->path() + "/ds";
+    o.cases = 5;
+    o.set_size("64,56,10-14");
+    o.seed = 3;
+    synthesize_dataset(o);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string dataset_json() { return dir_->path() + "/ds/dataset.json"; }
+  static transforms::Compose chain(const char* json = kChain) { return transforms::make_chain(nlohmann::json::parse(json)); }
+
+  CacheConfig config(const std::string& kind, const std::string& sub = "") const {
+    CacheConfig c;
+    c.store.set_kind(kind);
+    if (kind == "disk") c.store.dir = tmp / ("cache" + sub);
+    c.threads = 2;
+    return c;
+  }
+  static test::TempDir* dir_;
+  test::TempDir tmp;
+};
+test::TempDir* CachedDatasetTest::dir_ = nullptr;
+
+bool same(const Sample& a, const Sample& b) {
+  for (const auto& [k, v] : a.volumes) {
+    if (!at::equal(v.data, b.volumes.at(k).data) || !(v.affine == b.volumes.at(k).affine)) return false;
+  }
+  for (const auto& [k, t] : a.arrays) {
+    if (!at::equal(t, b.arrays.at(k))) return false;
+  }
+  return a.arrays.size() == b.arrays.size();
+}
+
+TEST_F(CachedDatasetTest, MsdListResolvesPathsAndFoldsSplit) {
+  const Dataset d = load_dataset(dataset_json());
+  ASSERT_EQ(d.items.size(), 5u);
+  EXPECT_EQ(d.items[2].files.at("image"), dir_->path() + "/ds/imagesTr/spleen_2.nii.gz");
+  EXPECT_TRUE(os::exists(d.items[2].files.at("label")));
+  test::TempDir t;
+  test::write_file(t / "folds.json", R"({"training": [{"image": "a.nii", "fold": 0}, {"image": "b.nii", "fold": 1},
+                                                    {"image": "/abs/c.nii", "fold": 1}]})");
+  const Dataset f = load_dataset(t / "folds.json");
+  EXPECT_EQ(f.items[0].files.at("image"), t / "a.nii");
+  EXPECT_EQ(f.items[2].files.at("image"), "/abs/c.nii");
+  EXPECT_EQ(select_fold(f, 1, true).items.size(), 2u);
+  EXPECT_EQ(select_fold(f, 1, false).items.size(), 1u);
+  test::write_file(t / "list.csv", "image,label,fold\nimg0.nii.gz,lab0.nii.gz,0\n./img1.nii.gz, lab1.nii.gz ,1\n");
+  const Dataset c = load_dataset(t / "list.csv");
+  ASSERT_EQ(c.items.size(), 2u);
+  EXPECT_EQ(c.items[1].files.at("label"), t / "lab1.nii.gz");
+  EXPECT_EQ(c.items[1].fold, 1);
+}
+
+TEST_F(CachedDatasetTest, BadListsNameFileAndField) {
+  test::TempDir t;
+  auto expect = [&](const std::string& name, const std::string& text, const std::string& part) {
+    test::write_file(t / name, text);
+    try {
+      load_dataset(t / name);
+      ADD_FAILURE() << name;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect("a.json", R"({"validation": []})", "no section 'training'");
+  expect("b.json", R"({"training": [{"image": "x", "fold": "one"}]})", "fold");
+  expect("c.json", "{not json", "not valid JSON");
+  expect("d.csv", "image,label\nx.nii\n", "line 2");
+  expect("e.csv", "image,fold\nx.nii,abc\n", "fold");
+}
+
+TEST_F(CachedDatasetTest, MemoryCacheReturnsWhatTheChainComputes) {
+  CachedDataset ds(load_dataset(dataset_json()), chain(), config("memory"));
+  ASSERT_EQ(ds.size(), 5u);
+  const FillReport r = ds.fill();
+  EXPECT_EQ(r.items, 5u);
+  EXPECT_EQ(r.computed, 5u);
+  EXPECT_EQ(ds.store().stats().entries, 5u);
+  // The cached sample equals a fresh run of the chain.
+  CachedDataset uncached(load_dataset(dataset_json()), chain(), [&] {
+    CacheConfig c = config("memory");
+    c.cache_rate = 0;
+    return c;
+  }());
+  for (std::size_t i = 0; i < ds.size(); ++i) EXPECT_TRUE(same(ds.get(i), uncached.get(i))) << i;
+  EXPECT_EQ(uncached.store().stats().entries, 0u);
+  const Sample s = ds.get(1);
+  EXPECT_EQ(s.volume("image").axcodes(), "RAS");
+  EXPECT_EQ(s.meta["index"], 1);
+}
+
+TEST_F(CachedDatasetTest, CacheRateAndRanksPartitionTheItems) {
+  CacheConfig half = config("memory");
+  half.cache_rate = 0.4;
+  CachedDataset a(load_dataset(dataset_json()), chain(), half);
+  EXPECT_EQ(a.fill().items, 2u);
+  EXPECT_EQ(a.store().stats().entries, 2u);
+  a.get(4);  // not cached: computed, not stored
+  EXPECT_EQ(a.store().stats().entries, 2u);
+  CacheConfig r1 = config("memory");
+  r1.rank = 1;
+  r1.world_size = 2;
+  CachedDataset b(load_dataset(dataset_json()), chain(), r1);
+  ASSERT_EQ(b.size(), 2u);  // items 1 and 3 of 5
+  EXPECT_EQ(b.global_index(0), 1u);
+  EXPECT_EQ(b.global_index(1), 3u);
+  EXPECT_EQ(b.fill().items, 2u);
+  EXPECT_EQ(b.get(1).meta["index"], 3);
+  ::setenv("RANK", "2", 1);
+  ::setenv("WORLD_SIZE", "3", 1);
+  CacheConfig env;
+  env.from_environment();
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_EQ(env.rank, 2);
+  EXPECT_EQ(env.world_size, 3);
+  CacheConfig bad;
+  bad.rank = 3;
+  bad.world_size = 2;
+  EXPECT_THROW(bad.validate(), ValueError);
+}
+
+TEST_F(CachedDatasetTest, KeyChangesWithChainArgumentsAndInputFiles) {
+  // A private copy of the dataset whose files we touch.
+  test::TempDir t;
+  SynthOptions o;
+  o.out_dir = t / "ds";
+  o.cases = 2;
+  o.set_size("40,40,8");
+  synthesize_dataset(o);
+  const Dataset d = load_dataset(t / "ds/dataset.json");
+  const std::string k0 = CachedDataset(d, chain(), config("memory")).key(0);
+  EXPECT_EQ(CachedDataset(d, chain(), config("memory")).key(0), k0);
+  EXPECT_NE(CachedDataset(d, chain(), config("memory")).key(1), k0);
+  auto changed = nlohmann::json::parse(kChain);
+  changed[3]["pixdim"][2] = 2.5;
+  EXPECT_NE(CachedDataset(d, transforms::make_chain(changed), config("memory")).key(0), k0);
+  changed = nlohmann::json::parse(kChain);
+  changed[4]["a_max"] = 165;
+  EXPECT_NE(CachedDataset(d, transforms::make_chain(changed), config("memory")).key(0), k0);
+  // Rewriting the input (new mtime) changes the key; with content_hash, only new content does.
+  CacheConfig content = config("memory");
+  content.content_hash = true;
+  const std::string c0 = CachedDataset(d, chain(), content).key(0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::string image = d.items[0].files.at("image");
+  const std::string bytes = test::read_file(image);
+  test::write_file(image, bytes);
+  EXPECT_NE(CachedDataset(d, chain(), config("memory")).key(0), k0);
+  EXPECT_EQ(CachedDataset(d, chain(), content).key(0), c0);
+  std::string other = bytes;
+  other[other.size() / 2] ^= 1;
+  test::write_file(image, other);
+  EXPECT_NE(CachedDataset(d, chain(), content).key(0), c0);
+}
+
+TEST_F(CachedDatasetTest, DiskCachePersistsAndRecomputesDamagedEntries) {
+  const Dataset d = load_dataset(dataset_json());
+  {
+    CachedDataset ds(d, chain(), config("disk"));
+    const FillReport r = ds.fill();
+    EXPECT_EQ(r.computed, 5u);
+  }
+  CachedDataset again(d, chain(), config("disk"));
+  const FillReport r2 = again.fill();
+  EXPECT_EQ(r2.reused, 5u);
+  EXPECT_EQ(r2.computed, 0u);
+  const Sample good = again.get(2);
+  // Flip a bit in a payload: the entry is a miss with one warning and is rewritten.
+  const std::string path = cache::entry_path(tmp / "cache", again.key(2));
+  std::string bytes = test::read_file(path);
+  bytes[bytes.size() - 10] ^= 0x20;
+  test::write_file(path, bytes);
+  std::vector<std::string> warnings;
+  log::set_sink([&](log::Level l, const std::string& m) {
+    if (l == log::Level::warn) warnings.push_back(m);
+  });
+  CachedDataset third(d, chain(), config("disk"));
+  EXPECT_TRUE(same(third.get(2), good));
+  log::set_sink({});
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("checksum"), std::string::npos) << warnings[0];
+  EXPECT_EQ(third.store().stats().corrupt, 1u);
+  EXPECT_TRUE(same(cache::read_entry(path, third.key(2)), good));  // rewritten whole
+}
+
+TEST_F(CachedDatasetTest, ErrorsNameTheItemAndItsFiles) {
+  Dataset d = load_dataset(dataset_json());
+  d.items[1].files["image"] = tmp / "missing.nii.gz";
+  CachedDataset ds(d, chain(), config("memory"));
+  try {
+    ds.fill();
+    FAIL();
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("item 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("missing.nii.gz"), std::string::npos) << m;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The CLI: crash safety and concurrent writers.
+// ---------------------------------------------------------------------------
+
+class CacheCli : public CachedDatasetTest {
+ protected:
+  std::string write_config(const std::string& dataset, const std::string& cache_dir) {
+    nlohmann::json cfg;
+    cfg["data"] = {{"dataset", dataset},
+                   {"deterministic", nlohmann::json::parse(kChain)},
+                   {"cache", {{"kind", "disk"}, {"dir", cache_dir}}}};
+    const std::string path = tmp / "config.json";
+    test::write_file(path, cfg.dump(2));
+    return path;
+  }
+  static test::CommandResult medfast(const std::string& args) { return test::run(test::medfast_binary() + " " + args); }
+  static std::size_t count(const std::string& dir, const std::string& pattern) {
+    const auto r = test::run("ls '" + dir + "' 2>/dev/null | grep -c -- '" + pattern + "'");
+    return static_cast<std::size_t>(std::atoi(r.out.c_str()));
+  }
+};
+
+TEST_F(CacheCli, BuildInfoVerifyPrune) {
+  const std::string cfg = write_config(dataset_json(), tmp / "c");
+  const auto b = medfast("cache build --json --config " + cfg);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto j = nlohmann::json::parse(b.out);
+  EXPECT_EQ(j["items"], 5);
+  EXPECT_EQ(j["computed"], 5);
+  EXPECT_GT(j["bytes_on_disk"].get<std::uint64_t>(), 0u);
+  const auto again = nlohmann::json::parse(medfast("cache build --json --config " + cfg).out);
+  EXPECT_EQ(again["reused"], 5);
+  const auto info = nlohmann::json::parse(medfast("cache info --json --dir " + (tmp / "c")).out);
+  EXPECT_EQ(info["entries"], 5);
+  EXPECT_EQ(info["chains"].size(), 1u);
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
+  // Damage one entry: verify fails naming it, prune removes it, build recomputes it.
+  const auto first = test::run("ls " + (tmp / "c") + " | head -1").out;
+  const std::string victim = tmp / ("c/" + first.substr(0, first.size() - 1));
+  std::string bytes = test::read_file(victim);
+  bytes.resize(bytes.size() / 2);
+  test::write_file(victim, bytes);
+  const auto v = medfast("cache verify --dir " + (tmp / "c"));
+  EXPECT_NE(v.exit_code, 0);
+  EXPECT_NE(v.out.find(victim), std::string::npos) << v.out;
+  const auto p = nlohmann::json::parse(medfast("cache prune --json --dir " + (tmp / "c")).out);
+  EXPECT_EQ(p["corrupt_removed"], 1);
+  EXPECT_EQ(nlohmann::json::parse(medfast("cache build --json --config " + cfg).out)["computed"], 1);
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
+  // prune --config drops entries of an older chain.
+  test::write_file(tmp / "stale.mfc", "x");
+  EXPECT_EQ(nlohmann::json::parse(medfast("cache prune --json --dir " + (tmp / "c") + " --config " + cfg).out)["stale_removed"], 0);
+}
+
+TEST_F(CacheCli, KilledBuildLeavesOnlyValidEntriesAndResumes) {
+  test::TempDir big;
+  SynthOptions o;
+  o.out_dir = big / "ds";
+  o.cases = 10;
+  o.set_size("160,160,24-32");
+  synthesize_dataset(o);
+  const std::string cfg = write_config(big / "ds/dataset.json", tmp / "k");
+  const std::string pidfile = tmp / "pid";
+  test::run("(" + test::medfast_binary() + " --threads 1 cache build --config " + cfg +
+            " >/dev/null 2>&1 & echo $! > '" + pidfile + "')");
+  const int pid = std::atoi(test::read_file(pidfile).c_str());
+  ASSERT_GT(pid, 0);
+  // Wait for the first complete entry, then kill -9 mid-build.
+  for (int i = 0; i < 1000 && count(tmp / "k", ".mfc$") < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ::kill(pid, SIGKILL);
+  test::run("while kill -0 " + std::to_string(pid) + " 2>/dev/null; do sleep 0.05; done");
+  const std::size_t survived = count(tmp / "k", ".mfc$");
+  EXPECT_GE(survived, 1u);
+  EXPECT_LT(survived, 10u) << "the build finished before the kill: make it slower";
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "k")).exit_code, 0);  // every entry present is whole
+  const auto resumed = nlohmann::json::parse(medfast("cache build --json --config " + cfg).out);
+  EXPECT_EQ(resumed["reused"].get<std::size_t>(), survived);
+  EXPECT_EQ(resumed["computed"].get<std::size_t>(), 10 - survived);
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "k")).exit_code, 0);
+  medfast("cache prune --dir " + (tmp / "k"));
+  EXPECT_EQ(count(tmp / "k", ".tmp-"), 0u);
+  EXPECT_EQ(count(tmp / "k", ".mfc$"), 10u);
+}
+
+TEST_F(CacheCli, TwoProcessesBuildingOneCacheAtOnce) {
+  const std::string cfg = write_config(dataset_json(), tmp / "two");
+  const auto r = test::run("(" + test::medfast_binary() + " cache build --config " + cfg + " & " +
+                           test::medfast_binary() + " cache build --config " + cfg + " & wait %1 && wait %2)");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "two")).exit_code, 0);
+  EXPECT_EQ(count(tmp / "two", ".mfc$"), 5u);
+  EXPECT_EQ(count(tmp / "two", ".tmp-"), 0u);
+}
+
+TEST_F(CacheCli, BadConfigsAreOneLineNamingTheKey) {
+  auto expect = [&](const std::string& text, const std::string& part) {
+    test::write_file(tmp / "bad.yaml", text);
+    const auto r = medfast("cache build --config " + (tmp / "bad.yaml"));
+    EXPECT_NE(r.exit_code, 0) << text;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_NE(r.err.find(part), std::string::npos) << r.err;
+  };
+  expect("nothing: here\n", "data");
+  expect("data: {dataset: " + dataset_json() + ", cache: {kind: ram}}\n", "data.cache.kind");
+  expect("data: {dataset: " + dataset_json() + ", cache: {kind: disk, dir: x, cache_rat: 1}}\n", "cache_rat");
+  expect("data: {dataset: " + dataset_json() + ", cache: {kind: memory}}\n", "disk");
+  expect("data: {dataset: " + dataset_json() + ", cache: {kind: disk, dir: " + (tmp / "bc") +
+             "}, deterministic: [{name: Spacing, keys: image, pixdim: [1, 1]}]}\n",
+         "pixdim");
+}
+
+}  // namespace
+}  // namespace medfast::data
