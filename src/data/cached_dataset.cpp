@@ -13,6 +13,7 @@
 #include "medfast/core/units.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
+#include "medfast/data/smart_cache.hpp"
 
 namespace medfast::data {
 
@@ -36,6 +37,12 @@ std::string hex64(std::uint64_t h) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
+}
+
+std::string item_context(const Dataset& dataset, std::size_t g) {
+  std::string files;
+  for (const auto& [k, path] : dataset.items.at(g).files) files += (files.empty() ? "" : ", ") + k + "=" + path;
+  return str("item ", g, " (", files, ")");
 }
 
 std::string content_digest(const std::string& path) {
@@ -64,7 +71,8 @@ CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheCo
        i += static_cast<std::size_t>(config_.world_size)) {
     indices_.push_back(i);
   }
-  cached_count_ = static_cast<std::size_t>(std::llround(config_.cache_rate * static_cast<double>(indices_.size())));
+  // MONAI: int(len(data) * cache_rate), truncating.
+  cached_count_ = static_cast<std::size_t>(config_.cache_rate * static_cast<double>(indices_.size()));
   chain_hash_ = chain_.hash();
 }
 
@@ -86,7 +94,7 @@ std::string CachedDataset::key(std::size_t i) const {
       }
     }
   } catch (...) {
-    rethrow_with_context(item_context(indices_.at(i)));
+    rethrow_with_context(item_context(dataset_, indices_.at(i)));
   }
   const nlohmann::json id = {{"format", cache::kEntryFormatVersion}, {"chain", chain_.config()}, {"inputs", inputs}};
   const std::string text = id.dump();
@@ -96,25 +104,19 @@ std::string CachedDataset::key(std::size_t i) const {
   return k;
 }
 
-std::string CachedDataset::item_context(std::size_t g) const {
-  std::string files;
-  for (const auto& [k, path] : dataset_.items.at(g).files) files += (files.empty() ? "" : ", ") + k + "=" + path;
-  return str("item ", g, " (", files, ")");
-}
-
-Sample CachedDataset::compute(std::size_t i) const {
-  const std::size_t g = indices_.at(i);
-  const DatasetItem& item = dataset_.items.at(g);
+Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t g) {
   Sample s;
-  for (const auto& [k, path] : item.files) s.meta[k] = path;
+  for (const auto& [k, path] : dataset.items.at(g).files) s.meta[k] = path;
   s.meta["index"] = g;
   try {
-    chain_.apply(s);
+    chain.apply(s);
   } catch (...) {
-    rethrow_with_context(item_context(g));
+    rethrow_with_context(item_context(dataset, g));
   }
   return s;
 }
+
+Sample CachedDataset::compute(std::size_t i) const { return compute_item(dataset_, chain_, indices_.at(i)); }
 
 Sample CachedDataset::get(std::size_t i) {
   if (!cached(i)) return compute(i);

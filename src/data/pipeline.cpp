@@ -91,14 +91,31 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   const nlohmann::json cache = d.value("cache", nlohmann::json::object());
   if (!cache.is_object()) throw fail("data.cache", "expected a mapping");
   for (const auto& [k, v] : cache.items()) {
-    if (k != "kind" && k != "dir" && k != "cache_rate" && k != "content_hash") {
-      throw fail("data.cache." + k, "unknown key (known: kind, dir, cache_rate, content_hash)");
+    if (k != "kind" && k != "dir" && k != "cache_rate" && k != "content_hash" && k != "cache_num" &&
+        k != "replace_rate") {
+      throw fail("data.cache." + k, "unknown key (known: kind, dir, cache_rate, content_hash, cache_num, replace_rate)");
     }
   }
-  try {
-    c.cache.store.set_kind(cache.value("kind", "memory"));
-  } catch (const ValueError& e) {
-    throw fail("data.cache.kind", e.what());
+  const std::string kind = cache.value("kind", "memory");
+  if (kind == "smart") {
+    c.smart = true;
+    if (!cache.contains("cache_num") || !cache["cache_num"].is_number_integer() || cache["cache_num"].get<long long>() < 1) {
+      throw fail("data.cache.cache_num", "kind smart needs cache_num, a positive whole number");
+    }
+    c.smart_options.cache_num = cache["cache_num"].get<std::size_t>();
+    c.smart_options.replace_rate = cache.value("replace_rate", 0.1);
+    c.smart_options.threads = settings.threads();
+    try {
+      c.smart_options.validate(c.dataset.items.size());
+    } catch (const ValueError& e) {
+      throw fail("data.cache", e.what());
+    }
+  } else {
+    try {
+      c.cache.store.set_kind(kind);
+    } catch (const ValueError& e) {
+      throw fail("data.cache.kind", str(e.what(), " (or smart)"));
+    }
   }
   if (cache.contains("dir")) c.cache.store.dir = resolve(base, cache["dir"].get<std::string>());
   if (cache.contains("cache_rate")) {
@@ -117,15 +134,25 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   return c;
 }
 
-CachedDataset make_cached_dataset(const PipelineConfig& c) {
-  transforms::Compose chain;
+namespace {
+transforms::Compose deterministic_chain(const PipelineConfig& c) {
   try {
-    chain = transforms::make_chain(c.deterministic);
+    return transforms::make_chain(c.deterministic);
   } catch (Error& e) {
     e.add_context(str(c.path, ": data.deterministic"));
     throw;
   }
-  return CachedDataset(c.dataset, std::move(chain), c.cache);
+}
+}  // namespace
+
+CachedDataset make_cached_dataset(const PipelineConfig& c) {
+  if (c.smart) throw ValueError(str(c.path, ": data.cache.kind is smart; this needs a memory or disk cache"));
+  return CachedDataset(c.dataset, deterministic_chain(c), c.cache);
+}
+
+std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& c) {
+  if (!c.smart) throw ValueError(str(c.path, ": data.cache.kind is ", c.cache.store.kind, ", not smart"));
+  return std::make_unique<SmartCacheDataset>(c.dataset, deterministic_chain(c), c.smart_options);
 }
 
 }  // namespace medfast::data

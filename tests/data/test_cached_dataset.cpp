@@ -12,6 +12,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/data/pipeline.hpp"
+#include "medfast/data/smart_cache.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
@@ -232,6 +233,65 @@ TEST_F(CachedDatasetTest, ErrorsNameTheItemAndItsFiles) {
     EXPECT_NE(m.find("item 1"), std::string::npos) << m;
     EXPECT_NE(m.find("missing.nii.gz"), std::string::npos) << m;
   }
+}
+
+TEST_F(CachedDatasetTest, SmartCacheSlidesItsWindowLikeMonai) {
+  const Dataset d = load_dataset(dataset_json());  // 5 items
+  SmartCacheDataset smart(d, chain(), SmartCacheOptions{3, 0.5, 2});
+  EXPECT_EQ(smart.replace_num(), 2u);  // ceil(3 * 0.5)
+  smart.start();
+  EXPECT_EQ(smart.resident(), (std::vector<std::size_t>{0, 1, 2}));
+  CachedDataset reference(d, chain(), config("memory"));
+  EXPECT_TRUE(same(smart.get(1), reference.get(1)));
+  smart.update();
+  EXPECT_EQ(smart.resident(), (std::vector<std::size_t>{2, 3, 4}));
+  EXPECT_TRUE(same(smart.get(2), reference.get(4)));
+  smart.update();
+  EXPECT_EQ(smart.resident(), (std::vector<std::size_t>{4, 0, 1}));
+  EXPECT_EQ(smart.get(0).meta["index"], 4);
+  // replace_num never exceeds the items outside the window.
+  SmartCacheDataset tight(d, chain(), SmartCacheOptions{4, 0.9, 1});
+  EXPECT_EQ(tight.replace_num(), 1u);
+  EXPECT_THROW(SmartCacheDataset(d, chain(), SmartCacheOptions{6, 0.1, 1}), ValueError);
+  EXPECT_THROW(SmartCacheDataset(d, chain(), SmartCacheOptions{2, 1.5, 1}), ValueError);
+}
+
+TEST_F(CachedDatasetTest, PipelineConfigBuildsEitherCache) {
+  nlohmann::json cfg;
+  cfg["data"] = {{"dataset", dataset_json()},
+                 {"deterministic", nlohmann::json::parse(kChain)},
+                 {"cache", {{"kind", "smart"}, {"cache_num", 2}, {"replace_rate", 0.5}}}};
+  test::write_file(tmp / "smart.json", cfg.dump());
+  Settings settings;
+  const PipelineConfig smart = load_pipeline(tmp / "smart.json", settings);
+  EXPECT_TRUE(smart.smart);
+  auto sc = make_smart_cache(smart);
+  EXPECT_EQ(sc->replace_num(), 1u);
+  EXPECT_THROW(make_cached_dataset(smart), ValueError);
+  cfg["data"]["cache"] = {{"kind", "smart"}};
+  test::write_file(tmp / "bad.json", cfg.dump());
+  EXPECT_THROW(load_pipeline(tmp / "bad.json", settings), FormatError);
+  cfg["data"]["cache"] = {{"kind", "memory"}, {"cache_rate", 0.5}};
+  cfg["data"]["fold"] = nullptr;
+  test::write_file(tmp / "mem.json", cfg.dump());
+  const PipelineConfig mem = load_pipeline(tmp / "mem.json", settings);
+  EXPECT_EQ(make_cached_dataset(mem).fill().items, 2u);  // int(0.5 * 5), as MONAI
+}
+
+TEST_F(CachedDatasetTest, SmartCacheReportsAFailedReplacementAtUpdate) {
+  Dataset d = load_dataset(dataset_json());
+  d.items[3].files["image"] = tmp / "gone.nii.gz";
+  SmartCacheDataset smart(d, chain(), SmartCacheOptions{2, 1.0, 1});
+  smart.start();  // items 0, 1; items 2 and 3 are prepared in the background
+  try {
+    smart.update();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("item 3"), std::string::npos) << e.what();
+  }
+  // Destroying with work in flight is clean.
+  SmartCacheDataset other(load_dataset(dataset_json()), chain(), SmartCacheOptions{2, 1.0, 1});
+  other.start();
 }
 
 // ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 ///     content_hash), so a changed transform or file never serves a stale entry;
 ///   - fill() computes missing entries on a thread pool before the first
 ///     epoch, reusing valid entries (a killed run resumes where it stopped);
-///   - cache_rate caches the first round(rate * n) items; the rest are
+///   - cache_rate caches the first int(rate * n) items (as MONAI); the rest are
 ///     computed when asked for;
 ///   - under DDP, rank r of w holds items r, r + w, r + 2w, ... and caches only those.
 
@@ -62,8 +62,6 @@ class CachedDataset {
 
  private:
   Sample compute(std::size_t i) const;
-  /// "item 3 (image=..., label=...)" for error messages.
-  std::string item_context(std::size_t global_index) const;
   bool cached(std::size_t i) const { return i < cached_count_; }
 
   Dataset dataset_;

@@ -11,6 +11,7 @@
 ///       - ...
 ///     random: [...]              # the random chain (applied after the cache)
 ///     cache: {kind: disk, dir: cache/spleen, cache_rate: 1.0, content_hash: false}
+///       # kind: memory | device | disk | disk_device | smart (with cache_num, replace_rate)
 ///   settings: {threads: 2}       # medfast settings (see `medfast config show`)
 ///
 /// Relative paths are relative to the config file's folder.
@@ -20,6 +21,7 @@
 
 #include "medfast/core/settings.hpp"
 #include "medfast/data/cached_dataset.hpp"
+#include "medfast/data/smart_cache.hpp"
 
 namespace medfast::data {
 
@@ -29,6 +31,8 @@ struct PipelineConfig {
   nlohmann::json deterministic = nlohmann::json::array();
   nlohmann::json random = nlohmann::json::array();
   CacheConfig cache;
+  bool smart = false;  ///< cache.kind: smart
+  SmartCacheOptions smart_options;
 };
 
 /// YAML (or JSON, which is YAML) to JSON: numbers, booleans and null typed.
@@ -39,5 +43,7 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings);
 
 /// Builds the cached dataset the config describes (training items).
 CachedDataset make_cached_dataset(const PipelineConfig& config);
+/// Builds the smart cache the config describes (cache.kind: smart).
+std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& config);
 
 }  // namespace medfast::data
