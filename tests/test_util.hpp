@@ -65,6 +65,18 @@ inline void write_file(const std::string& path, const std::string& bytes) {
   f << bytes;
 }
 
+/// The spleen fast-training deterministic chain (labels keep their file dtype).
+inline const char* spleen_chain_json() {
+  return R"([
+  {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+  {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+  {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
+  {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
+  {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
+  {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
+  {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
+}
+
 inline std::string golden_dir() { return MEDFAST_TEST_GOLDEN_DIR; }
 inline std::string python() { return MEDFAST_TEST_PYTHON; }
 inline std::string source_dir() { return MEDFAST_TEST_SOURCE_DIR; }

@@ -8,7 +8,8 @@
 namespace medfast::transforms {
 
 at::Tensor mask_to_runs(const at::Tensor& mask) {
-  const at::Tensor m = mask.to(at::kBool).contiguous().view({-1});
+  // Runs are small and sampled on the host: computed on the CPU whatever the mask's device.
+  const at::Tensor m = mask.to(at::kCPU).to(at::kBool).contiguous().view({-1});
   const auto n = m.numel();
   std::vector<std::int64_t> runs;
   const bool* p = m.data_ptr<bool>();
@@ -38,6 +39,9 @@ at::Tensor runs_to_indices(const at::Tensor& runs) {
 }
 
 std::int64_t runs_index(const at::Tensor& runs, std::int64_t k) {
+  if (!runs.is_cpu() || runs.scalar_type() != at::kLong || !runs.is_contiguous()) {
+    return runs_index(runs.to(at::kCPU).to(at::kLong).contiguous(), k);
+  }
   const auto* r = runs.data_ptr<std::int64_t>();
   const auto n = runs.size(0);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -53,7 +57,7 @@ namespace {
 class FgBgToIndices final : public Transform {
  public:
   explicit FgBgToIndices(FgBgToIndicesOptions o) : o_(std::move(o)) {
-    if (o_.keys.empty()) throw ValueError("FgBgToIndices: argument keys: at least one key is required");
+    require_keys(o_.keys, "FgBgToIndices");
   }
   std::string name() const override { return "FgBgToIndices"; }
   nlohmann::json config() const override {

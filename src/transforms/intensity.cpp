@@ -16,9 +16,6 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
 
 namespace {
 
-void require_keys(const std::vector<std::string>& keys, const char* transform) {
-  if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));
-}
 
 class ScaleIntensityRange final : public Transform {
  public:
@@ -37,6 +34,12 @@ class ScaleIntensityRange final : public Transform {
       // MONAI's operations in MONAI's order, in float32 (its default dtype),
       // fused into one pass over a copy in the data's own memory order.
       at::Tensor x = v.data.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      if (!use_native_kernels(x)) {  // CUDA/ROCm: the same operations as libtorch ops
+        x.sub_(o_.a_min).div_(o_.a_max - o_.a_min).mul_(o_.b_max - o_.b_min).add_(o_.b_min);
+        if (o_.clip) x.clamp_(std::min(o_.b_min, o_.b_max), std::max(o_.b_min, o_.b_max));
+        v.data = x;
+        continue;
+      }
       if (!x.is_non_overlapping_and_dense()) x = x.contiguous();
       const float a_min = static_cast<float>(o_.a_min), range = static_cast<float>(o_.a_max - o_.a_min);
       const float b_range = static_cast<float>(o_.b_max - o_.b_min), b_min = static_cast<float>(o_.b_min);

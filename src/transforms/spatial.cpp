@@ -72,9 +72,6 @@ Affine translate(const Affine& a, const Shape3& voxels) {
   return a * t;
 }
 
-void require_keys(const std::vector<std::string>& keys, const char* transform) {
-  if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));
-}
 
 }  // namespace
 
@@ -299,7 +296,7 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
     }
   at::Tensor x = data;
   if (!nearest && !at::isFloatingType(x.scalar_type())) x = x.to(at::kFloat);
-  if (off_diag <= 1e-9 * std::max(1.0, scale_max)) {
+  if (off_diag <= 1e-9 * std::max(1.0, scale_max) && use_native_kernels(x)) {
     // Axis-aligned (always the case after Orientation for non-oblique data):
     // one pass, in the data's own memory order.
     if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
@@ -413,7 +410,7 @@ at::Tensor fast_flip(const at::Tensor& x, const std::vector<std::int64_t>& dims)
   std::vector<int> order(static_cast<std::size_t>(x.dim()));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x.stride(a) > x.stride(b); });
-  const bool dense = x.is_non_overlapping_and_dense() && x.stride(order.back()) == 1;
+  const bool dense = use_native_kernels(x) && x.is_non_overlapping_and_dense() && x.stride(order.back()) == 1;
   const std::size_t word = x.element_size();
   if (!dense || (word != 1 && word != 2 && word != 4 && word != 8)) return x.flip(dims);
   std::vector<bool> flipped(static_cast<std::size_t>(x.dim()), false);
@@ -554,6 +551,20 @@ bool box_kernel(const at::Tensor& x, double threshold, std::array<std::int64_t, 
 
 bool foreground_box(const at::Tensor& data, double threshold, std::array<std::int64_t, 3>& lo,
                     std::array<std::int64_t, 3>& hi) {
+  if (!use_native_kernels(data)) {
+    const at::Tensor mask = (data > threshold).any(0);
+    for (int axis = 0; axis < 3; ++axis) {
+      std::vector<std::int64_t> others;
+      for (int d = 0; d < 3; ++d) {
+        if (d != axis) others.push_back(d);
+      }
+      const at::Tensor hits = mask.any(others[1]).any(others[0]).nonzero();
+      if (hits.numel() == 0) return false;
+      lo[axis] = hits.min().item<std::int64_t>();
+      hi[axis] = hits.max().item<std::int64_t>();
+    }
+    return true;
+  }
   bool found = false;
   AT_DISPATCH_ALL_TYPES_AND(at::kBool, data.scalar_type(), "foreground_box",
                             [&] { found = box_kernel<scalar_t>(data, threshold, lo, hi); });

@@ -2,7 +2,10 @@
 
 #include <xxhash.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 
@@ -57,6 +60,17 @@ Compose make_chain(const nlohmann::json& list) {
     }
   }
   return Compose(std::move(out));
+}
+
+namespace {
+std::atomic<bool> g_native{true};
+}
+
+bool use_native_kernels(const at::Tensor& t) { return g_native.load(std::memory_order_relaxed) && t.is_cpu(); }
+void set_native_kernels_enabled(bool enabled) { g_native = enabled; }
+
+void require_keys(const std::vector<std::string>& keys, const std::string& transform) {
+  if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));
 }
 
 // ---------------------------------------------------------------------------

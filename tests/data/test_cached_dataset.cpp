@@ -20,14 +20,7 @@
 namespace medfast::data {
 namespace {
 
-const char* kChain = R"([
-  {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
-  {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
-  {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
-  {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
-  {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
-  {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
-  {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
+const char* const kChain = test::spleen_chain_json();
 
 // A small synthetic MSD dataset, written once for the suite.
 class CachedDatasetTest : public ::testing::Test {

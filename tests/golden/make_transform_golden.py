@@ -7,7 +7,8 @@ Writes image.nii.gz (float32 HU-like, LPS, spacing 0.77 x 0.83 x 4.7) and
 label.nii.gz (uint8), then applies, step by step with independent code, the
 chain LoadImage -> EnsureChannelFirst -> Orientation(RAS) ->
 Spacing(1.5, 1.5, 2.0; bilinear/nearest) -> ScaleIntensityRange(-57, 164, 0, 1,
-clip) -> CropForeground(source image) -> FgBgToIndices(label, image_key image)
+clip) -> CropForeground(source image) -> FgBgToIndices(label, image_key image),
+plus NormalizeIntensity(nonzero) and ResizeWithPadOrCrop((24, 12, 25)) of the cropped image
 and writes every stage's arrays (.bin, C order, little endian) and geometry
 to manifest.json. Orientation uses nibabel.orientations; resampling uses
 scipy.ndimage.map_coordinates (order 1 / 0, mode 'nearest' = border) on the
@@ -105,6 +106,24 @@ def main():
     aff = aff @ shift
     save("crop_image", im, aff)
     save("crop_label", lb, aff)
+    # NormalizeIntensity(nonzero=True) of the cropped image: population std, zeros kept
+    nz = im != 0
+    vals = im[nz].astype(np.float64)
+    norm = np.where(nz, (im - vals.mean()) / vals.std(), im).astype(np.float32)
+    save("normalize_image", norm)
+    # ResizeWithPadOrCrop(spatial_size=(24, 12, 25)): symmetric pad, then centre crop from n//2 - t//2
+    target = (24, 12, 25)
+    out = im
+    for axis, t in enumerate(target, start=1):
+        n = out.shape[axis]
+        if n < t:
+            pad = [(0, 0)] * 4
+            pad[axis] = ((t - n) // 2, t - n - (t - n) // 2)
+            out = np.pad(out, pad)
+        else:
+            start = n // 2 - t // 2
+            out = np.take(out, np.arange(start, start + t), axis=axis)
+    save("resize_image", out)
     # FgBgToIndices(label, image_key=image, threshold 0)
     fg = (lb > 0).any(0)
     bg = ~fg & (im > 0).any(0)

@@ -97,14 +97,7 @@ test::TempDir* TransformValues::dir_ = nullptr;
 nlohmann::json TransformValues::manifest_;
 
 TEST_F(TransformValues, SpleenChainMatchesTheReferenceAtEveryStage) {
-  const auto chain = make_chain(nlohmann::json::parse(R"([
-    {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
-    {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
-    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
-    {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
-    {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
-    {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
-    {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])"));
+  const auto chain = make_chain(nlohmann::json::parse(test::spleen_chain_json()));
   ASSERT_EQ(chain.size(), 7u);
   Sample s;
   s.meta = {{"image", *dir_ / "image.nii.gz"}, {"label", *dir_ / "label.nii.gz"}};
@@ -127,12 +120,49 @@ TEST_F(TransformValues, SpleenChainMatchesTheReferenceAtEveryStage) {
 
   t[5]->apply(s);
   EXPECT_EQ(s.volume("image").shape(), stage("crop_image").sizes().vec());
+  EXPECT_LT((s.volume("image").data - stage("crop_image")).abs().max().item<double>(), 1e-5);
   EXPECT_TRUE(at::equal(s.volume("label").data, stage("crop_label")));
   expect_affine_near(s.volume("image").affine, stage_affine("crop_image"), 1e-9);
+
+  {
+    Sample n = s;
+    make_normalize_intensity({{"image"}, true, false})->apply(n);
+    EXPECT_LT((n.volume("image").data - stage("normalize_image")).abs().max().item<double>(), 1e-4);
+    Sample r = s;
+    make_resize_with_pad_or_crop({{"image"}, {24, 12, 25}, 0.0})->apply(r);
+    EXPECT_EQ(r.volume("image").shape(), stage("resize_image").sizes().vec());
+    // Pure pad/crop of the cropped image, which matches the reference within interpolation rounding.
+    EXPECT_LT((r.volume("image").data - stage("resize_image")).abs().max().item<double>(), 1e-5);
+  }
 
   t[6]->apply(s);
   EXPECT_TRUE(at::equal(runs_to_indices(s.arrays.at("label_fg_indices")), stage("fg_indices")));
   EXPECT_TRUE(at::equal(runs_to_indices(s.arrays.at("label_bg_indices")), stage("bg_indices")));
+}
+
+TEST_F(TransformValues, LibtorchOpPathsUsedForCudaGiveTheSameResults) {
+  // The chain through native CPU kernels and through the libtorch-op paths
+  // that CUDA/ROCm tensors take (forced here on CPU) must agree.
+  const auto chain = make_chain(nlohmann::json::parse(test::spleen_chain_json()));
+  Sample native, ops;
+  native.meta = ops.meta = {{"image", *dir_ / "image.nii.gz"}, {"label", *dir_ / "label.nii.gz"}};
+  chain.apply(native);
+  set_native_kernels_enabled(false);
+  try {
+    chain.apply(ops);
+  } catch (...) {
+    set_native_kernels_enabled(true);
+    throw;
+  }
+  set_native_kernels_enabled(true);
+  for (const auto* key : {"image", "label"}) {
+    EXPECT_EQ(native.volume(key).shape(), ops.volume(key).shape()) << key;
+    EXPECT_LT((native.volume(key).data.to(at::kDouble) - ops.volume(key).data.to(at::kDouble)).abs().max().item<double>(),
+              1e-5)
+        << key;
+    EXPECT_EQ(native.volume(key).affine.max_abs_diff(ops.volume(key).affine), 0.0) << key;
+  }
+  for (const auto& [k, runs] : native.arrays) EXPECT_TRUE(at::equal(runs, ops.arrays.at(k))) << k;
 }
 
 TEST(Transforms, ObliqueSpacingUsesTheGeneralResamplerConsistently) {

@@ -55,6 +55,15 @@ Compose make_chain(const nlohmann::json& list);
 /// Names make() knows.
 std::vector<std::string> names();
 
+/// True if `t` may use medfast's native CPU kernels (a CPU tensor, and native
+/// kernels enabled). Other tensors (CUDA, ROCm) go through libtorch ops.
+bool use_native_kernels(const at::Tensor& t);
+/// Tests only: disable native kernels so the libtorch-op paths run on CPU.
+void set_native_kernels_enabled(bool enabled);
+
+/// Throws ValueError("<transform>: argument keys: ...") if `keys` is empty.
+void require_keys(const std::vector<std::string>& keys, const std::string& transform);
+
 /// Reads JSON arguments, remembering which were used so that a misspelt
 /// argument is an error ("Spacing: unknown argument 'pixdims'").
 class Args {
