@@ -26,6 +26,7 @@ Command register_info(CLI::App& root);
 Command register_data(CLI::App& root);
 Command register_io(CLI::App& root);
 Command register_cache(CLI::App& root);
+Command register_bench(CLI::App& root);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

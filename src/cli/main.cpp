@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
       ->group("Settings");
 
   std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app),
-                                       cli::register_io(app), cli::register_cache(app)};
+                                       cli::register_io(app), cli::register_cache(app),
+                                       cli::register_bench(app)};
 
   try {
     app.parse(argc, argv);

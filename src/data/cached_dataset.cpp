@@ -78,7 +78,7 @@ CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheCo
 
 std::string CachedDataset::key(std::size_t i) const {
   {
-    std::lock_guard<std::mutex> lock(keys_mutex_);
+    std::lock_guard<std::mutex> lock(*keys_mutex_);
     if (keys_.size() != indices_.size()) keys_.resize(indices_.size());
     if (!keys_.at(i).empty()) return keys_[i];
   }
@@ -99,7 +99,7 @@ std::string CachedDataset::key(std::size_t i) const {
   const nlohmann::json id = {{"format", cache::kEntryFormatVersion}, {"chain", chain_.config()}, {"inputs", inputs}};
   const std::string text = id.dump();
   const std::string k = hex64(XXH3_64bits(text.data(), text.size()));
-  std::lock_guard<std::mutex> lock(keys_mutex_);
+  std::lock_guard<std::mutex> lock(*keys_mutex_);
   keys_[i] = k;
   return k;
 }
@@ -113,6 +113,10 @@ Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, st
   } catch (...) {
     rethrow_with_context(item_context(dataset, g));
   }
+  // Cached outputs are stored C-contiguous, the layout batches and networks
+  // use, so the transposition from file order is paid once per item here,
+  // not once per random crop in the loader.
+  for (auto& [k, v] : s.volumes) v.data = v.data.contiguous();
   return s;
 }
 

@@ -88,6 +88,32 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   c.random = d.value("random", nlohmann::json::array());
   if (!c.deterministic.is_array()) throw fail("data.deterministic", "expected a list of transforms");
   if (!c.random.is_array()) throw fail("data.random", "expected a list of transforms");
+  if (d.contains("seed")) {
+    if (!d["seed"].is_number_integer() || d["seed"].get<long long>() < 0) throw fail("data.seed", "expected a whole number >= 0");
+    c.seed = d["seed"].get<std::uint64_t>();
+  }
+  const nlohmann::json loader = d.value("loader", nlohmann::json::object());
+  if (!loader.is_object()) throw fail("data.loader", "expected a mapping");
+  for (const auto& [k, v] : loader.items()) {
+    try {
+      if (k == "batch_size") c.loader.batch_size = v.get<int>();
+      else if (k == "shuffle") c.loader.shuffle = v.get<bool>();
+      else if (k == "drop_last") c.loader.drop_last = v.get<bool>();
+      else if (k == "repeats") c.loader.repeats = v.get<int>();
+      else if (k == "prefetch") c.loader.prefetch = v.get<int>();
+      else if (k == "pin_memory") c.loader.pin_memory = v.get<bool>();
+      else if (k == "device") c.loader.device = v.get<std::string>();
+      else throw fail("data.loader." + k, "unknown key (known: batch_size, shuffle, drop_last, repeats, prefetch, pin_memory, device)");
+    } catch (const nlohmann::json::exception&) {
+      throw fail("data.loader." + k, str("has the wrong type: ", v.dump()));
+    }
+  }
+  c.loader.threads = settings.threads();
+  try {
+    c.loader.validate();
+  } catch (const std::exception& e) {
+    throw fail("data.loader", e.what());
+  }
   const nlohmann::json cache = d.value("cache", nlohmann::json::object());
   if (!cache.is_object()) throw fail("data.cache", "expected a mapping");
   for (const auto& [k, v] : cache.items()) {
@@ -148,6 +174,15 @@ transforms::Compose deterministic_chain(const PipelineConfig& c) {
 CachedDataset make_cached_dataset(const PipelineConfig& c) {
   if (c.smart) throw ValueError(str(c.path, ": data.cache.kind is smart; this needs a memory or disk cache"));
   return CachedDataset(c.dataset, deterministic_chain(c), c.cache);
+}
+
+transforms::RandomChain make_random_chain(const PipelineConfig& c) {
+  try {
+    return transforms::make_random_chain(c.random, c.seed);
+  } catch (Error& e) {
+    e.add_context(str(c.path, ": data.random"));
+    throw;
+  }
 }
 
 std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& c) {

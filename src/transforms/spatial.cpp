@@ -337,7 +337,7 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
 }
 
 void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Shape3& start, const Shape3& end,
-                 double value) {
+                 double value, bool compact) {
   for (const auto& key : keys) {
     Volume& v = sample.volume(key);
     const Shape3 n = spatial_shape(v.data, key);
@@ -358,7 +358,7 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
       x = x.narrow(axis + 1, start[axis] + offset, end[axis] - start[axis]);
     }
     // A compact copy in the data's own memory order (a view would pin the uncropped storage).
-    v.data = x.clone(at::MemoryFormat::Preserve);
+    v.data = compact || any_pad ? x.clone(at::MemoryFormat::Preserve) : x;
     v.affine = translate(v.affine, start);
   }
 }
@@ -406,7 +406,9 @@ void flip_lines(const at::Tensor& in, at::Tensor& out, const std::vector<bool>& 
   });
 }
 
-at::Tensor fast_flip(const at::Tensor& x, const std::vector<std::int64_t>& dims) {
+}  // namespace
+
+at::Tensor flip_dims(const at::Tensor& x, const std::vector<std::int64_t>& dims) {
   std::vector<int> order(static_cast<std::size_t>(x.dim()));
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x.stride(a) > x.stride(b); });
@@ -424,6 +426,8 @@ at::Tensor fast_flip(const at::Tensor& x, const std::vector<std::int64_t>& dims)
   }
   return out;
 }
+
+namespace {
 
 class EnsureChannelFirst final : public Transform {
  public:
@@ -465,7 +469,7 @@ class Orientation final : public Transform {
       for (int k = 0; k < 3; ++k) {
         if (plan.flip[k]) flips.push_back(plan.source_axis[k] + 1);
       }
-      if (!flips.empty()) x = fast_flip(x, flips);
+      if (!flips.empty()) x = flip_dims(x, flips);
       // flip copies in the data's own memory order; the permute is a view.
       v.data = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
       v.affine = plan.affine;

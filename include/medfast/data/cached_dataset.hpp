@@ -71,7 +71,7 @@ class CachedDataset {
   std::vector<std::size_t> indices_;
   std::size_t cached_count_ = 0;
   std::string chain_hash_;
-  mutable std::mutex keys_mutex_;
+  std::unique_ptr<std::mutex> keys_mutex_ = std::make_unique<std::mutex>();  // (movable dataset)
   mutable std::vector<std::string> keys_;  ///< computed once per item (a content hash reads the file)
 };
 

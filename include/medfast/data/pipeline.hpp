@@ -10,6 +10,8 @@
 ///       - {name: LoadImage, keys: [image, label]}
 ///       - ...
 ///     random: [...]              # the random chain (applied after the cache)
+///     seed: 0                    # run seed of the random chain and the shuffle
+///     loader: {batch_size: 2, shuffle: true, drop_last: false, repeats: 1, prefetch: 4, pin_memory: false}
 ///     cache: {kind: disk, dir: cache/spleen, cache_rate: 1.0, content_hash: false}
 ///       # kind: memory | device | disk | disk_device | smart (with cache_num, replace_rate)
 ///   settings: {threads: 2}       # medfast settings (see `medfast config show`)
@@ -21,6 +23,7 @@
 
 #include "medfast/core/settings.hpp"
 #include "medfast/data/cached_dataset.hpp"
+#include "medfast/data/loader.hpp"
 #include "medfast/data/smart_cache.hpp"
 
 namespace medfast::data {
@@ -31,6 +34,8 @@ struct PipelineConfig {
   nlohmann::json deterministic = nlohmann::json::array();
   nlohmann::json random = nlohmann::json::array();
   CacheConfig cache;
+  std::uint64_t seed = 0;
+  LoaderOptions loader;
   bool smart = false;  ///< cache.kind: smart
   SmartCacheOptions smart_options;
 };
@@ -43,6 +48,8 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings);
 
 /// Builds the cached dataset the config describes (training items).
 CachedDataset make_cached_dataset(const PipelineConfig& config);
+/// Builds the random chain (data.random) with data.seed.
+transforms::RandomChain make_random_chain(const PipelineConfig& config);
 /// Builds the smart cache the config describes (cache.kind: smart).
 std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& config);
 

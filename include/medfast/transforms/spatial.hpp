@@ -81,8 +81,14 @@ TransformPtr make_crop_foreground(const CropForegroundOptions& o);
 TransformPtr make_resize_with_pad_or_crop(const ResizeWithPadOrCropOptions& o);
 
 /// Crops (start >= 0, end <= size) or pads (start < 0, end > size) every key
-/// to [start, end) per spatial axis and moves the origin accordingly.
+/// to [start, end) per spatial axis and moves the origin accordingly. With
+/// `compact` the result owns a compact copy (for caching); without, a pure
+/// crop stays a view of the input (random crops are copied once, later).
 void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Shape3& start, const Shape3& end,
-                 double value);
+                 double value, bool compact = true);
+
+/// Flips `dims`; dense CPU tensors are copied line by line in their own memory
+/// order, others go through at::flip.
+at::Tensor flip_dims(const at::Tensor& x, const std::vector<std::int64_t>& dims);
 
 }  // namespace medfast::transforms

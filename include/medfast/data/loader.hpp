@@ -1,0 +1,90 @@
+#pragma once
+/// \file
+/// The threaded prefetching loader.
+///
+/// Per epoch: the item order is a permutation seeded by (seed, epoch), padded
+/// to a multiple of world_size and split as torch's DistributedSampler does
+/// (rank r takes positions r, r + w, ...). Batch b holds the order's items
+/// [b*B, (b+1)*B); each item runs the random chain (seeded by item, not by
+/// thread: see random.hpp) and its samples are stacked ([n, C, X, Y, Z]).
+/// Workers build batches ahead of the consumer, at most `prefetch` of them,
+/// and the consumer receives them in order, so results do not depend on the
+/// thread count or prefetch depth. A worker's exception is rethrown by next()
+/// with the item's files; stop() or destruction abandons an epoch cleanly.
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "medfast/transforms/random.hpp"
+
+namespace medfast::data {
+
+struct LoaderOptions {
+  int batch_size = 2;
+  int threads = 2;
+  int prefetch = 4;  ///< batches built ahead of the consumer
+  bool shuffle = true;
+  bool drop_last = false;
+  int repeats = 1;  ///< times each batch is yielded (MONAI ThreadDataLoader)
+  std::string device = "cpu";
+  bool pin_memory = false;
+  int rank = 0, world_size = 1;
+  void validate() const;
+};
+
+struct Batch {
+  std::map<std::string, at::Tensor> tensors;  ///< each key's samples stacked
+  std::vector<std::size_t> items;             ///< dataset indices, in order
+  std::size_t index = 0;
+  std::uint64_t epoch = 0;
+  std::size_t samples() const { return tensors.empty() ? 0 : static_cast<std::size_t>(tensors.begin()->second.size(0)); }
+};
+
+class Loader {
+ public:
+  using Source = std::function<Sample(std::size_t)>;
+  /// `size` items, item i from `source(i)` (the deterministic, cached output).
+  Loader(std::size_t size, Source source, transforms::RandomChain chain, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  /// The items this rank visits in `epoch`, in order.
+  std::vector<std::size_t> epoch_order(std::uint64_t epoch) const;
+  std::size_t batches_per_epoch() const;
+  /// Starts (or restarts) an epoch.
+  void start(std::uint64_t epoch);
+  /// The next batch, or nullopt at the end of the epoch.
+  std::optional<Batch> next();
+  /// Abandons the epoch: workers stop after their current item.
+  void stop();
+
+ private:
+  void work();
+  Batch build(std::size_t b);
+
+  std::size_t size_;
+  Source source_;
+  transforms::RandomChain chain_;
+  LoaderOptions options_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_work_, cv_ready_;
+  std::vector<std::thread> workers_;
+  std::vector<std::size_t> order_;
+  std::uint64_t epoch_ = 0;
+  std::size_t batches_ = 0, next_to_build_ = 0, next_to_return_ = 0, repeat_ = 0;
+  std::map<std::size_t, Batch> ready_;
+  std::optional<Batch> current_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+};
+
+}  // namespace medfast::data

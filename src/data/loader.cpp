@@ -1,0 +1,194 @@
+#include "medfast/data/loader.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/random.hpp"
+
+namespace medfast::data {
+
+void LoaderOptions::validate() const {
+  if (batch_size < 1) throw ValueError(str("loader: batch_size ", batch_size, " must be at least 1"));
+  if (threads < 1) throw ValueError(str("loader: threads ", threads, " must be at least 1"));
+  if (prefetch < 1) throw ValueError(str("loader: prefetch ", prefetch, " must be at least 1"));
+  if (repeats < 1) throw ValueError(str("loader: repeats ", repeats, " must be at least 1"));
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw ValueError(str("loader: rank ", rank, " of world size ", world_size, " is not a valid DDP rank"));
+  }
+  try {
+    const at::Device parsed(device);
+    (void)parsed;
+  } catch (const std::exception&) {
+    throw ValueError(str("loader: device '", device, "' is not cpu or cuda[:N]"));
+  }
+}
+
+Loader::Loader(std::size_t size, Source source, transforms::RandomChain chain, LoaderOptions options)
+    : size_(size), source_(std::move(source)), chain_(std::move(chain)), options_(std::move(options)) {
+  options_.validate();
+  if (size_ == 0) throw ValueError("loader: the dataset is empty");
+}
+
+Loader::~Loader() { stop(); }
+
+std::vector<std::size_t> Loader::epoch_order(std::uint64_t epoch) const {
+  std::vector<std::size_t> order(size_);
+  std::iota(order.begin(), order.end(), 0);
+  if (options_.shuffle) {
+    Rng rng(derive_seed({chain_.seed(), epoch, 0x5eedu}));
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.integer(0, i - 1)]);
+  }
+  // DistributedSampler: pad with the order's own head to a multiple of world_size, then interleave.
+  const std::size_t w = static_cast<std::size_t>(options_.world_size);
+  const std::size_t total = (order.size() + w - 1) / w * w;
+  for (std::size_t i = 0; order.size() < total; ++i) order.push_back(order[i % size_]);
+  std::vector<std::size_t> mine;
+  for (std::size_t i = static_cast<std::size_t>(options_.rank); i < order.size(); i += w) mine.push_back(order[i]);
+  return mine;
+}
+
+std::size_t Loader::batches_per_epoch() const {
+  const std::size_t n = epoch_order(0).size(), b = static_cast<std::size_t>(options_.batch_size);
+  return options_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+void Loader::start(std::uint64_t epoch) {
+  stop();
+  std::lock_guard<std::mutex> lock(mutex_);
+  epoch_ = epoch;
+  order_ = epoch_order(epoch);
+  const std::size_t b = static_cast<std::size_t>(options_.batch_size);
+  batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
+  next_to_build_ = next_to_return_ = repeat_ = 0;
+  ready_.clear();
+  current_.reset();
+  error_ = nullptr;
+  stopping_ = false;
+  for (int t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { work(); });
+}
+
+void Loader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_work_.notify_all();
+  cv_ready_.notify_all();
+  for (auto& w : workers_) w.join();
+  workers_.clear();
+}
+
+void Loader::work() {
+  for (;;) {
+    std::size_t b;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_work_.wait(lock, [&] {
+        return stopping_ || error_ || next_to_build_ >= batches_ ||
+               next_to_build_ < next_to_return_ + static_cast<std::size_t>(options_.prefetch);
+      });
+      if (stopping_ || error_ || next_to_build_ >= batches_) return;
+      b = next_to_build_++;
+    }
+    try {
+      Batch batch = build(b);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(b, std::move(batch));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    cv_ready_.notify_all();
+  }
+}
+
+namespace {
+std::string files_of(const Sample& s, std::size_t item) {
+  std::string files;
+  for (const auto& [k, v] : s.meta.items()) {
+    if (v.is_string()) files += (files.empty() ? "" : ", ") + k + "=" + v.get<std::string>();
+  }
+  return str("item ", item, files.empty() ? "" : " (" + files + ")");
+}
+}  // namespace
+
+Batch Loader::build(std::size_t b) {
+  const std::size_t bs = static_cast<std::size_t>(options_.batch_size);
+  const std::size_t first = b * bs, last = std::min(first + bs, order_.size());
+  Batch batch;
+  batch.index = b;
+  batch.epoch = epoch_;
+  std::map<std::string, std::vector<at::Tensor>> parts;
+  for (std::size_t p = first; p < last; ++p) {
+    const std::size_t item = order_[p];
+    batch.items.push_back(item);
+    Sample input;
+    try {
+      input = source_(item);
+    } catch (...) {
+      rethrow_with_context(str("loader: item ", item));
+    }
+    std::vector<Sample> samples;
+    try {
+      samples = chain_.run(input, epoch_, item);
+    } catch (...) {
+      rethrow_with_context(str("loader: ", files_of(input, item)));
+    }
+    for (auto& s : samples) {
+      for (auto& [k, v] : s.volumes) parts[k].push_back(v.data);
+    }
+  }
+  const at::Device device(options_.device);
+  for (auto& [k, list] : parts) {
+    for (const auto& t : list) {
+      if (t.sizes() != list.front().sizes()) {
+        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes (", t.sizes(),
+                             " vs ", list.front().sizes(),
+                             "); crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
+      }
+    }
+    at::Tensor stacked;
+    if (options_.pin_memory || !device.is_cpu()) {
+      auto shape = list.front().sizes().vec();
+      shape.insert(shape.begin(), static_cast<std::int64_t>(list.size()));
+      stacked = at::empty(shape, list.front().options().pinned_memory(at::hasCUDA()));
+      at::stack_out(stacked, list);
+    } else {
+      stacked = at::stack(list);
+    }
+    // The copy to the device happens here, on the worker, so the consumer
+    // receives batches that are already there.
+    if (!device.is_cpu()) stacked = stacked.to(device, /*non_blocking=*/false);
+    batch.tensors[k] = stacked;
+  }
+  return batch;
+}
+
+std::optional<Batch> Loader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (current_ && repeat_ + 1 < static_cast<std::size_t>(options_.repeats)) {
+    ++repeat_;
+    return current_;
+  }
+  repeat_ = 0;
+  current_.reset();
+  if (next_to_return_ >= batches_) return std::nullopt;
+  cv_ready_.wait(lock, [&] { return error_ || stopping_ || ready_.count(next_to_return_) > 0; });
+  if (error_) {
+    auto e = error_;
+    lock.unlock();
+    stop();
+    std::rethrow_exception(e);
+  }
+  if (stopping_ && !ready_.count(next_to_return_)) return std::nullopt;
+  auto node = ready_.extract(next_to_return_);
+  ++next_to_return_;
+  current_ = std::move(node.mapped());
+  cv_work_.notify_all();
+  return current_;
+}
+
+}  // namespace medfast::data

@@ -1,0 +1,182 @@
+// The loader: bit-identical batches whatever the threads and prefetch depth,
+// DistributedSampler partitioning, drop_last and repeats, worker errors,
+// shutdown with a full queue, and flat memory over many epochs.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <unistd.h>
+
+#include "medfast/core/error.hpp"
+#include "medfast/data/loader.hpp"
+
+namespace medfast::data {
+namespace {
+
+Sample item(std::size_t i) {
+  Sample s;
+  Volume image;
+  image.data = at::arange(20 * 18 * 16, at::kFloat).view({1, 20, 18, 16}) + static_cast<float>(i) * 1000.0f;
+  Volume label = image;
+  label.data = (image.data.fmod(7.0) < 1).to(at::kByte);
+  s.volumes["image"] = image;
+  s.volumes["label"] = label;
+  s.meta = {{"image", "/data/case_" + std::to_string(i) + ".nii.gz"}, {"index", i}};
+  return s;
+}
+
+transforms::RandomChain chain(std::uint64_t seed = 7) {
+  return transforms::make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [8, 8, 8], "num_samples": 2},
+      {"name": "RandFlip", "keys": ["image", "label"], "prob": 0.5, "spatial_axis": 0},
+      {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.5},
+      {"name": "RandScaleIntensity", "keys": "image", "factors": 0.1, "prob": 0.5}])"),
+                                       seed);
+}
+
+std::vector<Batch> epoch(Loader& l, std::uint64_t e) {
+  std::vector<Batch> out;
+  l.start(e);
+  while (auto b = l.next()) out.push_back(*b);
+  return out;
+}
+
+LoaderOptions opts(int threads, int prefetch, int batch = 3) {
+  LoaderOptions o;
+  o.threads = threads;
+  o.prefetch = prefetch;
+  o.batch_size = batch;
+  return o;
+}
+
+TEST(Loader, BatchesAreIdenticalWhateverThreadsAndPrefetch) {
+  Loader reference(11, item, chain(), opts(1, 1));
+  const auto want = epoch(reference, 3);
+  ASSERT_EQ(want.size(), 4u);  // 11 items, batches of 3
+  EXPECT_EQ(want[0].tensors.at("image").sizes(), (at::IntArrayRef{6, 1, 8, 8, 8}));  // 3 items x 2 crops
+  EXPECT_EQ(want[3].samples(), 4u);                                                  // last batch: 2 items
+  for (auto [threads, prefetch] : {std::pair{2, 2}, {4, 1}, {3, 8}, {8, 3}}) {
+    Loader l(11, item, chain(), opts(threads, prefetch));
+    const auto got = epoch(l, 3);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t b = 0; b < got.size(); ++b) {
+      EXPECT_EQ(got[b].items, want[b].items);
+      for (const auto& [k, t] : want[b].tensors) {
+        EXPECT_TRUE(at::equal(got[b].tensors.at(k), t)) << threads << " threads, prefetch " << prefetch;
+      }
+    }
+  }
+  Loader other_epoch(11, item, chain(), opts(2, 2));
+  EXPECT_NE(epoch(other_epoch, 4)[0].items, want[0].items);  // reshuffled
+}
+
+TEST(Loader, RanksSplitLikeDistributedSampler) {
+  LoaderOptions o = opts(2, 2, 2);
+  std::multiset<std::size_t> all;
+  std::vector<std::size_t> sizes;
+  for (int r = 0; r < 3; ++r) {
+    o.rank = r;
+    o.world_size = 3;
+    Loader l(10, item, chain(), o);
+    const auto order = l.epoch_order(5);
+    sizes.push_back(order.size());
+    all.insert(order.begin(), order.end());
+  }
+  EXPECT_EQ(sizes, (std::vector<std::size_t>{4, 4, 4}));  // 10 padded to 12
+  for (std::size_t i = 0; i < 10; ++i) EXPECT_GE(all.count(i), 1u);
+  EXPECT_EQ(all.size(), 12u);
+  // An item's samples do not depend on the rank that draws it.
+  Loader single(10, item, chain(), opts(1, 1, 1));
+  const auto whole = epoch(single, 5);
+  o.rank = 1;
+  o.batch_size = 1;
+  Loader rank1(10, item, chain(), o);
+  for (const auto& b : epoch(rank1, 5)) {
+    const auto& same = *std::find_if(whole.begin(), whole.end(), [&](const Batch& w) { return w.items == b.items; });
+    EXPECT_TRUE(at::equal(same.tensors.at("image"), b.tensors.at("image")));
+  }
+}
+
+TEST(Loader, DropLastShuffleAndRepeats) {
+  LoaderOptions o = opts(2, 2, 4);
+  o.drop_last = true;
+  o.shuffle = false;
+  o.repeats = 2;
+  Loader l(10, item, chain(), o);
+  EXPECT_EQ(l.batches_per_epoch(), 2u);
+  const auto got = epoch(l, 0);
+  ASSERT_EQ(got.size(), 4u);  // two batches, each yielded twice
+  EXPECT_EQ(got[0].items, (std::vector<std::size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(got[1].items, got[0].items);
+  EXPECT_TRUE(at::equal(got[1].tensors.at("image"), got[0].tensors.at("image")));
+  EXPECT_EQ(got[2].items, (std::vector<std::size_t>{4, 5, 6, 7}));
+}
+
+TEST(Loader, WorkerErrorsSurfaceWithTheItemsFiles) {
+  auto bad = [](std::size_t i) {
+    Sample s = item(i);
+    if (i == 6) s.volumes["label"].data = at::zeros({1, 4, 4, 4}, at::kByte);  // too small to crop
+    return s;
+  };
+  Loader l(9, bad, chain(), opts(3, 2, 2));
+  l.start(0);
+  try {
+    while (l.next()) {
+    }
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("case_6.nii.gz"), std::string::npos) << m;
+    EXPECT_NE(m.find("RandCropByPosNegLabel"), std::string::npos) << m;
+  }
+  // The loader is usable again after an error.
+  Loader ok(9, item, chain(), opts(2, 2, 2));
+  EXPECT_EQ(epoch(ok, 0).size(), 5u);
+}
+
+TEST(Loader, ShutdownWithAFullQueueDoesNotHang) {
+  auto slow = [](std::size_t i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return item(i);
+  };
+  for (int round = 0; round < 5; ++round) {
+    Loader l(40, slow, chain(), opts(4, 2, 2));
+    l.start(0);
+    ASSERT_TRUE(l.next().has_value());
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // workers fill the queue and wait
+    l.start(1);  // restart mid-epoch
+    ASSERT_TRUE(l.next().has_value());
+  }  // destroyed mid-epoch
+  SUCCEED();
+}
+
+std::size_t resident_bytes() {
+  std::ifstream f("/proc/self/statm");
+  std::size_t pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+TEST(Loader, MemoryDoesNotGrowOverFiftyEpochs) {
+  Loader l(8, item, chain(), opts(2, 3, 2));
+  for (int e = 0; e < 5; ++e) epoch(l, static_cast<std::uint64_t>(e));
+  const std::size_t after5 = resident_bytes();
+  for (int e = 5; e < 50; ++e) epoch(l, static_cast<std::uint64_t>(e));
+  const std::size_t after50 = resident_bytes();
+  EXPECT_LT(after50, after5 + (16u << 20)) << "resident memory grew from " << after5 << " to " << after50;
+}
+
+TEST(Loader, OptionsAreValidated) {
+  LoaderOptions o;
+  o.batch_size = 0;
+  EXPECT_THROW(o.validate(), ValueError);
+  o = LoaderOptions();
+  o.rank = 2;
+  EXPECT_THROW(o.validate(), ValueError);
+  EXPECT_THROW(Loader(0, item, chain(), LoaderOptions()), ValueError);
+}
+
+}  // namespace
+}  // namespace medfast::data

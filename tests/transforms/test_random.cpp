@@ -1,0 +1,207 @@
+// Random transforms: outputs against libtorch references with the drawn
+// parameters replayed from the same seeded generator; geometry consistency;
+// reproducibility; crop statistics.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/transforms/indices.hpp"
+#include "medfast/transforms/random.hpp"
+
+namespace medfast::transforms {
+namespace {
+
+// A sample whose image holds, per voxel, a distinct value, and whose label is
+// a small box; affine oblique-free but anisotropic with an offset.
+Sample make_sample(Shape3 n = {12, 10, 8}) {
+  Sample s;
+  Volume image;
+  image.data = at::arange(n[0] * n[1] * n[2], at::kFloat).view({1, n[0], n[1], n[2]});
+  image.affine.m = {{{0.8, 0, 0, -10}, {0, 1.1, 0, 5}, {0, 0, 2.5, 7}, {0, 0, 0, 1}}};
+  Volume label = image;
+  label.data = at::zeros({1, n[0], n[1], n[2]}, at::kByte);
+  label.data.narrow(1, 3, 2).narrow(2, 4, 3).narrow(3, 2, 2).fill_(1);
+  s.volumes["image"] = image;
+  s.volumes["label"] = label;
+  return s;
+}
+
+// Every voxel of `out` sits at the world position its source voxel had.
+void expect_geometry_follows(const Sample& in, const Sample& out, const std::string& key) {
+  const Volume& a = in.volume(key);
+  const Volume& b = out.volume(key);
+  const auto& src = a.data;
+  const auto n = b.data.sizes();
+  for (std::int64_t i = 0; i < n[1]; i += 3)
+    for (std::int64_t j = 0; j < n[2]; j += 3)
+      for (std::int64_t k = 0; k < n[3]; k += 2) {
+        const auto v = static_cast<std::int64_t>(b.data[0][i][j][k].item<float>());
+        const std::int64_t si = v / (src.size(2) * src.size(3)), sj = (v / src.size(3)) % src.size(2),
+                           sk = v % src.size(3);
+        for (int r = 0; r < 3; ++r) {
+          const double w_out = b.affine(r, 0) * i + b.affine(r, 1) * j + b.affine(r, 2) * k + b.affine(r, 3);
+          const double w_in = a.affine(r, 0) * si + a.affine(r, 1) * sj + a.affine(r, 2) * sk + a.affine(r, 3);
+          ASSERT_NEAR(w_out, w_in, 1e-9) << key << " voxel " << i << "," << j << "," << k;
+        }
+      }
+}
+
+RandomTransformPtr rt(const char* json) {
+  const auto j = nlohmann::json::parse(json);
+  nlohmann::json args = j;
+  args.erase("name");
+  return make_random(j["name"], args);
+}
+
+TEST(RandomTransforms, FlipMatchesTorchFlipAndMovesTheAffine) {
+  const Sample in = make_sample();
+  Sample out = in;
+  Rng rng(1);
+  rt(R"({"name": "RandFlip", "keys": ["image", "label"], "prob": 1.0, "spatial_axis": [0, 2]})")->apply(out, rng);
+  EXPECT_TRUE(at::equal(out.volume("image").data, in.volume("image").data.flip({1, 3})));
+  EXPECT_TRUE(at::equal(out.volume("label").data, in.volume("label").data.flip({1, 3})));
+  expect_geometry_follows(in, out, "image");
+  Sample same = in;
+  Rng r2(1);
+  rt(R"({"name": "RandFlip", "keys": "image", "prob": 0.0})")->apply(same, r2);
+  EXPECT_TRUE(at::equal(same.volume("image").data, in.volume("image").data));
+}
+
+TEST(RandomTransforms, Rotate90MatchesTorchRot90WithTheDrawnK) {
+  const Sample in = make_sample({9, 9, 6});
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    Sample out = in;
+    Rng rng(seed), replay(seed);
+    rt(R"({"name": "RandRotate90", "keys": ["image", "label"], "prob": 1.0, "max_k": 3, "spatial_axes": [0, 1]})")
+        ->apply(out, rng);
+    const int k = static_cast<int>(replay.integer(0, 2)) + 1;
+    EXPECT_TRUE(at::equal(out.volume("image").data, at::rot90(in.volume("image").data, k, {1, 2}))) << "k " << k;
+    EXPECT_TRUE(at::equal(out.volume("label").data, at::rot90(in.volume("label").data, k, {1, 2})));
+    expect_geometry_follows(in, out, "image");
+  }
+}
+
+TEST(RandomTransforms, IntensityTransformsApplyTheDrawnParameters) {
+  const Sample in = make_sample();
+  const at::Tensor x = in.volume("image").data;
+  {
+    Sample out = in;
+    Rng rng(5), replay(5);
+    rt(R"({"name": "RandScaleIntensity", "keys": "image", "prob": 1.0, "factors": 0.1})")->apply(out, rng);
+    replay.uniform();  // the prob draw
+    const double f = replay.uniform(-0.1, 0.1);
+    EXPECT_TRUE(at::allclose(out.volume("image").data, x * (1 + f)));
+  }
+  {
+    Sample out = in;
+    Rng rng(6), replay(6);
+    rt(R"({"name": "RandShiftIntensity", "keys": "image", "prob": 1.0, "offsets": [0.2, 0.5]})")->apply(out, rng);
+    replay.uniform();
+    const double o = replay.uniform(0.2, 0.5);
+    EXPECT_TRUE(at::allclose(out.volume("image").data, x + o));
+  }
+  {
+    Sample out = in;
+    Rng rng(7), replay(7);
+    rt(R"({"name": "RandAdjustContrast", "keys": "image", "prob": 1.0, "gamma": [0.5, 2.0]})")->apply(out, rng);
+    replay.uniform();
+    const double g = replay.uniform(0.5, 2.0);
+    const double mn = x.min().item<double>(), range = x.max().item<double>() - mn;
+    EXPECT_TRUE(at::allclose(out.volume("image").data, ((x - mn) / (range + 1e-7)).pow(g) * range + mn, 1e-5, 1e-3));
+  }
+  {
+    Sample out = in;
+    out.volume("image").data = at::zeros({1, 40, 40, 40});
+    Rng rng(8);
+    rt(R"({"name": "RandGaussianNoise", "keys": "image", "prob": 1.0, "mean": 0.5, "std": 0.2})")->apply(out, rng);
+    const at::Tensor n = out.volume("image").data;
+    EXPECT_NEAR(n.mean().item<double>(), 0.5, 0.01);
+    EXPECT_LE(n.std().item<double>(), 0.2 * 1.05);
+  }
+}
+
+TEST(RandomTransforms, CropsHaveTheSizeTheGeometryAndThePosNegRatio) {
+  Sample in = make_sample({40, 36, 30});
+  in.volume("label").data.zero_();
+  in.volume("label").data.narrow(1, 30, 4).narrow(2, 2, 3).narrow(3, 20, 2).fill_(1);  // small organ near an edge
+  const at::Tensor fg = mask_to_runs(in.volume("label").data[0] > 0);
+  in.arrays["label_fg"] = fg;
+  in.arrays["label_bg"] = mask_to_runs(in.volume("label").data[0] == 0);
+  const auto crop = rt(R"({"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "label_key": "label",
+      "spatial_size": [16, 12, 10], "pos": 1, "neg": 1, "num_samples": 4,
+      "fg_indices_key": "label_fg", "bg_indices_key": "label_bg"})");
+  EXPECT_EQ(crop->samples(), 4u);
+  int with_fg = 0, total = 0;
+  for (std::uint64_t seed = 0; seed < 250; ++seed) {
+    Rng rng(seed);
+    const auto out = crop->expand(in, rng);
+    ASSERT_EQ(out.size(), 4u);
+    for (const auto& s : out) {
+      EXPECT_EQ(s.volume("image").shape(), (std::vector<std::int64_t>{1, 16, 12, 10}));
+      EXPECT_EQ(s.arrays.count("label_fg"), 0u);  // indices of the whole volume do not travel with crops
+      with_fg += s.volume("label").data.sum().item<std::int64_t>() > 0 ? 1 : 0;
+      ++total;
+    }
+    if (seed == 0) expect_geometry_follows(in, out[0], "image");
+  }
+  // pos = neg: half the centres are foreground (each such crop contains the organ);
+  // background centres rarely reach it.
+  const double ratio = static_cast<double>(with_fg) / total;
+  EXPECT_GT(ratio, 0.45);
+  EXPECT_LT(ratio, 0.62);
+  const auto all_pos = rt(R"({"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [16, 12, 10],
+      "pos": 1, "neg": 0, "num_samples": 2, "fg_indices_key": "label_fg", "bg_indices_key": "label_bg"})");
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    Rng rng(seed);
+    for (const auto& s : all_pos->expand(in, rng)) EXPECT_GT(s.volume("label").data.sum().item<std::int64_t>(), 0);
+  }
+  const auto too_big = rt(R"({"name": "RandCropByPosNegLabel", "keys": "image", "spatial_size": [64, 12, 10]})");
+  Rng rng(1);
+  EXPECT_THROW(too_big->expand(in, rng), ValueError);
+}
+
+TEST(RandomTransforms, ChainsAreReproduciblePerItemAndEpoch) {
+  const auto chain = make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [6, 6, 4], "num_samples": 3},
+      {"name": "RandFlip", "keys": ["image", "label"], "prob": 0.5, "spatial_axis": 0},
+      {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.5, "max_k": 3},
+      {"name": "RandScaleIntensity", "keys": "image", "factors": 0.1, "prob": 0.5},
+      {"name": "RandShiftIntensity", "keys": "image", "offsets": 0.1, "prob": 0.5}])"),
+                                       42);
+  EXPECT_EQ(chain.samples_per_item(), 3u);
+  const Sample in = make_sample();
+  const auto a = chain.run(in, 1, 7), b = chain.run(in, 1, 7);
+  ASSERT_EQ(a.size(), 3u);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_TRUE(at::equal(a[k].volume("image").data, b[k].volume("image").data));
+  bool differs = false;
+  const auto c = chain.run(in, 2, 7), d = chain.run(in, 1, 8);
+  for (std::size_t k = 0; k < 3; ++k) {
+    differs = differs || !at::equal(a[k].volume("image").data, c[k].volume("image").data) ||
+              !at::equal(a[k].volume("image").data, d[k].volume("image").data);
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_TRUE(at::equal(in.volume("image").data, make_sample().volume("image").data));  // input untouched
+  // Labels stay labels through flips and rotations.
+  for (const auto& s : a) {
+    const auto u = std::get<0>(at::_unique(s.volume("label").data));
+    EXPECT_TRUE(at::equal(u, u.clamp(0, 1)));
+  }
+}
+
+TEST(RandomTransforms, BadArgumentsNameTheTransform) {
+  EXPECT_THROW(rt(R"({"name": "RandFlip", "keys": "image", "spatial_axis": 3})"), ValueError);
+  EXPECT_THROW(rt(R"({"name": "RandRotate90", "keys": "image", "spatial_axes": [1, 1]})"), ValueError);
+  EXPECT_THROW(rt(R"({"name": "RandCropByPosNegLabel", "keys": "image", "spatial_size": [0, 1, 1]})"), ValueError);
+  EXPECT_THROW(rt(R"({"name": "RandScaleIntensity", "keys": "image", "factor": 0.1})"), ValueError);
+  try {
+    rt(R"({"name": "RandTwirl", "keys": "image"})");
+    FAIL();
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("RandTwirl"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace medfast::transforms
