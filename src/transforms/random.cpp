@@ -10,13 +10,23 @@
 namespace medfast::transforms {
 
 std::vector<Sample> RandomTransform::expand(const Sample& sample, Rng&) const { return {sample}; }
+bool RandomTransform::compose(SpatialPlan&, const Sample&, Rng&) const { return false; }
+
+void apply_plan(Sample& s, SpatialPlan& plan) {
+  if (!plan.active) return;
+  for (const auto& [key, mode] : plan.mode) {
+    Volume& v = s.volume(key);
+    v.data = resample_index_affine(v.data, plan.out_to_in, plan.shape, mode == "nearest", plan.padding == "zeros",
+                                   plan.box_lo, plan.box_hi);
+    v.affine = v.affine * plan.out_to_in;
+  }
+  plan = SpatialPlan{};
+}
 
 namespace {
-
 // Copies the sample's containers so that transforms replacing tensors do not
 // touch the input (tensors themselves are shared until replaced).
 Sample shallow_copy(const Sample& s) { return s; }
-
 }  // namespace
 
 std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const {
@@ -27,10 +37,12 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
   std::uint64_t stage = 1;
   std::vector<Sample> samples{shallow_copy(input)};
   std::vector<Rng> rngs{Rng(derive_seed({seed_, epoch, item, stage, 0}))};
+  std::vector<SpatialPlan> plans(1);
   for (std::size_t t = 0; t < transforms_.size(); ++t) {
     const auto& tr = transforms_[t];
     try {
       if (tr->samples() > 1) {
+        for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
         std::vector<Sample> out;
         for (auto& s : samples) {
           for (auto& m : tr->expand(s, item_rng)) out.push_back(std::move(m));
@@ -39,13 +51,20 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
         ++stage;
         rngs.clear();
         for (std::size_t k = 0; k < samples.size(); ++k) rngs.emplace_back(derive_seed({seed_, epoch, item, stage, k}));
+        plans.assign(samples.size(), SpatialPlan{});
       } else {
-        for (std::size_t k = 0; k < samples.size(); ++k) tr->apply(samples[k], rngs[k]);
+        for (std::size_t k = 0; k < samples.size(); ++k) {
+          if (!tr->compose(plans[k], samples[k], rngs[k])) {
+            apply_plan(samples[k], plans[k]);
+            tr->apply(samples[k], rngs[k]);
+          }
+        }
       }
     } catch (...) {
       rethrow_with_context(str("random transform ", t, " (", tr->name(), ")"));
     }
   }
+  for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
   return samples;
 }
 
@@ -377,6 +396,123 @@ class DeterministicStep final : public RandomTransform {
   TransformPtr t_;
 };
 
+// ResizeWithPadOrCrop after composable transforms: a shift of the output grid.
+class ComposableResize final : public RandomTransform {
+ public:
+  ComposableResize(TransformPtr t, std::vector<std::string> keys, Shape3 size)
+      : t_(std::move(t)), keys_(std::move(keys)), size_(size) {}
+  std::string name() const override { return t_->name(); }
+  nlohmann::json config() const override { return t_->config(); }
+  void apply(Sample& s, Rng&) const override { t_->apply(s); }
+  bool compose(SpatialPlan& plan, const Sample&, Rng&) const override {
+    if (!plan.active) return false;
+    for (const auto& k : keys_) {
+      if (!plan.mode.count(k)) return false;
+    }
+    Affine shift;  // new output index o -> plan output index o + start
+    for (int a = 0; a < 3; ++a) {
+      const std::int64_t n = plan.shape[a], t = size_[a];
+      const std::int64_t start = n < t ? -((t - n) / 2) : n / 2 - t / 2;
+      shift(a, 3) = static_cast<double>(start);
+      // Voxels outside the previous grid are the resize's constant padding.
+      plan.box_lo[a] = std::max<std::int64_t>(0, plan.box_lo[a] - start);
+      plan.box_hi[a] = std::min<std::int64_t>(t, plan.box_hi[a] - start);
+    }
+    plan.out_to_in = plan.out_to_in * shift;
+    plan.shape = size_;
+    return true;
+  }
+
+ private:
+  TransformPtr t_;
+  std::vector<std::string> keys_;
+  Shape3 size_;
+};
+
+// RandRotate, RandZoom and RandAffine: an index-space affine about the volume
+// centre (output shape kept), drawn per sample and composed into the plan.
+struct AffineSpec {
+  std::string name;
+  std::vector<std::string> keys;
+  std::vector<std::string> mode;
+  double prob = 0.1;
+  std::array<std::array<double, 2>, 3> rotate{};     // radians per axis
+  std::array<std::array<double, 2>, 3> scale{};      // zoom factors (RandZoom) or 1+range (RandAffine)
+  std::array<std::array<double, 2>, 3> translate{};  // voxels
+  bool isotropic_zoom = false;
+  std::string padding = "border";
+};
+
+Affine rotation(double ax, double ay, double az) {
+  // MONAI's create_rotate for 3-D: Rz @ Ry @ Rx.
+  Affine rx, ry, rz;
+  rx.m = {{{1, 0, 0, 0}, {0, std::cos(ax), -std::sin(ax), 0}, {0, std::sin(ax), std::cos(ax), 0}, {0, 0, 0, 1}}};
+  ry.m = {{{std::cos(ay), 0, std::sin(ay), 0}, {0, 1, 0, 0}, {-std::sin(ay), 0, std::cos(ay), 0}, {0, 0, 0, 1}}};
+  rz.m = {{{std::cos(az), -std::sin(az), 0, 0}, {std::sin(az), std::cos(az), 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}}};
+  return rz * ry * rx;
+}
+
+class RandAffineFamily final : public RandomTransform {
+ public:
+  explicit RandAffineFamily(AffineSpec a) : a_(std::move(a)) {
+    require_keys(a_.keys, a_.name);
+    if (a_.mode.empty()) a_.mode.assign(a_.keys.size(), "bilinear");
+    require(a_.mode.size() == a_.keys.size(), str(a_.name, ": argument mode: one mode per key"));
+    for (const auto& m : a_.mode) {
+      require(m == "bilinear" || m == "nearest", str(a_.name, ": argument mode: '", m, "' is not bilinear or nearest"));
+    }
+    require(a_.padding == "border" || a_.padding == "zeros",
+            str(a_.name, ": argument padding_mode: '", a_.padding, "' is not border or zeros"));
+  }
+  std::string name() const override { return a_.name; }
+  nlohmann::json config() const override {
+    return {{"keys", a_.keys}, {"mode", a_.mode}, {"prob", a_.prob}, {"rotate", a_.rotate},
+            {"scale", a_.scale}, {"translate", a_.translate}, {"padding_mode", a_.padding}};
+  }
+  void apply(Sample& s, Rng& rng) const override {
+    SpatialPlan plan;
+    if (compose(plan, s, rng)) apply_plan(s, plan);
+  }
+  bool compose(SpatialPlan& plan, const Sample& s, Rng& rng) const override {
+    if (plan.active) {
+      for (const auto& k : a_.keys) {
+        if (!plan.mode.count(k)) return false;  // a different key set: apply the pending plan first
+      }
+      if (plan.box_lo != Shape3{0, 0, 0} || plan.box_hi != plan.shape) return false;  // after a folded-in pad
+    }
+    const bool apply = rng.uniform() < a_.prob;
+    double rot[3], scl[3], tr[3];
+    for (int i = 0; i < 3; ++i) rot[i] = rng.uniform(a_.rotate[i][0], a_.rotate[i][1]);
+    for (int i = 0; i < 3; ++i) scl[i] = rng.uniform(a_.scale[i][0], a_.scale[i][1]);
+    if (a_.isotropic_zoom) scl[1] = scl[2] = scl[0];
+    for (int i = 0; i < 3; ++i) tr[i] = rng.uniform(a_.translate[i][0], a_.translate[i][1]);
+    if (!plan.active) {
+      plan.active = true;
+      plan.out_to_in = Affine();
+      plan.shape = spatial_shape(s.volume(a_.keys[0]).data, a_.keys[0]);
+      plan.box_lo = {0, 0, 0};
+      plan.box_hi = plan.shape;
+      for (std::size_t i = 0; i < a_.keys.size(); ++i) plan.mode[a_.keys[i]] = a_.mode[i];
+      plan.padding = a_.padding;
+    }
+    if (!apply) return true;
+    // About the centre of the current output grid: o -> c + A^-1 (o - c) - t.
+    Affine centre, uncentre, scale;
+    for (int i = 0; i < 3; ++i) {
+      const double c = (static_cast<double>(plan.shape[i]) - 1) / 2.0;
+      centre(i, 3) = c;
+      uncentre(i, 3) = -c - tr[i];
+      scale(i, i) = scl[i];
+    }
+    const Affine forward = rotation(rot[0], rot[1], rot[2]) * scale;  // input -> output, about the centre
+    plan.out_to_in = plan.out_to_in * centre * forward.inverse() * uncentre;
+    return true;
+  }
+
+ private:
+  AffineSpec a_;
+};
+
 std::array<double, 2> range_arg(Args& a, const std::string& key, double fallback) {
   if (!a.has(key)) {
     a.number(key, 0);
@@ -389,14 +525,21 @@ std::array<double, 2> range_arg(Args& a, const std::string& key, double fallback
 }  // namespace
 
 std::vector<std::string> random_names() {
-  return {"RandCropByPosNegLabel", "RandSpatialCrop", "RandFlip", "RandRotate90", "RandScaleIntensity",
-          "RandShiftIntensity", "RandGaussianNoise", "RandAdjustContrast"};
+  return {"RandCropByPosNegLabel", "RandSpatialCrop", "RandFlip", "RandRotate90", "RandRotate", "RandZoom",
+          "RandAffine", "RandScaleIntensity", "RandShiftIntensity", "RandGaussianNoise", "RandAdjustContrast"};
 }
 
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
   const auto known = random_names();
   if (std::find(known.begin(), known.end(), name) == known.end()) {
-    return std::make_shared<DeterministicStep>(make(name, json));  // throws for unknown names
+    TransformPtr t = make(name, json);  // throws for unknown names
+    if (name == "ResizeWithPadOrCrop") {
+      Args r(name, json);
+      const auto keys = r.keys();
+      const auto size = r.integers("spatial_size", 3);
+      return std::make_shared<ComposableResize>(t, keys, Shape3{size[0], size[1], size[2]});
+    }
+    return std::make_shared<DeterministicStep>(t);
   }
   Args a(name, json);
   RandomTransformPtr t;
@@ -452,6 +595,50 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
       a.integer("spatial_axes", 0);
     }
     t = std::make_shared<RandRotate90>(keys, prob, max_k, axes);
+  } else if (name == "RandRotate" || name == "RandZoom" || name == "RandAffine") {
+    AffineSpec sp;
+    sp.name = name;
+    sp.keys = a.keys();
+    sp.prob = a.number("prob", 0.1);
+    sp.mode = a.per_key("mode", "bilinear", sp.keys.size());
+    sp.padding = a.text("padding_mode", name == "RandAffine" ? "zeros" : "border");
+    for (auto& r : sp.scale) r = {1, 1};
+    auto range = [&](const std::string& key, double scale_by) -> std::array<double, 2> {
+      if (!a.has(key)) {
+        a.number(key, 0);
+        return {0, 0};
+      }
+      if (json[key].is_number()) {
+        const double x = a.number(key, 0) * scale_by;
+        return {-x, x};
+      }
+      const auto v = a.numbers(key, 2);
+      return {v[0] * scale_by, v[1] * scale_by};
+    };
+    if (name == "RandRotate") {
+      sp.rotate = {range("range_x", 1), range("range_y", 1), range("range_z", 1)};
+      a.flag("keep_size", true);
+    } else if (name == "RandZoom") {
+      const double lo = a.number("min_zoom", 0.9), hi = a.number("max_zoom", 1.1);
+      require(lo > 0 && hi >= lo, "RandZoom: arguments min_zoom and max_zoom must be a positive range");
+      for (auto& r : sp.scale) r = {lo, hi};
+      sp.isotropic_zoom = true;
+      a.flag("keep_size", true);
+    } else {
+      const auto per_axis = [&](const std::string& key) -> std::array<std::array<double, 2>, 3> {
+        if (!a.has(key)) {
+          a.number(key, 0);
+          return {};
+        }
+        const auto v = a.numbers(key, 3);
+        return {{{-v[0], v[0]}, {-v[1], v[1]}, {-v[2], v[2]}}};
+      };
+      sp.rotate = per_axis("rotate_range");
+      const auto sr = per_axis("scale_range");
+      for (int i = 0; i < 3; ++i) sp.scale[i] = {1 + sr[i][0], 1 + sr[i][1]};
+      sp.translate = per_axis("translate_range");
+    }
+    t = std::make_shared<RandAffineFamily>(sp);
   } else if (name == "RandScaleIntensity") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);

@@ -336,6 +336,108 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
   return out.contiguous();
 }
 
+namespace {
+
+template <typename T, bool Nearest>
+void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool zeros_outside, const Shape3& lo,
+                   const Shape3& hi) {
+  const T* src = in.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  const std::int64_t C = out.size(0), X = out.size(1), Y = out.size(2), Z = out.size(3);
+  const std::int64_t nx = in.size(1), ny = in.size(2), nz = in.size(3);
+  const std::int64_t sc = in.stride(0), sx = in.stride(1), sy = in.stride(2), sz = in.stride(3);
+  const double maxc[3] = {static_cast<double>(nx - 1), static_cast<double>(ny - 1), static_cast<double>(nz - 1)};
+  at::parallel_for(0, C * X, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t ci = begin; ci < end; ++ci) {
+      const std::int64_t c = ci / X, i = ci % X;
+      const T* base = src + c * sc;
+      for (std::int64_t j = 0; j < Y; ++j) {
+        T* line = dst + ((c * X + i) * Y + j) * Z;
+        if (i < lo[0] || i >= hi[0] || j < lo[1] || j >= hi[1]) {
+          std::fill(line, line + Z, T(0));
+          continue;
+        }
+        // Source position of (i, j, 0) and its step per k.
+        double p0[3], d[3];
+        for (int a = 0; a < 3; ++a) {
+          p0[a] = m(a, 0) * static_cast<double>(i) + m(a, 1) * static_cast<double>(j) + m(a, 3);
+          d[a] = m(a, 2);
+        }
+        for (std::int64_t k = 0; k < Z; ++k) {
+          if (k < lo[2] || k >= hi[2]) {
+            line[k] = T(0);
+            continue;
+          }
+          double p[3];
+          bool outside = false;
+          for (int a = 0; a < 3; ++a) {
+            p[a] = p0[a] + d[a] * static_cast<double>(k);
+            if (p[a] < -0.5 || p[a] > maxc[a] + 0.5) outside = true;
+            p[a] = p[a] < 0 ? 0 : (p[a] > maxc[a] ? maxc[a] : p[a]);  // border
+          }
+          if (outside && zeros_outside) {
+            line[k] = T(0);
+            continue;
+          }
+          if (Nearest) {
+            line[k] = base[static_cast<std::int64_t>(std::nearbyint(p[0])) * sx +
+                           static_cast<std::int64_t>(std::nearbyint(p[1])) * sy +
+                           static_cast<std::int64_t>(std::nearbyint(p[2])) * sz];
+            continue;
+          }
+          const std::int64_t x0 = static_cast<std::int64_t>(p[0]), y0 = static_cast<std::int64_t>(p[1]),
+                             z0 = static_cast<std::int64_t>(p[2]);
+          const std::int64_t x1 = std::min(x0 + 1, nx - 1), y1 = std::min(y0 + 1, ny - 1), z1 = std::min(z0 + 1, nz - 1);
+          const T wx = static_cast<T>(p[0] - static_cast<double>(x0)), wy = static_cast<T>(p[1] - static_cast<double>(y0)),
+                  wz = static_cast<T>(p[2] - static_cast<double>(z0));
+          auto at3 = [&](std::int64_t x, std::int64_t y, std::int64_t z) { return base[x * sx + y * sy + z * sz]; };
+          auto lerp = [](T a, T b, T w) { return a + (b - a) * w; };
+          const T c00 = lerp(at3(x0, y0, z0), at3(x1, y0, z0), wx), c10 = lerp(at3(x0, y1, z0), at3(x1, y1, z0), wx);
+          const T c01 = lerp(at3(x0, y0, z1), at3(x1, y0, z1), wx), c11 = lerp(at3(x0, y1, z1), at3(x1, y1, z1), wx);
+          line[k] = lerp(lerp(c00, c10, wy), lerp(c01, c11, wy), wz);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor resample_index_affine(const at::Tensor& data, const Affine& m, const Shape3& shape, bool nearest,
+                                 bool zeros_outside, const Shape3& box_lo, const Shape3& box_hi) {
+  spatial_shape(data, "resample");
+  if (!use_native_kernels(data)) {
+    // Device tensors: the sampling-grid path, then the masks as tensor ops.
+    Geometry g;
+    g.shape = shape;
+    g.affine = m;  // index space: the input "affine" is the identity
+    at::Tensor out = resample(data, Affine(), g, nearest);
+    const auto opts = at::TensorOptions().dtype(at::kDouble).device(data.device());
+    const at::Tensor idx[3] = {at::arange(shape[0], opts).view({-1, 1, 1}), at::arange(shape[1], opts).view({1, -1, 1}),
+                               at::arange(shape[2], opts).view({1, 1, -1})};
+    at::Tensor keep = at::ones({shape[0], shape[1], shape[2]}, opts.dtype(at::kBool));
+    for (int a = 0; a < 3; ++a) {
+      keep = keep.logical_and(idx[a] >= static_cast<double>(box_lo[a])).logical_and(idx[a] < static_cast<double>(box_hi[a]));
+      if (zeros_outside) {
+        const at::Tensor c = idx[0] * m(a, 0) + idx[1] * m(a, 1) + idx[2] * m(a, 2) + m(a, 3);
+        keep = keep.logical_and(c >= -0.5).logical_and(c <= static_cast<double>(data.size(a + 1)) - 0.5);
+      }
+    }
+    return out * keep.unsqueeze(0).to(out.scalar_type());
+  }
+  at::Tensor x = data;
+  if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
+  at::Tensor out = at::empty({x.size(0), shape[0], shape[1], shape[2]}, x.options());
+  if (nearest) {
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, x.scalar_type(), "resample_affine_nearest",
+                               [&] { affine_kernel<scalar_t, true>(x, out, m, zeros_outside, box_lo, box_hi); });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "resample_affine_linear",
+                               [&] { affine_kernel<scalar_t, false>(x, out, m, zeros_outside, box_lo, box_hi); });
+  }
+  return out;
+}
+
 void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Shape3& start, const Shape3& end,
                  double value, bool compact) {
   for (const auto& key : keys) {

@@ -13,6 +13,7 @@
 /// Each transform first draws `uniform() < prob` (as MONAI's randomize does),
 /// then its parameters. Spatial transforms move the affine with the data.
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -20,6 +21,22 @@
 #include "medfast/transforms/spatial.hpp"
 
 namespace medfast::transforms {
+
+/// Consecutive spatial transforms of one sample, not yet applied: output
+/// index -> input index as one matrix, and the output shape. Transforms that
+/// can (RandRotate, RandZoom, RandAffine, and ResizeWithPadOrCrop after them)
+/// extend the plan; it is applied, with one resampling per key that computes
+/// only the output region, before the first transform that needs the voxels.
+struct SpatialPlan {
+  bool active = false;
+  Affine out_to_in;  ///< output index -> input index
+  Shape3 shape{};    ///< output spatial shape
+  std::map<std::string, std::string> mode;  ///< per key: bilinear | nearest
+  std::string padding = "border";           ///< outside the input: border | zeros
+  /// Output voxels outside [box_lo, box_hi) are 0 (the padding of a folded-in
+  /// ResizeWithPadOrCrop); inside, `padding` applies.
+  Shape3 box_lo{}, box_hi{};
+};
 
 class RandomTransform {
  public:
@@ -32,7 +49,13 @@ class RandomTransform {
   virtual std::size_t samples() const { return 1; }
   /// For multi-sample transforms: the outputs of one input.
   virtual std::vector<Sample> expand(const Sample& sample, Rng& item_rng) const;
+  /// Spatial transforms that can be composed extend `plan` (drawing from
+  /// `rng` exactly as apply() would) and return true; others return false.
+  virtual bool compose(SpatialPlan& plan, const Sample& sample, Rng& rng) const;
 };
+
+/// Applies a plan to `sample` (one resampling per key) and clears it.
+void apply_plan(Sample& sample, SpatialPlan& plan);
 using RandomTransformPtr = std::shared_ptr<const RandomTransform>;
 
 /// A chain of random (and deterministic) transforms with the seeding above.

@@ -45,6 +45,14 @@ OrientationPlan orientation_plan(const Shape3& shape, const Affine& affine, cons
 /// affines. Bilinear output is float32 (float64 stays float64); nearest keeps the dtype.
 at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& to, bool nearest);
 
+/// Resamples channel-first data through an index-space affine: output voxel o
+/// takes input position out_to_in * o (trilinear or nearest). Outside the
+/// input, border padding, or 0 with `zeros_outside`; output voxels outside
+/// [box_lo, box_hi) are 0. Output is C-contiguous. One pass, no sampling grid.
+at::Tensor resample_index_affine(const at::Tensor& data, const Affine& out_to_in, const std::array<std::int64_t, 3>& shape,
+                                 bool nearest, bool zeros_outside, const std::array<std::int64_t, 3>& box_lo,
+                                 const std::array<std::int64_t, 3>& box_hi);
+
 /// Spatial shape of a channel-first tensor; throws unless it is (C, X, Y, Z).
 Shape3 spatial_shape(const at::Tensor& data, const std::string& what);
 
