@@ -1,6 +1,8 @@
 #include "medfast/data/loader.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <numeric>
@@ -142,6 +144,12 @@ Batch Loader::build(std::size_t b) {
     }
   }
   const at::Device device(options_.device);
+  std::optional<c10::impl::VirtualGuardImpl> guard;
+  std::optional<c10::StreamGuard> on_side_stream;
+  if (!device.is_cpu()) {
+    guard.emplace(device.type());
+    on_side_stream.emplace(guard->getStreamFromGlobalPool(device));  // copies go to a side stream
+  }
   for (auto& [k, list] : parts) {
     for (const auto& t : list) {
       if (t.sizes() != list.front().sizes()) {
@@ -159,10 +167,14 @@ Batch Loader::build(std::size_t b) {
     } else {
       stacked = at::stack(list);
     }
-    // The copy to the device happens here, on the worker, so the consumer
-    // receives batches that are already there.
-    if (!device.is_cpu()) stacked = stacked.to(device, /*non_blocking=*/false);
+    // The copy to the device is queued here, on the worker's side stream,
+    // from pinned memory, so it overlaps the consumer's compute.
+    if (!device.is_cpu()) stacked = stacked.to(device, /*non_blocking=*/true);
     batch.tensors[k] = stacked;
+  }
+  if (on_side_stream) {
+    batch.copied = std::make_shared<c10::Event>(device.type());
+    batch.copied->record(on_side_stream->current_stream());
   }
   return batch;
 }
@@ -188,6 +200,15 @@ std::optional<Batch> Loader::next() {
   ++next_to_return_;
   current_ = std::move(node.mapped());
   cv_work_.notify_all();
+  if (current_->copied) {
+    // The consumer's stream waits for the side-stream copy; the caching
+    // allocator learns that the tensors are used on that stream.
+    const at::Device device(options_.device);
+    const c10::Stream consumer = c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+    current_->copied->block(consumer);
+    for (auto& [k, t] : current_->tensors) t.record_stream(consumer);
+    current_->copied.reset();
+  }
   return current_;
 }
 

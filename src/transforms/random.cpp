@@ -384,6 +384,57 @@ class RandAdjustContrast final : public RandIntensity {
   double lo_, hi_;
 };
 
+// Separable Gaussian smoothing: per axis, a kernel of erf-integrated
+// Gaussian weights over [-4 sigma, 4 sigma] (normalised), zero padding.
+class RandGaussianSmooth final : public RandIntensity {
+ public:
+  RandGaussianSmooth(std::vector<std::string> keys, double prob, std::array<std::array<double, 2>, 3> sigma)
+      : RandIntensity("RandGaussianSmooth", std::move(keys), prob), sigma_(sigma) {
+    for (const auto& r : sigma_) {
+      require(r[0] >= 0 && r[1] >= r[0], "RandGaussianSmooth: arguments sigma_x/y/z must be non-negative ranges");
+    }
+  }
+  nlohmann::json config() const override {
+    return {{"keys", keys_}, {"prob", prob_}, {"sigma_x", sigma_[0]}, {"sigma_y", sigma_[1]}, {"sigma_z", sigma_[2]}};
+  }
+  static at::Tensor kernel(double sigma) {
+    const auto radius = static_cast<std::int64_t>(std::ceil(4.0 * sigma));
+    std::vector<double> w(static_cast<std::size_t>(2 * radius + 1));
+    double sum = 0;
+    for (std::int64_t i = -radius; i <= radius; ++i) {
+      const double a = (static_cast<double>(i) - 0.5) / (std::sqrt(2.0) * sigma);
+      const double b = (static_cast<double>(i) + 0.5) / (std::sqrt(2.0) * sigma);
+      w[static_cast<std::size_t>(i + radius)] = 0.5 * (std::erf(b) - std::erf(a));
+      sum += w[static_cast<std::size_t>(i + radius)];
+    }
+    for (auto& v : w) v /= sum;
+    return at::tensor(w, at::kDouble);
+  }
+
+ protected:
+  std::vector<double> draw(Rng& rng) const override {
+    return {rng.uniform(sigma_[0][0], sigma_[0][1]), rng.uniform(sigma_[1][0], sigma_[1][1]),
+            rng.uniform(sigma_[2][0], sigma_[2][1])};
+  }
+  at::Tensor transform(at::Tensor x, const std::vector<double>& sigma, Rng&, bool) const override {
+    at::Tensor y = x.unsqueeze(0);  // (1, C, X, Y, Z): channels filtered independently
+    const auto channels = x.size(0);
+    for (int a = 0; a < 3; ++a) {
+      if (sigma[a] <= 0) continue;
+      const at::Tensor k = kernel(sigma[a]).to(x.scalar_type()).to(x.device());
+      std::vector<std::int64_t> shape{1, 1, 1, 1, 1}, pad{0, 0, 0};
+      shape[a + 2] = k.size(0);
+      pad[a] = (k.size(0) - 1) / 2;
+      const at::Tensor weight = k.view(shape).expand({channels, 1, shape[2], shape[3], shape[4]}).contiguous();
+      y = at::conv3d(y, weight, {}, {1, 1, 1}, pad, {1, 1, 1}, channels);
+    }
+    return y.squeeze(0);
+  }
+
+ private:
+  std::array<std::array<double, 2>, 3> sigma_;
+};
+
 // A deterministic transform inside a random chain (ResizeWithPadOrCrop...).
 class DeterministicStep final : public RandomTransform {
  public:
@@ -526,7 +577,8 @@ std::array<double, 2> range_arg(Args& a, const std::string& key, double fallback
 
 std::vector<std::string> random_names() {
   return {"RandCropByPosNegLabel", "RandSpatialCrop", "RandFlip", "RandRotate90", "RandRotate", "RandZoom",
-          "RandAffine", "RandScaleIntensity", "RandShiftIntensity", "RandGaussianNoise", "RandAdjustContrast"};
+          "RandAffine", "RandScaleIntensity", "RandShiftIntensity", "RandGaussianNoise", "RandGaussianSmooth",
+          "RandAdjustContrast"};
 }
 
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
@@ -652,6 +704,21 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
   } else if (name == "RandGaussianNoise") {
     const auto keys = a.keys();
     t = std::make_shared<RandGaussianNoise>(keys, a.number("prob", 0.1), a.number("mean", 0), a.number("std", 0.1));
+  } else if (name == "RandGaussianSmooth") {
+    const auto keys = a.keys();
+    const double prob = a.number("prob", 0.1);
+    std::array<std::array<double, 2>, 3> sigma{};
+    const char* names[3] = {"sigma_x", "sigma_y", "sigma_z"};
+    for (int i = 0; i < 3; ++i) {
+      if (a.has(names[i])) {
+        const auto v = a.numbers(names[i], 2);
+        sigma[i] = {v[0], v[1]};
+      } else {
+        a.number(names[i], 0);
+        sigma[i] = {0.25, 1.5};  // MONAI's default range
+      }
+    }
+    t = std::make_shared<RandGaussianSmooth>(keys, prob, sigma);
   } else if (name == "RandAdjustContrast") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);

@@ -268,6 +268,48 @@ TEST(RandomTransforms, AffineFamilyIdentityAndQuarterTurn) {
   EXPECT_TRUE(matches);
 }
 
+TEST(RandomTransforms, GaussianSmoothEqualsADirectConvolution) {
+  Sample s;
+  Volume v;
+  at::manual_seed(3);
+  v.data = at::rand({2, 9, 8, 7}, at::kDouble);
+  s.volumes["image"] = v;
+  Rng rng(4), replay(4);
+  rt(R"({"name": "RandGaussianSmooth", "keys": "image", "prob": 1.0, "sigma_x": [0.5, 1.0], "sigma_y": [0.3, 0.6],
+        "sigma_z": [0.8, 1.2]})")->apply(s, rng);
+  replay.uniform();
+  const double sg[3] = {replay.uniform(0.5, 1.0), replay.uniform(0.3, 0.6), replay.uniform(0.8, 1.2)};
+  // Independent reference: the 3-D kernel as the product of erf-integrated 1-D weights, zero padding.
+  auto weights = [](double sigma) {
+    const int r = static_cast<int>(std::ceil(4 * sigma));
+    std::vector<double> w;
+    double sum = 0;
+    for (int i = -r; i <= r; ++i) {
+      w.push_back(std::erf((i + 0.5) / (std::sqrt(2.0) * sigma)) - std::erf((i - 0.5) / (std::sqrt(2.0) * sigma)));
+      sum += w.back();
+    }
+    for (auto& x : w) x /= sum;
+    return w;
+  };
+  const auto wx = weights(sg[0]), wy = weights(sg[1]), wz = weights(sg[2]);
+  const int rx = static_cast<int>(wx.size() / 2), ry = static_cast<int>(wy.size() / 2), rz = static_cast<int>(wz.size() / 2);
+  const auto in = v.data.accessor<double, 4>();
+  const at::Tensor out = s.volume("image").data;
+  for (int c = 0; c < 2; ++c)
+    for (int i = 0; i < 9; i += 2)
+      for (int j = 0; j < 8; j += 3)
+        for (int k = 0; k < 7; k += 2) {
+          double want = 0;
+          for (int a = -rx; a <= rx; ++a)
+            for (int b = -ry; b <= ry; ++b)
+              for (int d = -rz; d <= rz; ++d) {
+                if (i + a < 0 || i + a >= 9 || j + b < 0 || j + b >= 8 || k + d < 0 || k + d >= 7) continue;
+                want += wx[a + rx] * wy[b + ry] * wz[d + rz] * in[c][i + a][j + b][k + d];
+              }
+          EXPECT_NEAR(out[c][i][j][k].item<double>(), want, 1e-12);
+        }
+}
+
 TEST(RandomTransforms, BadArgumentsNameTheTransform) {
   EXPECT_THROW(rt(R"({"name": "RandFlip", "keys": "image", "spatial_axis": 3})"), ValueError);
   EXPECT_THROW(rt(R"({"name": "RandRotate90", "keys": "image", "spatial_axes": [1, 1]})"), ValueError);
@@ -276,6 +318,7 @@ TEST(RandomTransforms, BadArgumentsNameTheTransform) {
   EXPECT_THROW(rt(R"({"name": "RandZoom", "keys": "image", "min_zoom": 0})"), ValueError);
   EXPECT_THROW(rt(R"({"name": "RandRotate", "keys": "image", "mode": "cubic"})"), ValueError);
   EXPECT_THROW(rt(R"({"name": "RandAffine", "keys": "image", "rotate_range": [0.1, 0.1]})"), ValueError);
+  EXPECT_THROW(rt(R"({"name": "RandGaussianSmooth", "keys": "image", "sigma_x": [1.0, 0.5]})"), ValueError);
   try {
     rt(R"({"name": "RandTwirl", "keys": "image"})");
     FAIL();

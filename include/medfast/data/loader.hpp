@@ -9,14 +9,19 @@
 /// thread: see random.hpp) and its samples are stacked ([n, C, X, Y, Z]).
 /// Workers build batches ahead of the consumer, at most `prefetch` of them,
 /// and the consumer receives them in order, so results do not depend on the
-/// thread count or prefetch depth. A worker's exception is rethrown by next()
+/// thread count or prefetch depth. For a CUDA (or ROCm) device, batches are
+/// stacked into pinned host memory and copied asynchronously on a side stream;
+/// an event per batch orders the copy before the consumer's work. A worker's exception is rethrown by next()
 /// with the item's files; stop() or destruction abandons an epoch cleanly.
+
+#include <c10/core/Event.h>
 
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -41,6 +46,9 @@ struct LoaderOptions {
 
 struct Batch {
   std::map<std::string, at::Tensor> tensors;  ///< each key's samples stacked
+  /// For device batches: recorded on the side stream after the copies; next()
+  /// makes the consumer's current stream wait on it (no host synchronisation).
+  std::shared_ptr<c10::Event> copied;
   std::vector<std::size_t> items;             ///< dataset indices, in order
   std::size_t index = 0;
   std::uint64_t epoch = 0;
