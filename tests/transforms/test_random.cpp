@@ -310,6 +310,38 @@ TEST(RandomTransforms, GaussianSmoothEqualsADirectConvolution) {
         }
 }
 
+TEST(RandomTransforms, SpatialCropAndAffineTranslation) {
+  const Sample in = make_sample({12, 10, 8});
+  for (std::uint64_t seed = 0; seed < 10; ++seed) {
+    Sample out = in;
+    Rng rng(seed);
+    rt(R"({"name": "RandSpatialCrop", "keys": ["image", "label"], "roi_size": [5, 4, 3]})")->apply(out, rng);
+    EXPECT_EQ(out.volume("image").shape(), (std::vector<std::int64_t>{1, 5, 4, 3}));
+    expect_geometry_follows(in, out, "image");
+  }
+  // RandAffine with a whole-voxel translation only: the data shifts exactly, zeros come in.
+  Sample moved = in;
+  Rng rng(2);
+  rt(R"({"name": "RandAffine", "keys": "image", "prob": 1.0, "translate_range": [0, 0, 0], "mode": "nearest"})")
+      ->apply(moved, rng);
+  EXPECT_TRUE(at::equal(moved.volume("image").data, in.volume("image").data));
+  const at::Tensor x = in.volume("image").data;
+  Sample shifted = in;
+  SpatialPlan plan;
+  plan.active = true;
+  plan.shape = {12, 10, 8};
+  plan.box_hi = plan.shape;
+  plan.mode["image"] = "bilinear";
+  plan.padding = "zeros";
+  plan.out_to_in(0, 3) = -2;  // output x takes input x - 2
+  apply_plan(shifted, plan);
+  const at::Tensor y = shifted.volume("image").data;
+  EXPECT_TRUE(at::equal(y.narrow(1, 2, 10), x.narrow(1, 0, 10)));
+  EXPECT_EQ(y.narrow(1, 0, 2).abs().sum().item<double>(), 0.0);
+  // Output voxel 0 sits where input voxel -2 would: the origin moves by two voxels of x.
+  EXPECT_NEAR(shifted.volume("image").affine(0, 3), in.volume("image").affine(0, 3) - 2 * 0.8, 1e-12);
+}
+
 TEST(RandomTransforms, BadArgumentsNameTheTransform) {
   EXPECT_THROW(rt(R"({"name": "RandFlip", "keys": "image", "spatial_axis": 3})"), ValueError);
   EXPECT_THROW(rt(R"({"name": "RandRotate90", "keys": "image", "spatial_axes": [1, 1]})"), ValueError);
