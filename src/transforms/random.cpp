@@ -736,22 +736,10 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
 }
 
 RandomChain make_random_chain(const nlohmann::json& list, std::uint64_t seed) {
-  if (!list.is_array()) throw ValueError(str("random chain: expected a list, got ", list.dump()));
   std::vector<RandomTransformPtr> out;
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const auto& item = list[i];
-    if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) {
-      throw ValueError(str("random chain item ", i, ": expected {\"name\": ..., arguments...}, got ", item.dump()));
-    }
-    nlohmann::json args = item;
-    args.erase("name");
-    try {
-      out.push_back(make_random(item["name"].get<std::string>(), args));
-    } catch (Error& e) {
-      e.add_context(str("random chain item ", i));
-      throw;
-    }
-  }
+  for_each_chain_item(list, "random chain", [&](const std::string& name, const nlohmann::json& args) {
+    out.push_back(make_random(name, args));
+  });
   return RandomChain(std::move(out), seed);
 }
 

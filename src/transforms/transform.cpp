@@ -42,23 +42,29 @@ std::string Compose::hash() const {
   return buf;
 }
 
-Compose make_chain(const nlohmann::json& list) {
-  if (!list.is_array()) throw ValueError(str("transform chain: expected a list, got ", list.dump()));
-  std::vector<TransformPtr> out;
+void for_each_chain_item(const nlohmann::json& list, const std::string& what,
+                         const std::function<void(const std::string&, const nlohmann::json&)>& make) {
+  if (!list.is_array()) throw ValueError(str(what, ": expected a list, got ", list.dump()));
   for (std::size_t i = 0; i < list.size(); ++i) {
     const auto& item = list[i];
     if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) {
-      throw ValueError(str("transform chain item ", i, ": expected {\"name\": ..., arguments...}, got ", item.dump()));
+      throw ValueError(str(what, " item ", i, ": expected {\"name\": ..., arguments...}, got ", item.dump()));
     }
     nlohmann::json args = item;
     args.erase("name");
     try {
-      out.push_back(make(item["name"].get<std::string>(), args));
+      make(item["name"].get<std::string>(), args);
     } catch (Error& e) {
-      e.add_context(str("transform chain item ", i));
+      e.add_context(str(what, " item ", i));
       throw;
     }
   }
+}
+
+Compose make_chain(const nlohmann::json& list) {
+  std::vector<TransformPtr> out;
+  for_each_chain_item(list, "transform chain",
+                      [&](const std::string& name, const nlohmann::json& args) { out.push_back(make(name, args)); });
   return Compose(std::move(out));
 }
 

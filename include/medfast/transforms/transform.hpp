@@ -9,6 +9,7 @@
 /// JSON; a chain's hash covers them all, so a changed argument changes every
 /// cache key built from the chain (MONAI's transform hash, but always on).
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -52,6 +53,11 @@ class Compose {
 TransformPtr make(const std::string& name, const nlohmann::json& args);
 /// Builds a chain from [{"name": N, ...args}, ...].
 Compose make_chain(const nlohmann::json& list);
+
+/// Checks a chain list's shape and calls make(name, args, i) for each item;
+/// errors gain "<what> item i" as context.
+void for_each_chain_item(const nlohmann::json& list, const std::string& what,
+                         const std::function<void(const std::string&, const nlohmann::json&)>& make);
 /// Names make() knows.
 std::vector<std::string> names();
 
