@@ -1,0 +1,58 @@
+#pragma once
+/// \file
+/// UNet with MONAI's architecture and arguments (monai.networks.nets.UNet):
+/// recursive down / skip-concatenate / up blocks, ResidualUnits when
+/// num_res_units > 0, Convolution + ADN (norm, dropout, PReLU) otherwise.
+/// Parameter counts equal MONAI's for the same arguments (tested against
+/// ../shared/reference/monai_param_counts.json).
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace medfast::nn {
+
+struct UNetOptions {
+  int spatial_dims = 3;
+  std::int64_t in_channels = 1;
+  std::int64_t out_channels = 2;
+  std::vector<std::int64_t> channels{16, 32, 64, 128, 256};
+  std::vector<std::int64_t> strides{2, 2, 2, 2};
+  std::int64_t kernel_size = 3;
+  std::int64_t up_kernel_size = 3;
+  int num_res_units = 0;
+  std::string norm = "instance";  ///< instance | batch | none
+  double dropout = 0.0;
+
+  /// Throws ValueError naming the bad argument (channels/strides lengths...).
+  void validate() const;
+};
+
+/// A Sequential with a concrete forward, so that blocks can nest (libtorch's
+/// Sequential cannot hold another Sequential).
+class BlockImpl : public torch::nn::SequentialImpl {
+ public:
+  using SequentialImpl::SequentialImpl;
+  torch::Tensor forward(torch::Tensor x) { return SequentialImpl::forward(x); }
+};
+TORCH_MODULE(Block);
+
+class UNetImpl : public torch::nn::Module {
+ public:
+  explicit UNetImpl(UNetOptions options);
+  torch::Tensor forward(torch::Tensor x);
+  const UNetOptions& options() const { return options_; }
+
+ private:
+  UNetOptions options_;
+  Block model_{nullptr};
+};
+TORCH_MODULE(UNet);
+
+/// Trainable parameters of a module.
+std::int64_t count_parameters(const torch::nn::Module& module);
+
+}  // namespace medfast::nn

@@ -1,0 +1,139 @@
+#include "medfast/nn/unet.hpp"
+
+#include <torch/torch.h>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast::nn {
+
+void UNetOptions::validate() const {
+  if (spatial_dims != 3) throw ValueError(str("UNet: spatial_dims ", spatial_dims, " is not supported (3)"));
+  if (channels.size() < 2) throw ValueError("UNet: argument channels needs at least 2 levels");
+  if (strides.size() != channels.size() - 1) {
+    throw ValueError(str("UNet: argument strides has ", strides.size(), " entries; channels has ", channels.size(),
+                         " levels, so strides needs ", channels.size() - 1));
+  }
+  if (norm != "instance" && norm != "batch" && norm != "none") {
+    throw ValueError(str("UNet: argument norm '", norm, "' is not instance, batch or none"));
+  }
+  if (kernel_size % 2 == 0 || up_kernel_size % 2 == 0) throw ValueError("UNet: kernel sizes must be odd");
+  if (dropout < 0 || dropout >= 1) throw ValueError(str("UNet: argument dropout ", dropout, " is outside [0, 1)"));
+  if (num_res_units < 0) throw ValueError("UNet: argument num_res_units must be >= 0");
+}
+
+namespace {
+
+// MONAI's Convolution: conv (or transposed conv), then ADN = norm, dropout, PReLU.
+Block convolution(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride,
+                                  std::int64_t kernel, bool transposed, bool conv_only) {
+  Block s;
+  const std::int64_t pad = (kernel - 1) / 2;
+  if (transposed) {
+    s->push_back(torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, kernel)
+                                                .stride(stride)
+                                                .padding(pad)
+                                                .output_padding(stride - 1)));
+  } else {
+    s->push_back(torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad)));
+  }
+  if (conv_only) return s;
+  if (o.norm == "batch") s->push_back(torch::nn::BatchNorm3d(out));
+  if (o.norm == "instance") s->push_back(torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
+  if (o.dropout > 0) s->push_back(torch::nn::Dropout(o.dropout));
+  s->push_back(torch::nn::PReLU());
+  return s;
+}
+
+// MONAI's ResidualUnit: `subunits` Convolutions plus a residual path that
+// adapts channels/size (1x1 conv if only channels change).
+class ResidualUnitImpl : public torch::nn::Module {
+ public:
+  ResidualUnitImpl(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride, int subunits,
+                   bool last_conv_only) {
+    conv_ = register_module("conv", Block());
+    std::int64_t c = in, s = stride;
+    subunits = std::max(1, subunits);
+    for (int su = 0; su < subunits; ++su) {
+      conv_->push_back(convolution(o, c, out, s, o.kernel_size, false, last_conv_only && su == subunits - 1));
+      c = out;
+      s = 1;
+    }
+    if (stride != 1 || in != out) {
+      const std::int64_t k = stride == 1 ? 1 : o.kernel_size, p = stride == 1 ? 0 : (o.kernel_size - 1) / 2;
+      residual_ = register_module("residual",
+                                  torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, k).stride(stride).padding(p)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    torch::Tensor res = residual_ ? residual_->forward(x) : x;
+    return conv_->forward(x) + res;
+  }
+
+ private:
+  Block conv_{nullptr};
+  torch::nn::Conv3d residual_{nullptr};
+};
+TORCH_MODULE(ResidualUnit);
+
+// SkipConnection: cat([x, submodule(x)], dim=1).
+class SkipImpl : public torch::nn::Module {
+ public:
+  explicit SkipImpl(Block sub) : sub_(register_module("submodule", sub)) {}
+  torch::Tensor forward(torch::Tensor x) { return torch::cat({x, sub_->forward(x)}, 1); }
+
+ private:
+  Block sub_;
+};
+TORCH_MODULE(Skip);
+
+Block down_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride) {
+  Block s;
+  if (o.num_res_units > 0) s->push_back(ResidualUnit(o, in, out, stride, o.num_res_units, false));
+  else s->push_back(convolution(o, in, out, stride, o.kernel_size, false, false));
+  return s;
+}
+
+Block up_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride,
+                               bool is_top) {
+  Block s;
+  s->push_back(convolution(o, in, out, stride, o.up_kernel_size, true, is_top && o.num_res_units == 0));
+  if (o.num_res_units > 0) s->push_back(ResidualUnit(o, out, out, 1, 1, is_top));
+  return s;
+}
+
+Block block(const UNetOptions& o, std::int64_t in, std::int64_t out, std::size_t level, bool is_top) {
+  const std::int64_t c = o.channels[level], s = o.strides[level];
+  Block sub;
+  std::int64_t up_in;
+  if (o.channels.size() - level > 2) {
+    sub = block(o, c, c, level + 1, false);
+    up_in = c * 2;
+  } else {
+    sub = down_layer(o, c, o.channels[level + 1], 1);  // the bottom layer
+    up_in = c + o.channels[level + 1];
+  }
+  Block seq;
+  seq->push_back(down_layer(o, in, c, s));
+  seq->push_back(Skip(sub));
+  seq->push_back(up_layer(o, up_in, out, s, is_top));
+  return seq;
+}
+
+}  // namespace
+
+UNetImpl::UNetImpl(UNetOptions options) : options_(std::move(options)) {
+  options_.validate();
+  model_ = register_module("model", block(options_, options_.in_channels, options_.out_channels, 0, true));
+}
+
+torch::Tensor UNetImpl::forward(torch::Tensor x) { return model_->forward(x); }
+
+std::int64_t count_parameters(const torch::nn::Module& module) {
+  std::int64_t n = 0;
+  for (const auto& p : module.parameters()) {
+    if (p.requires_grad()) n += p.numel();
+  }
+  return n;
+}
+
+}  // namespace medfast::nn
