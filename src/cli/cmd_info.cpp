@@ -47,9 +47,7 @@ int run_info(const InfoArgs& args, Context& ctx) {
     throw;
   }
   const std::string mem_dtype = memory_dtype(h);
-  const std::uint64_t elem = mem_dtype == "float64" || mem_dtype == "int64" ? 8
-                             : mem_dtype == "float32" || mem_dtype == "int32" ? 4
-                             : mem_dtype == "int16" ? 2 : 1;
+  const std::uint64_t elem = c10::elementSize(parse_dtype(mem_dtype, "info"));
   const std::uint64_t mem_bytes = h.voxel_count() * elem;
   const auto spacing = affine.spacing();
   const auto [slope, inter] = h.scaling();

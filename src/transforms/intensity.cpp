@@ -240,11 +240,9 @@ TransformPtr make(const std::string& name, const nlohmann::json& json) {
     o.keys = a.keys();
     o.source_key = a.text("source_key", "");
     o.threshold = a.number("threshold", 0);
-    o.margin = a.has("margin") ? three(a.integers("margin", 3)) : std::array<std::int64_t, 3>{0, 0, 0};
-    if (!a.has("margin")) a.integer("margin", 0);
+    o.margin = three(a.integers("margin", 3, {0, 0, 0}));
     o.allow_smaller = a.flag("allow_smaller", true);
-    o.k_divisible = a.has("k_divisible") ? three(a.integers("k_divisible", 3)) : std::array<std::int64_t, 3>{1, 1, 1};
-    if (!a.has("k_divisible")) a.integer("k_divisible", 1);
+    o.k_divisible = three(a.integers("k_divisible", 3, {1, 1, 1}));
     t = make_crop_foreground(o);
   } else if (name == "FgBgToIndices") {
     FgBgToIndicesOptions o;

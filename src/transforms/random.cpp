@@ -23,19 +23,15 @@ void apply_plan(Sample& s, SpatialPlan& plan) {
   plan = SpatialPlan{};
 }
 
-namespace {
-// Copies the sample's containers so that transforms replacing tensors do not
-// touch the input (tensors themselves are shared until replaced).
-Sample shallow_copy(const Sample& s) { return s; }
-}  // namespace
-
 std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const {
   // Item-level draws (crop centres) come from the item's generator; every
   // sample has its own generator per stage (a stage ends at each expansion),
   // so no stream is shared or reused.
   Rng item_rng(derive_seed({seed_, epoch, item, 0, 0}));
   std::uint64_t stage = 1;
-  std::vector<Sample> samples{shallow_copy(input)};
+  // A copy of the containers: transforms replace tensors in it, never in `input`
+  // (the tensors themselves are shared until replaced).
+  std::vector<Sample> samples{input};
   std::vector<Rng> rngs{Rng(derive_seed({seed_, epoch, item, stage, 0}))};
   std::vector<SpatialPlan> plans(1);
   for (std::size_t t = 0; t < transforms_.size(); ++t) {
@@ -564,15 +560,6 @@ class RandAffineFamily final : public RandomTransform {
   AffineSpec a_;
 };
 
-std::array<double, 2> range_arg(Args& a, const std::string& key, double fallback) {
-  if (!a.has(key)) {
-    a.number(key, 0);
-    return {-fallback, fallback};
-  }
-  const auto v = a.numbers(key, 2);  // accepts one number too: then (x, x); widen below
-  return {v[0], v[1]};
-}
-
 }  // namespace
 
 std::vector<std::string> random_names() {
@@ -602,7 +589,8 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
       const double x = a.number(key, fallback);
       return {-x, x};
     }
-    return range_arg(a, key, fallback);
+    const auto v = a.numbers(key, 2, {-fallback, fallback});
+    return {v[0], v[1]};
   };
   if (name == "RandCropByPosNegLabel") {
     CropSpec c;
@@ -624,28 +612,17 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
   } else if (name == "RandFlip") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);
-    std::vector<int> axes;
-    if (a.has("spatial_axis")) {
-      const auto& v = json["spatial_axis"];
-      if (v.is_number_integer()) axes = {v.get<int>()};
-      else for (auto i : a.integers("spatial_axis", v.size())) axes.push_back(static_cast<int>(i));
-      if (v.is_number_integer()) a.integer("spatial_axis", 0);
-    } else {
-      a.integer("spatial_axis", 0);
-      axes = {0, 1, 2};  // MONAI's None: all spatial axes
-    }
+    // One axis, a list of them, or (absent, MONAI's None) all spatial axes.
+    const auto& given = json.contains("spatial_axis") ? json["spatial_axis"] : nlohmann::json();
+    const auto list = a.integers("spatial_axis", given.is_array() ? given.size() : 1, {0, 1, 2});
+    const std::vector<int> axes(list.begin(), list.end());
     t = std::make_shared<RandFlip>(keys, prob, axes);
   } else if (name == "RandRotate90") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);
     const int max_k = static_cast<int>(a.integer("max_k", 3));
-    std::array<int, 2> axes{0, 1};
-    if (a.has("spatial_axes")) {
-      const auto v = a.integers("spatial_axes", 2);
-      axes = {static_cast<int>(v[0]), static_cast<int>(v[1])};
-    } else {
-      a.integer("spatial_axes", 0);
-    }
+    const auto v = a.integers("spatial_axes", 2, {0, 1});
+    const std::array<int, 2> axes{static_cast<int>(v[0]), static_cast<int>(v[1])};
     t = std::make_shared<RandRotate90>(keys, prob, max_k, axes);
   } else if (name == "RandRotate" || name == "RandZoom" || name == "RandAffine") {
     AffineSpec sp;
@@ -656,15 +633,11 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     sp.padding = a.text("padding_mode", name == "RandAffine" ? "zeros" : "border");
     for (auto& r : sp.scale) r = {1, 1};
     auto range = [&](const std::string& key, double scale_by) -> std::array<double, 2> {
-      if (!a.has(key)) {
-        a.number(key, 0);
-        return {0, 0};
-      }
-      if (json[key].is_number()) {
+      if (a.has(key) && json[key].is_number()) {
         const double x = a.number(key, 0) * scale_by;
         return {-x, x};
       }
-      const auto v = a.numbers(key, 2);
+      const auto v = a.numbers(key, 2, {0, 0});
       return {v[0] * scale_by, v[1] * scale_by};
     };
     if (name == "RandRotate") {
@@ -678,11 +651,7 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
       a.flag("keep_size", true);
     } else {
       const auto per_axis = [&](const std::string& key) -> std::array<std::array<double, 2>, 3> {
-        if (!a.has(key)) {
-          a.number(key, 0);
-          return {};
-        }
-        const auto v = a.numbers(key, 3);
+        const auto v = a.numbers(key, 3, {0, 0, 0});
         return {{{-v[0], v[0]}, {-v[1], v[1]}, {-v[2], v[2]}}};
       };
       sp.rotate = per_axis("rotate_range");
@@ -710,25 +679,14 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     std::array<std::array<double, 2>, 3> sigma{};
     const char* names[3] = {"sigma_x", "sigma_y", "sigma_z"};
     for (int i = 0; i < 3; ++i) {
-      if (a.has(names[i])) {
-        const auto v = a.numbers(names[i], 2);
-        sigma[i] = {v[0], v[1]};
-      } else {
-        a.number(names[i], 0);
-        sigma[i] = {0.25, 1.5};  // MONAI's default range
-      }
+      const auto v = a.numbers(names[i], 2, {0.25, 1.5});  // MONAI's default range
+      sigma[i] = {v[0], v[1]};
     }
     t = std::make_shared<RandGaussianSmooth>(keys, prob, sigma);
   } else if (name == "RandAdjustContrast") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);
-    std::array<double, 2> g{0.5, 4.5};
-    if (a.has("gamma")) {
-      const auto v = a.numbers("gamma", 2);
-      g = {v[0], v[1]};
-    } else {
-      a.number("gamma", 0);
-    }
+    const auto g = a.numbers("gamma", 2, {0.5, 4.5});
     t = std::make_shared<RandAdjustContrast>(keys, prob, g[0], g[1]);
   }
   a.finish();

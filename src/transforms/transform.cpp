@@ -192,6 +192,19 @@ std::vector<std::int64_t> Args::integers(const std::string& key, std::size_t n) 
   return v.get<std::vector<std::int64_t>>();
 }
 
+std::vector<double> Args::numbers(const std::string& key, std::size_t n, const std::vector<double>& fallback) {
+  if (has(key)) return numbers(key, n);
+  used_.push_back(key);
+  return fallback;
+}
+
+std::vector<std::int64_t> Args::integers(const std::string& key, std::size_t n,
+                                         const std::vector<std::int64_t>& fallback) {
+  if (has(key)) return integers(key, n);
+  used_.push_back(key);
+  return fallback;
+}
+
 std::vector<std::string> Args::per_key(const std::string& key, const std::string& fallback, std::size_t count) {
   if (!has(key)) {
     used_.push_back(key);

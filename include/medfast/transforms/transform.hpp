@@ -85,6 +85,9 @@ class Args {
   bool flag(const std::string& key, bool fallback);
   std::vector<double> numbers(const std::string& key, std::size_t n);
   std::vector<std::int64_t> integers(const std::string& key, std::size_t n);
+  /// Optional forms: `fallback` when the argument is absent.
+  std::vector<double> numbers(const std::string& key, std::size_t n, const std::vector<double>& fallback);
+  std::vector<std::int64_t> integers(const std::string& key, std::size_t n, const std::vector<std::int64_t>& fallback);
   /// A value per key: one string for all, or a list as long as `count`.
   std::vector<std::string> per_key(const std::string& key, const std::string& fallback, std::size_t count);
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
