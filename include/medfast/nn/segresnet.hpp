@@ -1,0 +1,60 @@
+#pragma once
+/// \file
+/// SegResNet with MONAI 1.3's architecture and arguments (monai.networks.nets.SegResNet,
+/// Myronenko 2018, without the VAE branch):
+///
+///   convInit (3x3x3, no bias) -> [dropout] -> down_layers: level i = [stride-2 conv] + blocks_down[i] ResBlocks
+///   up: 1x1x1 conv halving channels -> x2 upsampling (trilinear or transposed conv) -> + skip -> ResBlocks
+///   conv_final: norm -> act -> 1x1x1 conv with bias
+///
+/// ResBlock = norm -> act -> conv -> norm -> act -> conv, plus the identity. Module names follow
+/// MONAI's state_dict keys (`down_layers.1.0.conv.weight`, `up_samples.0.1.deconv.weight`, ...).
+/// Parameter counts equal MONAI's for the same arguments (tested against
+/// ../shared/reference/monai_param_counts.json).
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "medfast/nn/unet.hpp"
+
+namespace medfast::nn {
+
+struct SegResNetOptions {
+  int spatial_dims = 3;  ///< only 3 is supported
+  std::int64_t init_filters = 8;
+  std::int64_t in_channels = 1;
+  std::int64_t out_channels = 2;
+  double dropout_prob = 0.0;    ///< 0 = no dropout (MONAI's None); Dropout3d after convInit
+  std::string act = "relu";     ///< relu | leakyrelu (negative slope 0.01)
+  std::string norm = "group";   ///< group | batch | instance
+  std::int64_t num_groups = 8;  ///< for norm == group
+  std::vector<std::int64_t> blocks_down{1, 2, 2, 4};
+  std::vector<std::int64_t> blocks_up{1, 1, 1};
+  std::string upsample_mode = "nontrainable";  ///< nontrainable (trilinear) | deconv
+
+  /// Throws ValueError naming the bad argument and its value.
+  void validate() const;
+};
+
+class SegResNetImpl : public torch::nn::Module {
+ public:
+  explicit SegResNetImpl(SegResNetOptions options);
+  /// x: (N, in_channels, D, H, W), each spatial size divisible by 2^(levels-1); returns
+  /// (N, out_channels, D, H, W). Throws ValueError for other shapes.
+  torch::Tensor forward(torch::Tensor x);
+  const SegResNetOptions& options() const { return options_; }
+
+ private:
+  SegResNetOptions options_;
+  Block conv_init_{nullptr};
+  torch::nn::Dropout3d dropout_{nullptr};
+  std::vector<Block> down_, up_layers_, up_samples_;
+  Block conv_final_{nullptr};
+};
+TORCH_MODULE(SegResNet);
+
+}  // namespace medfast::nn
