@@ -1,0 +1,81 @@
+#pragma once
+/// \file
+/// Segmentation losses with MONAI 1.3's semantics, from a config's `loss` section:
+///
+///   loss: {name: DiceCE, to_onehot_y: true, softmax: true}
+///   loss: {name: DiceFocal, include_background: false, to_onehot_y: true, sigmoid: true, gamma: 2.0}
+///
+/// Argument names and defaults are MONAI's (DiceLoss, DiceCELoss, DiceFocalLoss);
+/// every loss uses MONAI's default "mean" reduction.
+///
+/// - Dice: p = sigmoid/softmax/identity of the input; channel 0 of p and of the
+///   (one-hot) target is dropped after the activation without background;
+///   per case and class (per class with batch=true) over the spatial axes,
+///   1 - (2 sum(p t) + smooth_nr) / (sum(p^k) + sum(t^k) + smooth_dr), k = 2 with
+///   squared_pred, the denominator 2 (sum(p^k) + sum(t^k) - sum(p t)) with jaccard;
+///   then the mean.
+/// - DiceCE adds lambda_ce times cross entropy of the raw logits against the raw
+///   target, whatever the activation, exactly as MONAI: class indices for a [B,1,...]
+///   target, class probabilities for a [B,C,...] target, and binary cross entropy
+///   with logits when the input has a single channel. All channels take part
+///   (include_background applies to the Dice term only).
+/// - DiceFocal adds lambda_focal times MONAI's sigmoid focal loss of the raw logits:
+///   mean over every element of exp(gamma logsigmoid(-x (2t - 1))) BCE(x, t), with the
+///   target one-hot encoded and channel 0 dropped as for the Dice term.
+///
+/// With a single input channel MONAI ignores to_onehot_y and include_background=false
+/// (and so does this); softmax over one channel, which MONAI silently ignores, leaving
+/// the Dice term on raw logits, is a ValueError here.
+///
+/// Inputs in half or bfloat16 are computed in float32 (the loss is float32 then).
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+
+namespace medfast::train {
+
+/// A loss and its MONAI arguments.
+struct LossOptions {
+  std::string name = "DiceCE";  ///< Dice | DiceCE | DiceFocal
+  bool include_background = true, to_onehot_y = false, sigmoid = false, softmax = false;
+  bool squared_pred = false, jaccard = false, batch = false;
+  double smooth_nr = 1e-5, smooth_dr = 1e-5;
+  double lambda_dice = 1.0, lambda_ce = 1.0, lambda_focal = 1.0;
+  double gamma = 2.0;  ///< DiceFocal
+  /// Throws ValueError naming the argument and its value: an unknown name, sigmoid
+  /// and softmax both set, a negative or non-finite smooth_nr/smooth_dr/lambda/gamma.
+  void validate() const;
+  /// From a config's `loss:` mapping, e.g. {name: DiceCE, to_onehot_y: true, softmax: true};
+  /// `name` may be left out (DiceCE). Unknown keys and wrong types are ValueErrors
+  /// naming `where`.key. The result is validated (its errors prefixed with `where`).
+  static LossOptions from_json(const nlohmann::json& j, const std::string& where = "loss");
+};
+
+/// One of the losses above, callable on CPU and CUDA tensors alike.
+class Loss {
+ public:
+  /// Validates the options.
+  explicit Loss(LossOptions options);
+  /// input: logits [B, C, spatial...]; target: [B, 1, spatial...] class indices (any
+  /// integer or float dtype) when to_onehot_y (and C > 1), else [B, C, spatial...]
+  /// (any dtype; a binary [B, 1, ...] mask when C = 1). Returns the mean-reduced
+  /// scalar, differentiable w.r.t. input. Shapes that do not fit are ValueErrors
+  /// stating both shapes.
+  at::Tensor operator()(const at::Tensor& input, const at::Tensor& target) const;
+  const LossOptions& options() const { return options_; }
+
+ private:
+  LossOptions options_;
+};
+
+/// [B, 1, ...] class indices (any integer or float dtype; floats are truncated) to a
+/// float32 one-hot [B, num_classes, ...] (MONAI's one_hot). Throws ValueError when a
+/// label lies outside [0, num_classes). Call it qualified (train::one_hot): with a
+/// tensor argument, argument-dependent lookup also finds at::one_hot.
+at::Tensor one_hot(const at::Tensor& labels, std::int64_t num_classes);
+/// [B, C, ...] scores to the float32 one-hot of their argmax over C (ties: the first).
+at::Tensor argmax_one_hot(const at::Tensor& logits);
+
+}  // namespace medfast::train

@@ -1,0 +1,197 @@
+#include "medfast/train/losses.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+constexpr const char* kLossNames = "Dice, DiceCE or DiceFocal";
+
+struct FlagField {
+  const char* key;
+  bool LossOptions::*member;
+};
+struct NumberField {
+  const char* key;
+  double LossOptions::*member;
+};
+constexpr FlagField kFlags[] = {
+    {"include_background", &LossOptions::include_background},
+    {"to_onehot_y", &LossOptions::to_onehot_y},
+    {"sigmoid", &LossOptions::sigmoid},
+    {"softmax", &LossOptions::softmax},
+    {"squared_pred", &LossOptions::squared_pred},
+    {"jaccard", &LossOptions::jaccard},
+    {"batch", &LossOptions::batch},
+};
+constexpr NumberField kNumbers[] = {
+    {"smooth_nr", &LossOptions::smooth_nr},       {"smooth_dr", &LossOptions::smooth_dr},
+    {"lambda_dice", &LossOptions::lambda_dice},   {"lambda_ce", &LossOptions::lambda_ce},
+    {"lambda_focal", &LossOptions::lambda_focal}, {"gamma", &LossOptions::gamma},
+};
+
+std::string known_keys() {
+  std::string s = "name";
+  for (const auto& f : kFlags) s += std::string(", ") + f.key;
+  for (const auto& f : kNumbers) s += std::string(", ") + f.key;
+  return s;
+}
+
+/// MONAI's one_hot without the range check, for indices known to be valid.
+at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes) {
+  std::vector<std::int64_t> shape = indices.sizes().vec();
+  shape[1] = num_classes;
+  return at::zeros(shape, indices.options().dtype(at::kFloat)).scatter_(1, indices, 1.0);
+}
+
+/// The Dice term on activated predictions p and one-hot targets t of the same shape.
+at::Tensor dice_term(const at::Tensor& p, const at::Tensor& t, const LossOptions& o) {
+  std::vector<std::int64_t> axes;
+  if (o.batch) axes.push_back(0);
+  for (std::int64_t d = 2; d < p.dim(); ++d) axes.push_back(d);
+  const at::Tensor intersection = (p * t).sum(axes);
+  const at::Tensor pk = o.squared_pred ? p * p : p;
+  const at::Tensor tk = o.squared_pred ? t * t : t;
+  at::Tensor denominator = pk.sum(axes) + tk.sum(axes);
+  if (o.jaccard) denominator = 2.0 * (denominator - intersection);
+  return (1.0 - (2.0 * intersection + o.smooth_nr) / (denominator + o.smooth_dr)).mean();
+}
+
+/// MONAI's sigmoid focal loss, elementwise, averaged over every element.
+at::Tensor sigmoid_focal_term(const at::Tensor& x, const at::Tensor& t, double gamma) {
+  const at::Tensor bce = at::binary_cross_entropy_with_logits(x, t, {}, {}, at::Reduction::None);
+  // log(1 - p_t) for binary targets, computed without overflow.
+  const at::Tensor log_one_minus_pt = at::log_sigmoid(-x * (t * 2.0 - 1.0));
+  return (at::exp(log_one_minus_pt * gamma) * bce).mean();
+}
+
+}  // namespace
+
+void LossOptions::validate() const {
+  MEDFAST_CHECK_T(ValueError, name == "Dice" || name == "DiceCE" || name == "DiceFocal", "name: unknown loss '", name,
+                  "' (expected ", kLossNames, ")");
+  MEDFAST_CHECK_T(ValueError, !(sigmoid && softmax),
+                  "sigmoid: true together with softmax: true; choose one activation (or neither)");
+  for (const auto& f : kNumbers) {
+    const double v = this->*f.member;
+    MEDFAST_CHECK_T(ValueError, std::isfinite(v) && v >= 0, f.key, ": expected a finite number >= 0, got ", v);
+  }
+}
+
+LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) {
+    throw ValueError(str(where, ": expected a mapping such as {name: DiceCE, to_onehot_y: true, softmax: true}, got ",
+                         j.dump()));
+  }
+  LossOptions o;
+  for (const auto& [key, value] : j.items()) {
+    const auto wrong = [&, &key = key, &value = value](const char* expected) {
+      return ValueError(str(where, ".", key, ": expected ", expected, ", got ", value.dump()));
+    };
+    if (key == "name") {
+      if (!value.is_string()) throw wrong(str("a string (", kLossNames, ")").c_str());
+      o.name = value.get<std::string>();
+      continue;
+    }
+    bool known = false;
+    for (const auto& f : kFlags) {
+      if (key != f.key) continue;
+      if (!value.is_boolean()) throw wrong("true or false");
+      o.*f.member = value.get<bool>();
+      known = true;
+    }
+    for (const auto& f : kNumbers) {
+      if (key != f.key) continue;
+      if (!value.is_number()) throw wrong("a number");
+      o.*f.member = value.get<double>();
+      known = true;
+    }
+    if (!known) throw ValueError(str(where, ".", key, ": unknown argument (expected one of ", known_keys(), ")"));
+  }
+  try {
+    o.validate();
+  } catch (const ValueError& e) {
+    throw ValueError(str(where, ".", e.message()));
+  }
+  return o;
+}
+
+Loss::Loss(LossOptions options) : options_(std::move(options)) { options_.validate(); }
+
+at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) const {
+  const LossOptions& o = options_;
+  MEDFAST_CHECK_T(ValueError, input.defined() && target.defined(), o.name, " loss: input and target must be defined");
+  MEDFAST_CHECK_T(ValueError, input.dim() >= 3 && input.is_floating_point(), o.name,
+                  " loss: input must be floating-point logits [B, C, spatial...], got ", input.scalar_type(), " ",
+                  input.sizes());
+  const std::int64_t C = input.size(1);
+  const bool multi = C > 1;
+  const bool onehot_y = o.to_onehot_y && multi;  // MONAI ignores to_onehot_y for a single channel
+  {
+    std::vector<std::int64_t> want = input.sizes().vec();
+    want[1] = onehot_y ? 1 : C;
+    MEDFAST_CHECK_T(ValueError, target.sizes().vec() == want, o.name, " loss: target ", target.sizes(),
+                    " does not fit input ", input.sizes(), " (expected ", at::IntArrayRef(want),
+                    onehot_y ? ": class indices, as to_onehot_y is set)"
+                    : multi ? ": one channel per class; set to_onehot_y for class indices)"
+                            : ")");
+  }
+  MEDFAST_CHECK_T(ValueError, !o.softmax || multi, o.name,
+                  " loss: softmax over a single channel is constant; use sigmoid: true for a one-channel output");
+
+  at::Tensor x = input;
+  if (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) x = x.to(at::kFloat);
+  const at::Tensor raw_target = target.to(x.device());
+  const at::Tensor t = onehot_y ? train::one_hot(raw_target, C).to(x.scalar_type()) : raw_target.to(x.scalar_type());
+
+  const at::Tensor p = o.sigmoid ? at::sigmoid(x) : o.softmax ? at::softmax(x, 1) : x;
+  const bool drop_background = !o.include_background && multi;
+  const auto foreground = [&](const at::Tensor& a) { return drop_background ? a.narrow(1, 1, C - 1) : a; };
+  const at::Tensor dice = dice_term(foreground(p), foreground(t), o);
+  if (o.name == "Dice") return dice;
+
+  if (o.name == "DiceCE") {
+    at::Tensor ce;
+    if (!multi) {
+      ce = at::binary_cross_entropy_with_logits(x, t);
+    } else if (onehot_y) {
+      ce = at::cross_entropy_loss(x, raw_target.squeeze(1).to(at::kLong));
+    } else {
+      ce = at::cross_entropy_loss(x, t);  // class probabilities
+    }
+    return o.lambda_dice * dice + o.lambda_ce * ce;
+  }
+  return o.lambda_dice * dice + o.lambda_focal * sigmoid_focal_term(foreground(x), foreground(t), o.gamma);
+}
+
+at::Tensor one_hot(const at::Tensor& labels, std::int64_t num_classes) {
+  MEDFAST_CHECK_T(ValueError, num_classes >= 1, "one_hot: num_classes must be >= 1, got ", num_classes);
+  MEDFAST_CHECK_T(ValueError, labels.defined() && labels.dim() >= 2 && labels.size(1) == 1,
+                  "one_hot: labels must be [B, 1, ...] class indices, got ",
+                  labels.defined() ? labels.sizes() : at::IntArrayRef{});
+  const at::Tensor indices = labels.to(at::kLong);  // floats truncate, as MONAI's labels.long()
+  if (indices.numel() > 0) {
+    const auto [lo_t, hi_t] = at::aminmax(indices);
+    const at::Tensor range = at::stack({lo_t, hi_t}).cpu();
+    const std::int64_t lo = range[0].item<std::int64_t>(), hi = range[1].item<std::int64_t>();
+    MEDFAST_CHECK_T(ValueError, lo >= 0 && hi < num_classes, "one_hot: labels must lie in [0, ", num_classes,
+                    "), got values from ", lo, " to ", hi);
+  }
+  return scatter_one_hot(indices, num_classes);
+}
+
+at::Tensor argmax_one_hot(const at::Tensor& logits) {
+  MEDFAST_CHECK_T(ValueError, logits.defined() && logits.dim() >= 2 && logits.size(1) >= 1,
+                  "argmax_one_hot: expected scores [B, C, ...], got ",
+                  logits.defined() ? logits.sizes() : at::IntArrayRef{});
+  return scatter_one_hot(logits.argmax(1, /*keepdim=*/true), logits.size(1));
+}
+
+}  // namespace medfast::train

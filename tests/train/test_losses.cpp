@@ -1,0 +1,266 @@
+// Losses: values and gradients against tests/golden/make_loss_golden.py (an
+// independent PyTorch float64 implementation of MONAI 1.3's formulas, autograd
+// for the gradients), the `loss:` mapping, and argument errors by message.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/train/losses.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+/// The message of the ValueError f throws, or a note saying what happened instead.
+template <typename F>
+std::string value_error_of(F&& f) {
+  try {
+    f();
+  } catch (const ValueError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(not a ValueError) ") + e.what();
+  }
+  return "(no exception)";
+}
+
+#define EXPECT_VALUE_ERROR(statement, fragment)                                         \
+  do {                                                                                 \
+    const std::string message_ = value_error_of([&] { (void)(statement); });           \
+    EXPECT_NE(message_.find(fragment), std::string::npos) << "message: " << message_; \
+  } while (0)
+
+class LossGolden : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_loss_golden.py " +
+                             dir_->path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static at::Tensor tensor(const std::string& name) {
+    const auto& m = manifest_["tensors"][name];
+    const std::string bytes = test::read_file(*dir_ / m["file"].get<std::string>());
+    const std::string dt = m["dtype"];
+    const at::ScalarType t = dt == "float32" ? at::kFloat : dt == "float64" ? at::kDouble : at::kByte;
+    at::Tensor out = at::empty(m["shape"].get<std::vector<std::int64_t>>(), t);
+    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size())) << name;
+    std::memcpy(out.data_ptr(), bytes.data(), std::min<std::size_t>(bytes.size(), out.numel() * out.element_size()));
+    return out;
+  }
+
+  /// The loss and the gradient w.r.t. the input, for inputs converted to `dtype`.
+  static std::pair<at::Tensor, at::Tensor> evaluate(const nlohmann::json& c, at::ScalarType dtype,
+                                                    at::Device device = at::kCPU) {
+    const Loss loss(LossOptions::from_json(c["options"]));
+    at::Tensor x = tensor(c["input"]).to(device, dtype).requires_grad_(true);
+    const at::Tensor value = loss(x, tensor(c["target"]).to(device));
+    value.backward();
+    return {value.detach().cpu(), x.grad().cpu()};
+  }
+
+  static test::TempDir* dir_;
+  static nlohmann::json manifest_;
+};
+test::TempDir* LossGolden::dir_ = nullptr;
+nlohmann::json LossGolden::manifest_;
+
+double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
+
+TEST_F(LossGolden, Float32ValuesAndGradientsMatchTheReference) {
+  ASSERT_GE(manifest_["cases"].size(), 80u);
+  for (const auto& c : manifest_["cases"]) {
+    SCOPED_TRACE(c["options"].dump() + " on " + c["input"].get<std::string>());
+    const auto [value, grad] = evaluate(c, at::kFloat);
+    EXPECT_EQ(value.dim(), 0);
+    EXPECT_EQ(value.scalar_type(), at::kFloat);
+    const double want = c["loss"];
+    EXPECT_NEAR(value.item<double>(), want, 1e-5 * std::abs(want) + 1e-7);
+    const at::Tensor grad_want = tensor(c["grad"]);
+    ASSERT_EQ(grad.sizes(), grad_want.sizes());
+    EXPECT_LE(max_abs(grad.to(at::kDouble) - grad_want), 2e-5 * max_abs(grad_want));
+  }
+}
+
+TEST_F(LossGolden, Float64InputsMatchTheReferenceToRounding) {
+  // The same formulas in float64 leave only summation-order differences.
+  for (const auto& c : manifest_["cases"]) {
+    SCOPED_TRACE(c["options"].dump() + " on " + c["input"].get<std::string>());
+    const auto [value, grad] = evaluate(c, at::kDouble);
+    EXPECT_EQ(value.scalar_type(), at::kDouble);
+    const double want = c["loss"];
+    EXPECT_NEAR(value.item<double>(), want, 1e-12 * std::abs(want));
+    EXPECT_LE(max_abs(grad - tensor(c["grad"])), 1e-11 * max_abs(tensor(c["grad"])));
+  }
+}
+
+TEST_F(LossGolden, TargetsOfAnyDtypeGiveTheSameLoss) {
+  const auto& cases = manifest_["cases"];
+  int checked = 0;
+  for (const auto& c : cases) {
+    const auto& o = c["options"];
+    if (c["input"] != "x3" || o.value("name", "") != "DiceCE" || !o.value("softmax", false) ||
+        o.value("batch", false) || !o.value("include_background", true))
+      continue;
+    SCOPED_TRACE(o.dump());
+    const Loss loss(LossOptions::from_json(o));
+    const at::Tensor x = tensor(c["input"]);
+    const at::Tensor y = tensor(c["target"]);
+    const double want = loss(x, y).item<double>();
+    const bool indices = o.value("to_onehot_y", false);
+    const auto dtypes = indices ? std::vector<at::ScalarType>{at::kLong, at::kInt, at::kByte, at::kDouble}
+                                : std::vector<at::ScalarType>{at::kByte, at::kBool, at::kDouble};
+    for (auto dtype : dtypes) EXPECT_FLOAT_EQ(loss(x, y.to(dtype)).item<double>(), want) << dtype;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
+TEST_F(LossGolden, ReducedPrecisionInputsAreComputedInFloat32) {
+  const auto& c = manifest_["cases"][0];
+  const Loss loss(LossOptions::from_json(c["options"]));
+  const at::Tensor x = tensor(c["input"]).to(at::kBFloat16);
+  const at::Tensor value = loss(x, tensor(c["target"]));
+  EXPECT_EQ(value.scalar_type(), at::kFloat);
+  EXPECT_NEAR(value.item<double>(), loss(x.to(at::kFloat), tensor(c["target"])).item<double>(), 1e-6);
+}
+
+TEST_F(LossGolden, CudaMatchesTheReference) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& c : manifest_["cases"]) {
+    SCOPED_TRACE(c["options"].dump() + " on " + c["input"].get<std::string>());
+    const auto [value, grad] = evaluate(c, at::kFloat, at::kCUDA);
+    const double want = c["loss"];
+    EXPECT_NEAR(value.item<double>(), want, 1e-5 * std::abs(want) + 1e-7);
+    EXPECT_LE(max_abs(grad.to(at::kDouble) - tensor(c["grad"])), 2e-5 * max_abs(tensor(c["grad"])));
+  }
+}
+
+TEST(LossConfig, FromJsonReadsEveryArgument) {
+  const auto o = LossOptions::from_json(nlohmann::json::parse(R"({
+      "name": "DiceFocal", "include_background": false, "to_onehot_y": true, "sigmoid": true,
+      "squared_pred": true, "jaccard": true, "batch": true, "smooth_nr": 0, "smooth_dr": 1e-6,
+      "lambda_dice": 0.5, "lambda_ce": 2, "lambda_focal": 3.5, "gamma": 1.5})"));
+  EXPECT_EQ(o.name, "DiceFocal");
+  EXPECT_FALSE(o.include_background);
+  EXPECT_TRUE(o.to_onehot_y && o.sigmoid && o.squared_pred && o.jaccard && o.batch);
+  EXPECT_FALSE(o.softmax);
+  EXPECT_EQ(o.smooth_nr, 0.0);
+  EXPECT_EQ(o.smooth_dr, 1e-6);
+  EXPECT_EQ(o.lambda_dice, 0.5);
+  EXPECT_EQ(o.lambda_ce, 2.0);
+  EXPECT_EQ(o.lambda_focal, 3.5);
+  EXPECT_EQ(o.gamma, 1.5);
+
+  const auto d = LossOptions::from_json(nlohmann::json::object());
+  const LossOptions defaults;
+  EXPECT_EQ(d.name, defaults.name);
+  EXPECT_EQ(d.include_background, defaults.include_background);
+  EXPECT_EQ(d.smooth_nr, defaults.smooth_nr);
+  EXPECT_EQ(d.gamma, defaults.gamma);
+}
+
+TEST(LossConfig, BadArgumentsAreValueErrorsNamingTheKey) {
+  using nlohmann::json;
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": "DiceCE", "softmx": true})")),
+                     "loss.softmx: unknown argument");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"softmax": "yes"})"), "train.yaml: loss"),
+                     "train.yaml: loss.softmax: expected true or false, got \"yes\"");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"softmax": 1})")), "loss.softmax: expected true or false");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"gamma": true})")), "loss.gamma: expected a number");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": 3})")), "loss.name: expected a string");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": "Tversky"})")),
+                     "loss.name: unknown loss 'Tversky' (expected Dice, DiceCE or DiceFocal)");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"sigmoid": true, "softmax": true})")),
+                     "loss.sigmoid: true together with softmax: true");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"lambda_ce": -1})")),
+                     "loss.lambda_ce: expected a finite number >= 0, got -1");
+  EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"([1, 2])")), "loss: expected a mapping");
+
+  LossOptions o;
+  o.gamma = -0.5;
+  EXPECT_VALUE_ERROR(o.validate(), "gamma: expected a finite number >= 0, got -0.5");
+  EXPECT_VALUE_ERROR(Loss(o), "gamma");
+  o = LossOptions{};
+  o.smooth_dr = std::nan("");
+  EXPECT_VALUE_ERROR(Loss(o), "smooth_dr: expected a finite number >= 0");
+}
+
+TEST(LossShapes, MismatchedShapesAreValueErrorsStatingBoth) {
+  LossOptions o;
+  o.softmax = true;
+  o.to_onehot_y = true;
+  const Loss onehot_y(o);
+  const at::Tensor x = at::randn({2, 3, 4, 4, 4});
+  EXPECT_VALUE_ERROR(onehot_y(x, at::zeros({2, 3, 4, 4, 4})),
+                     "DiceCE loss: target [2, 3, 4, 4, 4] does not fit input [2, 3, 4, 4, 4] (expected [2, 1, 4, 4, 4]");
+  EXPECT_VALUE_ERROR(onehot_y(x, at::zeros({2, 4, 4, 4})), "target [2, 4, 4, 4] does not fit input");
+  EXPECT_VALUE_ERROR(onehot_y(x, at::zeros({2, 1, 4, 4, 5})), "does not fit");
+  EXPECT_VALUE_ERROR(onehot_y(x, at::full({2, 1, 4, 4, 4}, 3)), "one_hot: labels must lie in [0, 3), got values from 3 to 3");
+  EXPECT_VALUE_ERROR(onehot_y(x, at::full({2, 1, 4, 4, 4}, -1)), "labels must lie in [0, 3)");
+  EXPECT_VALUE_ERROR(onehot_y(at::randn({2, 3}), at::zeros({2, 1})), "input must be floating-point logits [B, C, spatial...]");
+  EXPECT_VALUE_ERROR(onehot_y(at::zeros({2, 3, 4}, at::kLong), at::zeros({2, 1, 4})), "floating-point");
+
+  o.to_onehot_y = false;
+  EXPECT_VALUE_ERROR(Loss(o)(x, at::zeros({2, 1, 4, 4, 4})), "set to_onehot_y for class indices");
+
+  // Softmax over one channel is constant: an error rather than MONAI's warning.
+  EXPECT_VALUE_ERROR(Loss(o)(at::randn({2, 1, 4, 4}), at::zeros({2, 1, 4, 4})),
+                     "softmax over a single channel is constant; use sigmoid");
+}
+
+TEST(LossShapes, SingleChannelIgnoresToOnehotAndBackground) {
+  // MONAI ignores to_onehot_y and include_background=false for one channel.
+  const at::Tensor x = at::randn({2, 1, 5, 6}), y = (at::rand({2, 1, 5, 6}) > 0.5).to(at::kFloat);
+  for (const char* name : {"Dice", "DiceCE", "DiceFocal"}) {
+    LossOptions plain;
+    plain.name = name;
+    plain.sigmoid = true;
+    LossOptions ignored = plain;
+    ignored.to_onehot_y = true;
+    ignored.include_background = false;
+    EXPECT_DOUBLE_EQ(Loss(plain)(x, y).item<double>(), Loss(ignored)(x, y).item<double>()) << name;
+  }
+}
+
+TEST(LossShapes, PerfectPredictionsGiveZeroDice) {
+  LossOptions o;
+  o.name = "Dice";
+  o.to_onehot_y = true;
+  const at::Tensor labels = at::randint(0, 3, {2, 1, 6, 5, 4});
+  const at::Tensor probabilities = train::one_hot(labels, 3);
+  EXPECT_NEAR(Loss(o)(probabilities, labels).item<double>(), 0.0, 1e-9);
+}
+
+TEST(LossOneHot, EncodesClassIndicesOfAnyDtype) {
+  const at::Tensor labels = at::tensor({0, 2, 1, 2}, at::kLong).view({1, 1, 4});
+  const at::Tensor want = at::tensor({1, 0, 0, 0, 0, 0, 1, 0, 0, 1, 0, 1}, at::kFloat).view({1, 3, 4});
+  for (auto dtype : {at::kLong, at::kByte, at::kInt, at::kFloat, at::kDouble}) {
+    const at::Tensor got = train::one_hot(labels.to(dtype), 3);
+    EXPECT_EQ(got.scalar_type(), at::kFloat);
+    EXPECT_TRUE(at::equal(got, want)) << dtype;
+  }
+  EXPECT_TRUE(at::equal(train::one_hot(at::tensor({1.9f, 0.2f}).view({2, 1}), 2),
+                        at::tensor({0.f, 1.f, 1.f, 0.f}).view({2, 2})));  // truncated, as MONAI's .long()
+  EXPECT_VALUE_ERROR(train::one_hot(at::zeros({2, 2, 3}), 3), "one_hot: labels must be [B, 1, ...] class indices, got [2, 2, 3]");
+  EXPECT_VALUE_ERROR(train::one_hot(labels, 0), "num_classes must be >= 1, got 0");
+  EXPECT_VALUE_ERROR(train::one_hot(labels, 2), "labels must lie in [0, 2), got values from 0 to 2");
+}
+
+TEST(LossOneHot, ArgmaxOneHotPicksTheFirstMaximum) {
+  const at::Tensor logits = at::tensor({0.1f, 3.f, 2.f, 2.f, -1.f, 0.f}).view({1, 3, 2});
+  // Voxel 0: scores (0.1, 2, -1) -> class 1; voxel 1: (3, 2, 0) -> class 0.
+  EXPECT_TRUE(at::equal(argmax_one_hot(logits), at::tensor({0.f, 1.f, 1.f, 0.f, 0.f, 0.f}).view({1, 3, 2})));
+  const at::Tensor ties = at::zeros({1, 3, 2});
+  EXPECT_TRUE(at::equal(argmax_one_hot(ties).select(1, 0), at::ones({1, 2})));
+}
+
+}  // namespace
+}  // namespace medfast::train
