@@ -1,0 +1,71 @@
+#pragma once
+/// \file
+/// Sliding-window inference with MONAI 1.3's semantics
+/// (monai.inferers.sliding_window_inference, tensor outputs of the window's size).
+///
+/// The protocol, per spatial axis: roi entries <= 0 take the input's size; an
+/// axis shorter than the roi is padded to it, floor(diff / 2) before and the rest
+/// after; the scan interval is the roi where the roi equals the (padded) size,
+/// else max(int(roi * (1 - overlap)), 1); window starts are 0, i, 2i, ... up to
+/// the first window that reaches the end, which is pulled back to end at the
+/// border. Windows enumerate the axes with the first axis slowest; the windows of
+/// all images are numbered image-major and go to the predictor in consecutive
+/// groups of sw_batch_size (a group may span two images). Each prediction is
+/// multiplied by the importance map and summed into the output, the summed
+/// weights into a count map; the output is divided by the count map and the
+/// padding cropped. Only one group of windows is alive at a time.
+///
+/// Deviations from MONAI: the output is float32 whatever the input's and the
+/// predictor's dtypes (MONAI accumulates in the input's dtype and weights a
+/// half-precision prediction in half precision); the predictor's output must have
+/// the window's spatial size (MONAI also accepts zoomed outputs); padding_mode has
+/// no "circular".
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace medfast::train {
+
+struct SlidingWindowOptions {
+  std::vector<std::int64_t> roi_size{96, 96, 96};  ///< entries <= 0 mean "the input's size" (MONAI)
+  std::int64_t sw_batch_size = 4;                  ///< windows per predictor call
+  double overlap = 0.25;                           ///< [0, 1)
+  std::string mode = "constant";                   ///< constant | gaussian
+  double sigma_scale = 0.125;                      ///< gaussian sigma = sigma_scale * roi (per axis)
+  std::string padding_mode = "constant";           ///< constant | reflect | replicate
+  double cval = 0.0;                               ///< fill value of constant padding
+  std::string device;                              ///< where the output is accumulated ("" = the input's device)
+
+  /// Throws ValueError naming the argument and the bad value.
+  void validate() const;
+  /// Reads the keys above from a JSON mapping (roi_size may be one integer for all
+  /// three axes). Unknown keys and wrong types throw FormatError, values out of
+  /// range ValueError; messages start with `where` ("where.key: ...").
+  static SlidingWindowOptions from_json(const nlohmann::json& j,
+                                        const std::string& where = "validation.sliding_window");
+};
+
+/// [n, C_in, roi...] -> [n, C_out, roi...]
+using Predictor = std::function<at::Tensor(const at::Tensor&)>;
+
+/// input [B, C_in, X, Y, Z] (any number of spatial axes matching roi_size; reflect
+/// and replicate padding need 1 to 3); returns [B, C_out, X, Y, Z], float32, on
+/// options.device, as MONAI computes it (see the file comment). The windows given
+/// to the predictor are on the input's device. The result carries no gradient:
+/// call it under at::NoGradGuard so that the predictor keeps none either.
+at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& predictor,
+                                    const SlidingWindowOptions& options);
+
+/// The importance map MONAI uses for a window: ones, or the product over axes of
+/// exp(-x^2 / (2 sigma^2)) with x centred on the window and sigma = sigma_scale * roi
+/// (not normalised: the peak is 1 for odd sizes, a little less for even ones),
+/// raised to at least max(its minimum, 1e-3). float32 on `device`.
+at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, const std::string& mode, double sigma_scale,
+                          c10::Device device);
+
+}  // namespace medfast::train

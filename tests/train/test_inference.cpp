@@ -1,0 +1,275 @@
+// Sliding-window inference: values, window positions and predictor calls against
+// tests/golden/make_inference_golden.py (an independent statement of MONAI 1.3's
+// sliding_window_inference), the importance map, options and their errors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/train/inference.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+// float32 results against a float64 reference.
+constexpr double kTolerance = 1e-5;
+
+double max_rel_diff(const at::Tensor& got, const at::Tensor& want) {
+  return ((got.to(at::kDouble) - want.to(at::kDouble)).abs() / (want.to(at::kDouble).abs() + 1.0)).max().item<double>();
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+class SlidingWindowGolden : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    const auto r =
+        test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_inference_golden.py " + dir_->path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static at::Tensor load(const nlohmann::json& entry) {
+    const std::string bytes = test::read_file(*dir_ / entry["file"].get<std::string>());
+    at::Tensor out = at::empty(entry["shape"].get<std::vector<std::int64_t>>(), at::kFloat);
+    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size()));
+    std::memcpy(out.data_ptr(), bytes.data(), std::min<std::size_t>(bytes.size(), out.nbytes()));
+    return out;
+  }
+
+  static Predictor predictor_of(const std::string& name) {
+    if (name == "identity") return [](const at::Tensor& t) { return t.clone(); };
+    const at::Tensor w = load(manifest_["conv_weight"]), b = load(manifest_["conv_bias"]);
+    return [w, b](const at::Tensor& t) { return at::conv3d(t, w, b, 1, 1); };
+  }
+
+  static test::TempDir* dir_;
+  static nlohmann::json manifest_;
+};
+test::TempDir* SlidingWindowGolden::dir_ = nullptr;
+nlohmann::json SlidingWindowGolden::manifest_;
+
+TEST_F(SlidingWindowGolden, ImportanceMapEqualsTheReference) {
+  ASSERT_GE(manifest_["importance"].size(), 5u);
+  for (const auto& m : manifest_["importance"]) {
+    SCOPED_TRACE(m.dump());
+    const auto roi = m["roi_size"].get<std::vector<std::int64_t>>();
+    const at::Tensor got = importance_map(roi, m["mode"].get<std::string>(), m["sigma_scale"].get<double>(), at::kCPU);
+    const at::Tensor want = load(m);
+    EXPECT_EQ(got.scalar_type(), at::kFloat);
+    ASSERT_EQ(got.sizes().vec(), want.sizes().vec());
+    EXPECT_LT((got - want).abs().max().item<double>(), 1e-6);
+  }
+  // Not normalised: 1 at the centre of an odd window; the floor of 1e-3 is reached with a narrow sigma.
+  EXPECT_FLOAT_EQ(importance_map({9, 1, 5}, "gaussian", 0.125, at::kCPU)[4][0][2].item<float>(), 1.0f);
+  EXPECT_FLOAT_EQ(importance_map({3, 4, 6}, "gaussian", 0.05, at::kCPU).min().item<float>(), 1e-3f);
+}
+
+TEST_F(SlidingWindowGolden, MatchesTheReferenceOnEveryCase) {
+  ASSERT_GE(manifest_["cases"].size(), 10u);
+  for (const auto& c : manifest_["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>() + " " + c["options"].dump());
+    const auto options = SlidingWindowOptions::from_json(c["options"]);
+    const at::Tensor input = load(c["input"]), want = load(c["output"]);
+    const Predictor inner = predictor_of(c["predictor"].get<std::string>());
+    std::vector<std::int64_t> calls;
+    const Predictor counting = [&](const at::Tensor& t) {
+      calls.push_back(t.size(0));
+      return inner(t);
+    };
+    const at::Tensor got = sliding_window_inference(input, counting, options);
+    EXPECT_EQ(got.scalar_type(), at::kFloat);
+    ASSERT_EQ(got.sizes().vec(), want.sizes().vec());
+    EXPECT_LT(max_rel_diff(got, want), kTolerance);
+    EXPECT_EQ(calls, c["calls"].get<std::vector<std::int64_t>>());  // groups of sw_batch_size, across images
+    if (c["predictor"] == "identity") EXPECT_LT((got - input).abs().max().item<double>(), kTolerance);
+  }
+}
+
+TEST_F(SlidingWindowGolden, WindowsAreVisitedAtMonaisPositionsInMonaisOrder) {
+  // The input holds each voxel's (image, x, y, z) code, so a window's first voxel names its start.
+  int checked = 0;
+  for (const auto& c : manifest_["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const auto shape = c["input"]["shape"].get<std::vector<std::int64_t>>();
+    auto options = SlidingWindowOptions::from_json(c["options"]);
+    bool padded = false;
+    for (int d = 0; d < 3; ++d) padded = padded || options.roi_size[d] > shape[2 + d];
+    if (padded) continue;  // positions are in padded coordinates there
+    const std::int64_t b = shape[0], x = shape[2], y = shape[3], z = shape[4];
+    const at::Tensor code = at::arange(b * x * y * z, at::kFloat).view({b, 1, x, y, z});
+    std::vector<std::vector<std::int64_t>> seen;  // image, x, y, z
+    const Predictor record = [&](const at::Tensor& t) {
+      for (std::int64_t i = 0; i < t.size(0); ++i) {
+        auto v = static_cast<std::int64_t>(t[i][0][0][0][0].item<float>());
+        seen.push_back({v / (x * y * z), v / (y * z) % x, v / z % y, v % z});
+      }
+      return t;
+    };
+    sliding_window_inference(code, record, options);
+    const auto windows = c["windows"].get<std::vector<std::vector<std::int64_t>>>();
+    ASSERT_EQ(seen.size(), windows.size() * static_cast<std::size_t>(b));
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      const auto& w = windows[i % windows.size()];
+      EXPECT_EQ(seen[i], (std::vector<std::int64_t>{static_cast<std::int64_t>(i / windows.size()), w[0], w[1], w[2]}))
+          << "window " << i;
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 6);
+}
+
+TEST(SlidingWindow, HalfPrecisionPredictionsGiveFloat32) {
+  const at::Tensor input = at::randn({1, 1, 13, 10, 9});
+  SlidingWindowOptions o;
+  o.roi_size = {6, 6, 6};
+  o.mode = "gaussian";
+  const at::Tensor out = sliding_window_inference(
+      input, [](const at::Tensor& t) { return t.to(at::kHalf); }, o);
+  EXPECT_EQ(out.scalar_type(), at::kFloat);
+  EXPECT_LT((out - input).abs().max().item<double>(), 5e-3);  // half's rounding of N(0, 1) values
+}
+
+TEST(SlidingWindow, PredictorMayChangeTheChannelCount) {
+  const at::Tensor input = at::randn({2, 3, 11, 7, 9});
+  SlidingWindowOptions o;
+  o.roi_size = {5, 4, 4};
+  o.overlap = 0.5;
+  const at::Tensor out = sliding_window_inference(
+      input, [](const at::Tensor& t) { return t.sum(1, /*keepdim=*/true); }, o);
+  ASSERT_EQ(out.sizes().vec(), (std::vector<std::int64_t>{2, 1, 11, 7, 9}));
+  EXPECT_LT((out - input.sum(1, true)).abs().max().item<double>(), 1e-5);
+}
+
+TEST(SlidingWindow, RoiEntriesBelowOneTakeTheInputSize) {
+  const at::Tensor input = at::randn({1, 1, 10, 8, 6});
+  SlidingWindowOptions o;
+  o.roi_size = {4, 0, -1};
+  o.device = "cpu";
+  std::vector<std::int64_t> window_shape;
+  const at::Tensor out = sliding_window_inference(
+      input,
+      [&](const at::Tensor& t) {
+        window_shape = t.sizes().vec();
+        return t * 2;
+      },
+      o);
+  EXPECT_EQ(window_shape, (std::vector<std::int64_t>{3, 1, 4, 8, 6}));  // starts 0, 3, 6
+  EXPECT_TRUE(out.device().is_cpu());
+  EXPECT_LT((out - 2 * input).abs().max().item<double>(), 1e-5);
+}
+
+TEST(SlidingWindow, BadOptionsThrowValueErrorNamingTheArgumentAndValue) {
+  const at::Tensor input = at::randn({1, 1, 6, 6, 6});
+  const Predictor identity = [](const at::Tensor& t) { return t; };
+  const auto with = [&](const std::function<void(SlidingWindowOptions&)>& change) {
+    SlidingWindowOptions o;
+    o.roi_size = {4, 4, 4};
+    change(o);
+    return [&input, &identity, o] { sliding_window_inference(input, identity, o); };
+  };
+  expect_error(with([](auto& o) { o.overlap = 1.0; }), "overlap 1 ");
+  expect_error(with([](auto& o) { o.overlap = -0.25; }), "overlap -0.25");
+  expect_error(with([](auto& o) { o.sw_batch_size = 0; }), "sw_batch_size 0");
+  expect_error(with([](auto& o) { o.mode = "linear"; }), "mode 'linear'");
+  expect_error(with([](auto& o) { o.sigma_scale = 0; }), "sigma_scale 0");
+  expect_error(with([](auto& o) { o.padding_mode = "circular"; }), "padding_mode 'circular'");
+  expect_error(with([](auto& o) { o.device = "tpu"; }), "device 'tpu'");
+  expect_error(with([](auto& o) { o.roi_size.clear(); }), "roi_size is empty");
+  expect_error(with([](auto& o) { o.roi_size = {4, 4}; }), "roi_size [4, 4] has 2 entries");
+  expect_error(with([](auto& o) {
+                 o.roi_size = {20, 4, 4};
+                 o.padding_mode = "reflect";
+                 o.cval = 0;
+               }),
+               "reflect");
+  SlidingWindowOptions o;
+  o.roi_size = {4, 4, 4};
+  expect_error(
+      [&] {
+        sliding_window_inference(
+            input, [](const at::Tensor& t) { return t.narrow(2, 0, 3); }, o);
+      },
+      "the predictor returned [4, 1, 3, 4, 4] for 4 windows of [4, 4, 4]");
+  expect_error([&] { sliding_window_inference(input, Predictor{}, o); }, "no predictor");
+  expect_error([&] { importance_map({4, 0, 4}, "gaussian", 0.125, at::kCPU); }, "roi_size [4, 0, 4]");
+  expect_error([&] { importance_map({4, 4, 4}, "box", 0.125, at::kCPU); }, "mode 'box'");
+}
+
+TEST(SlidingWindow, FromJsonReadsEveryKeyAndRejectsUnknownOnes) {
+  const SlidingWindowOptions defaults;
+  const auto empty = SlidingWindowOptions::from_json(nlohmann::json::object());
+  EXPECT_EQ(empty.roi_size, defaults.roi_size);
+  EXPECT_EQ(empty.sw_batch_size, defaults.sw_batch_size);
+  EXPECT_EQ(empty.overlap, defaults.overlap);
+  EXPECT_EQ(empty.mode, defaults.mode);
+
+  const auto o = SlidingWindowOptions::from_json(nlohmann::json::parse(
+      R"({"roi_size": [64, 32, -1], "sw_batch_size": 2, "overlap": 0.5, "mode": "gaussian", "sigma_scale": 0.25,
+          "padding_mode": "replicate", "cval": 1.5, "device": "cpu"})"));
+  EXPECT_EQ(o.roi_size, (std::vector<std::int64_t>{64, 32, -1}));
+  EXPECT_EQ(o.sw_batch_size, 2);
+  EXPECT_EQ(o.overlap, 0.5);
+  EXPECT_EQ(o.mode, "gaussian");
+  EXPECT_EQ(o.sigma_scale, 0.25);
+  EXPECT_EQ(o.padding_mode, "replicate");
+  EXPECT_EQ(o.cval, 1.5);
+  EXPECT_EQ(o.device, "cpu");
+  EXPECT_EQ(SlidingWindowOptions::from_json(nlohmann::json::parse(R"({"roi_size": 80})")).roi_size,
+            (std::vector<std::int64_t>{80, 80, 80}));
+
+  const auto format_error = [](const char* text, const std::string& needle) {
+    try {
+      SlidingWindowOptions::from_json(nlohmann::json::parse(text));
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  format_error(R"({"roi": [96, 96, 96]})", "validation.sliding_window.roi: unknown key");
+  format_error(R"({"overlap": "half"})", "validation.sliding_window.overlap: expected a number");
+  format_error(R"({"sw_batch_size": 2.5})", "validation.sliding_window.sw_batch_size: expected a whole number");
+  format_error(R"({"roi_size": [96, 96.5, 96]})", "validation.sliding_window.roi_size");
+  format_error(R"([1, 2])", "expected a mapping");
+  expect_error([] { SlidingWindowOptions::from_json(nlohmann::json::parse(R"({"overlap": 1.5})"), "val.sw"); },
+               "val.sw: sliding window: argument overlap 1.5 is outside [0, 1)");
+}
+
+TEST(SlidingWindow, CudaWindowsAccumulateOnTheRequestedDevice) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const at::Tensor input = at::randn({2, 1, 20, 17, 13});
+  SlidingWindowOptions o;
+  o.roi_size = {8, 8, 8};
+  o.mode = "gaussian";
+  const Predictor square = [](const at::Tensor& t) { return t * t; };
+  const at::Tensor on_cpu = sliding_window_inference(input, square, o);
+  o.device = "cpu";
+  bool windows_on_cuda = true;
+  const at::Tensor from_cuda = sliding_window_inference(
+      input.cuda(),
+      [&](const at::Tensor& t) {
+        windows_on_cuda = windows_on_cuda && t.is_cuda();
+        return square(t);
+      },
+      o);
+  EXPECT_TRUE(windows_on_cuda);
+  EXPECT_TRUE(from_cuda.device().is_cpu());
+  EXPECT_LT((from_cuda - on_cpu).abs().max().item<double>(), 1e-5);
+}
+
+}  // namespace
+}  // namespace medfast::train
