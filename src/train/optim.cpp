@@ -1,0 +1,369 @@
+#include "medfast/train/optim.hpp"
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/archive.h>
+#include <torch/utils.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <set>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+/// The canonical spelling of `name` among `known`, matched ignoring case; throws naming `where`.name.
+std::string canonical_name(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& where,
+                           const char* what) {
+  if (!j.is_string()) throw ValueError(str(where, ".name: expected a string (", join(known), "), got ", j.dump()));
+  const std::string name = j.get<std::string>();
+  for (const auto& k : known) {
+    if (lower(k) == lower(name)) return k;
+  }
+  throw ValueError(str(where, ".name: unknown ", what, " '", name, "' (expected ", join(known), ")"));
+}
+
+/// Reads the keys of one config mapping; keys no one asked for are errors naming the allowed ones.
+class Keys {
+ public:
+  Keys(const nlohmann::json& j, std::string where, std::string owner, std::vector<std::string> allowed)
+      : j_(j), where_(std::move(where)), owner_(std::move(owner)), allowed_(std::move(allowed)) {
+    for (const auto& [k, v] : j_.items()) {
+      if (k == "name") continue;
+      if (std::find(allowed_.begin(), allowed_.end(), k) == allowed_.end()) {
+        throw ValueError(str(where_, ".", k, ": unknown argument for ", owner_,
+                             allowed_.empty() ? std::string(" (it takes none)") : str(" (known: ", join(allowed_), ")")));
+      }
+    }
+  }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_number()) throw ValueError(str(where_, ".", key, ": expected a number, got ", j_[key].dump()));
+    return j_[key].get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_boolean()) throw ValueError(str(where_, ".", key, ": expected true or false, got ", j_[key].dump()));
+    return j_[key].get<bool>();
+  }
+  std::int64_t integer(const char* key, std::int64_t fallback) const {
+    if (!has(key)) return fallback;
+    const auto& v = j_[key];
+    // YAML writes 50 and 50.0 alike for some emitters; accept a float only when it is whole.
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return static_cast<std::int64_t>(v.get<double>());
+    throw ValueError(str(where_, ".", key, ": expected a whole number, got ", v.dump()));
+  }
+  std::pair<double, double> pair(const char* key, std::pair<double, double> fallback) const {
+    if (!has(key)) return fallback;
+    const auto& v = j_[key];
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
+      throw ValueError(str(where_, ".", key, ": expected two numbers [beta1, beta2], got ", v.dump()));
+    }
+    return {v[0].get<double>(), v[1].get<double>()};
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string where_, owner_;
+  std::vector<std::string> allowed_;
+};
+
+const std::vector<std::string> kOptimizers = {"SGD", "Adam", "AdamW", "Novograd"};
+const std::vector<std::string> kSchedules = {"constant", "warmup_cosine", "poly"};
+
+constexpr double kPi = 3.14159265358979323846;  // Python's math.pi
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Options
+
+void OptimizerOptions::validate() const {
+  if (std::find(kOptimizers.begin(), kOptimizers.end(), name) == kOptimizers.end()) {
+    throw ValueError(str("optimizer name: unknown optimizer '", name, "' (expected ", join(kOptimizers), ")"));
+  }
+  auto fail = [&](const char* arg, const std::string& what) { return ValueError(str(name, ": ", arg, " ", what)); };
+  if (!(lr >= 0)) throw fail("lr", str("must be >= 0 (got ", lr, ")"));
+  if (!(weight_decay >= 0)) throw fail("weight_decay", str("must be >= 0 (got ", weight_decay, ")"));
+  if (name == "SGD") {
+    if (!(momentum >= 0)) throw fail("momentum", str("must be >= 0 (got ", momentum, ")"));
+    if (!(dampening >= 0)) throw fail("dampening", str("must be >= 0 (got ", dampening, ")"));
+    if (nesterov && !(momentum > 0 && dampening == 0)) {
+      throw fail("nesterov", str("needs momentum > 0 and dampening 0 (got momentum ", momentum, ", dampening ",
+                                 dampening, ")"));
+    }
+    return;
+  }
+  if (!(eps >= 0)) throw fail("eps", str("must be >= 0 (got ", eps, ")"));
+  if (!(beta1 >= 0 && beta1 < 1)) throw fail("betas[0]", str("must be in [0, 1) (got ", beta1, ")"));
+  if (!(beta2 >= 0 && beta2 < 1)) throw fail("betas[1]", str("must be in [0, 1) (got ", beta2, ")"));
+}
+
+OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("name")) {
+    throw ValueError(str(where, ": expected a mapping with a 'name' (", join(kOptimizers), ")"));
+  }
+  OptimizerOptions o;
+  o.name = canonical_name(j["name"], kOptimizers, where, "optimizer");
+  std::vector<std::string> allowed;
+  if (o.name == "SGD") allowed = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+  else if (o.name == "Novograd") allowed = {"lr", "betas", "eps", "weight_decay", "grad_averaging", "amsgrad"};
+  else allowed = {"lr", "betas", "eps", "weight_decay", "amsgrad"};
+  const Keys k(j, where, o.name, allowed);
+  if (o.name == "AdamW") o.weight_decay = kAdamWWeightDecay;
+  if (o.name == "Novograd") o.beta2 = kNovogradBeta2;
+  o.lr = k.number("lr", o.lr);
+  o.momentum = k.number("momentum", o.momentum);
+  o.dampening = k.number("dampening", o.dampening);
+  o.weight_decay = k.number("weight_decay", o.weight_decay);
+  o.nesterov = k.boolean("nesterov", o.nesterov);
+  o.amsgrad = k.boolean("amsgrad", o.amsgrad);
+  o.grad_averaging = k.boolean("grad_averaging", o.grad_averaging);
+  std::tie(o.beta1, o.beta2) = k.pair("betas", {o.beta1, o.beta2});
+  o.eps = k.number("eps", o.eps);
+  try {
+    o.validate();
+  } catch (const ValueError& e) {
+    throw ValueError(str(where, ": ", e.what()));
+  }
+  return o;
+}
+
+void ScheduleOptions::validate() const {
+  if (std::find(kSchedules.begin(), kSchedules.end(), name) == kSchedules.end()) {
+    throw ValueError(str("schedule name: unknown schedule '", name, "' (expected ", join(kSchedules), ")"));
+  }
+  auto fail = [&](const char* arg, const std::string& what) { return ValueError(str(name, ": ", arg, " ", what)); };
+  if (name == "warmup_cosine") {
+    if (warmup_epochs < 0) throw fail("warmup_epochs", str("must be >= 0 (got ", warmup_epochs, ")"));
+    if (!(warmup_start_lr >= 0)) throw fail("warmup_start_lr", str("must be >= 0 (got ", warmup_start_lr, ")"));
+    if (!(eta_min >= 0)) throw fail("eta_min", str("must be >= 0 (got ", eta_min, ")"));
+  } else if (name == "poly") {
+    if (!(power > 0)) throw fail("power", str("must be > 0 (got ", power, ")"));
+  }
+}
+
+ScheduleOptions ScheduleOptions::from_json(const nlohmann::json& j, const std::string& where) {
+  ScheduleOptions o;
+  if (j.is_string()) {
+    o.name = canonical_name(j, kSchedules, where, "schedule");
+    return o;
+  }
+  if (!j.is_object() || !j.contains("name")) {
+    throw ValueError(str(where, ": expected a name or a mapping with a 'name' (", join(kSchedules), ")"));
+  }
+  o.name = canonical_name(j["name"], kSchedules, where, "schedule");
+  std::vector<std::string> allowed;
+  if (o.name == "warmup_cosine") allowed = {"warmup_epochs", "warmup_start_lr", "eta_min"};
+  else if (o.name == "poly") allowed = {"power"};
+  const Keys k(j, where, o.name, allowed);
+  o.warmup_epochs = k.integer("warmup_epochs", o.warmup_epochs);
+  o.warmup_start_lr = k.number("warmup_start_lr", o.warmup_start_lr);
+  o.eta_min = k.number("eta_min", o.eta_min);
+  o.power = k.number("power", o.power);
+  try {
+    o.validate();
+  } catch (const ValueError& e) {
+    throw ValueError(str(where, ": ", e.what()));
+  }
+  return o;
+}
+
+// The arithmetic follows the reference closed forms term by term (same
+// operation order), so the golden comparison can be tight.
+double scheduled_lr(const ScheduleOptions& s, double lr, std::int64_t epoch, std::int64_t max_epochs) {
+  s.validate();
+  MEDFAST_CHECK_T(ValueError, max_epochs >= 1, "scheduled_lr: max_epochs must be >= 1 (got ", max_epochs, ")");
+  MEDFAST_CHECK_T(ValueError, epoch >= 0, "scheduled_lr: epoch must be >= 0 (got ", epoch, ")");
+  const auto e = static_cast<double>(epoch);
+  if (s.name == "poly") {
+    const auto total = static_cast<double>(max_epochs);
+    return lr * std::pow(1.0 - std::min(total, e) / total, s.power);
+  }
+  if (s.name == "warmup_cosine") {
+    MEDFAST_CHECK_T(ValueError, s.warmup_epochs < max_epochs, "warmup_cosine: warmup_epochs (", s.warmup_epochs,
+                    ") must be below the number of epochs (", max_epochs, ")");
+    const auto warmup = static_cast<double>(s.warmup_epochs);
+    if (epoch < s.warmup_epochs) {
+      // One warmup epoch: the reference's chained form starts at warmup_start_lr (its closed form divides by 0).
+      if (s.warmup_epochs == 1) return s.warmup_start_lr;
+      return s.warmup_start_lr + e * (lr - s.warmup_start_lr) / (warmup - 1);
+    }
+    return s.eta_min +
+           0.5 * (lr - s.eta_min) * (1 + std::cos(kPi * (e - warmup) / (static_cast<double>(max_epochs) - warmup)));
+  }
+  return lr;
+}
+
+// ---------------------------------------------------------------------------
+// Novograd
+
+NovogradOptions::NovogradOptions(double lr) : lr_(lr) {}
+
+double NovogradOptions::get_lr() const { return lr(); }
+void NovogradOptions::set_lr(const double lr) { this->lr(lr); }
+
+void NovogradOptions::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(betas);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(grad_averaging);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(amsgrad);
+}
+
+void NovogradOptions::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(betas_t, betas);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, grad_averaging);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, amsgrad);
+}
+
+void NovogradParamState::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_exp_avg_sq);
+}
+
+void NovogradParamState::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(std::int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, exp_avg_sq);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(at::Tensor, max_exp_avg_sq);
+}
+
+Novograd::Novograd(std::vector<torch::optim::OptimizerParamGroup> param_groups, NovogradOptions defaults)
+    : Optimizer(std::move(param_groups), std::make_unique<NovogradOptions>(defaults)) {
+  const auto [beta1, beta2] = defaults.betas();
+  MEDFAST_CHECK_T(ValueError, defaults.lr() >= 0, "Novograd: lr must be >= 0 (got ", defaults.lr(), ")");
+  MEDFAST_CHECK_T(ValueError, defaults.eps() >= 0, "Novograd: eps must be >= 0 (got ", defaults.eps(), ")");
+  MEDFAST_CHECK_T(ValueError, beta1 >= 0 && beta1 < 1, "Novograd: betas[0] must be in [0, 1) (got ", beta1, ")");
+  MEDFAST_CHECK_T(ValueError, beta2 >= 0 && beta2 < 1, "Novograd: betas[1] must be in [0, 1) (got ", beta2, ")");
+  MEDFAST_CHECK_T(ValueError, defaults.weight_decay() >= 0, "Novograd: weight_decay must be >= 0 (got ",
+                  defaults.weight_decay(), ")");
+}
+
+at::Tensor Novograd::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& o = static_cast<const NovogradOptions&>(group.options());
+    const auto [beta1, beta2] = o.betas();
+    for (auto& p : group.params()) {
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) continue;
+      MEDFAST_CHECK_T(ValueError, !grad.is_sparse(), "Novograd: sparse gradients are not supported");
+      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto it = state_.find(key);
+      if (it == state_.end()) {
+        auto fresh = std::make_unique<NovogradParamState>();
+        fresh->exp_avg(at::zeros_like(p));
+        // MONAI keeps the second moment as a default-dtype (float32) scalar whatever the parameter's dtype.
+        fresh->exp_avg_sq(at::zeros({}, p.options().dtype(at::kFloat)));
+        it = state_.emplace(key, std::move(fresh)).first;
+      }
+      auto& st = static_cast<NovogradParamState&>(*it->second);
+      at::Tensor& exp_avg = st.exp_avg();
+      at::Tensor& exp_avg_sq = st.exp_avg_sq();
+      st.step(st.step() + 1);
+
+      const at::Tensor norm = grad.pow(2).sum();
+      // MONAI takes the first nonzero norm as is; `where` keeps that choice on the device (no sync).
+      const at::Tensor decayed = exp_avg_sq.mul(beta2).add_(norm, 1 - beta2);
+      exp_avg_sq.copy_(at::where(exp_avg_sq == 0, norm, decayed));
+
+      at::Tensor denom;
+      if (o.amsgrad()) {
+        if (!st.max_exp_avg_sq().defined()) st.max_exp_avg_sq(at::zeros_like(exp_avg_sq));
+        at::Tensor& max_exp_avg_sq = st.max_exp_avg_sq();
+        at::maximum_out(max_exp_avg_sq, max_exp_avg_sq, exp_avg_sq);
+        denom = max_exp_avg_sq.sqrt().add_(o.eps());
+      } else {
+        denom = exp_avg_sq.sqrt().add_(o.eps());
+      }
+      at::Tensor g = grad.div(denom);
+      if (o.weight_decay() != 0) g.add_(p, o.weight_decay());
+      if (o.grad_averaging()) g.mul_(1 - beta1);
+      exp_avg.mul_(beta1).add_(g);
+      p.add_(exp_avg, -o.lr());
+    }
+  }
+  return loss;
+}
+
+void Novograd::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
+
+void Novograd::load(torch::serialize::InputArchive& archive) { serialize(*this, archive); }
+
+// ---------------------------------------------------------------------------
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
+                                                        const OptimizerOptions& options) {
+  options.validate();
+  const auto& o = options;
+  if (o.name == "SGD") {
+    return std::make_unique<torch::optim::SGD>(
+        std::move(params),
+        torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening).weight_decay(o.weight_decay).nesterov(
+            o.nesterov));
+  }
+  if (o.name == "Adam") {
+    return std::make_unique<torch::optim::Adam>(
+        std::move(params), torch::optim::AdamOptions(o.lr)
+                               .betas({o.beta1, o.beta2})
+                               .eps(o.eps)
+                               .weight_decay(o.weight_decay)
+                               .amsgrad(o.amsgrad));
+  }
+  if (o.name == "AdamW") {
+    return std::make_unique<torch::optim::AdamW>(
+        std::move(params), torch::optim::AdamWOptions(o.lr)
+                               .betas({o.beta1, o.beta2})
+                               .eps(o.eps)
+                               .weight_decay(o.weight_decay)
+                               .amsgrad(o.amsgrad));
+  }
+  return std::make_unique<Novograd>(std::move(params), NovogradOptions(o.lr)
+                                                            .betas({o.beta1, o.beta2})
+                                                            .eps(o.eps)
+                                                            .weight_decay(o.weight_decay)
+                                                            .grad_averaging(o.grad_averaging)
+                                                            .amsgrad(o.amsgrad));
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  MEDFAST_CHECK_T(ValueError, lr >= 0, "set_learning_rate: lr must be >= 0 (got ", lr, ")");
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+double learning_rate(const torch::optim::Optimizer& optimizer) {
+  MEDFAST_CHECK_T(ValueError, !optimizer.param_groups().empty(), "learning_rate: the optimizer has no parameter groups");
+  return optimizer.param_groups().front().options().get_lr();
+}
+
+}  // namespace medfast::train
