@@ -67,9 +67,13 @@ CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheCo
     : dataset_(std::move(dataset)), chain_(std::move(chain)), config_(std::move(config)) {
   config_.validate();
   store_ = cache::make_store(config_.store);
-  for (std::size_t i = static_cast<std::size_t>(config_.rank); i < dataset_.items.size();
-       i += static_cast<std::size_t>(config_.world_size)) {
-    indices_.push_back(i);
+  const std::size_t n = dataset_.items.size(), w = static_cast<std::size_t>(config_.world_size);
+  // Padded: every rank holds ceil(n / w) items (the last ones wrap around to the
+  // start, as torch's DistributedSampler pads), so all ranks run the same steps.
+  const std::size_t per_rank = config_.pad_partition ? (n + w - 1) / w : 0;
+  for (std::size_t k = 0, i = static_cast<std::size_t>(config_.rank); config_.pad_partition ? k < per_rank : i < n;
+       ++k, i += w) {
+    indices_.push_back(i % n);
   }
   // MONAI: int(len(data) * cache_rate), truncating.
   cached_count_ = static_cast<std::size_t>(config_.cache_rate * static_cast<double>(indices_.size()));

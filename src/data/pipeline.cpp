@@ -2,8 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
+#include "medfast/data/synth.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::data {
@@ -55,18 +58,59 @@ std::string resolve(const std::string& base, const std::string& p) {
 
 }  // namespace
 
-nlohmann::json load_yaml_as_json(const std::string& path) {
-  const std::string text = os::read_text_file(path);
+nlohmann::json parse_yaml(const std::string& text, const std::string& what) {
   try {
     return to_json(YAML::Load(text));
   } catch (const YAML::Exception& e) {
-    throw FormatError(str(path, ": not valid YAML/JSON: ", e.what()));
+    throw FormatError(str(what, ": not valid YAML/JSON: ", e.what()));
   }
 }
 
+nlohmann::json load_yaml_as_json(const std::string& path) { return parse_yaml(os::read_text_file(path), path); }
+
 PipelineConfig load_pipeline(const std::string& path, const Settings& settings) {
-  const nlohmann::json root = load_yaml_as_json(path);
-  const std::string base = os::parent_directory(path);
+  return load_pipeline(load_yaml_as_json(path), path, os::parent_directory(path), settings);
+}
+
+namespace {
+
+// data.synth: writes the synthetic dataset where data.dataset points when the
+// list is not there yet (a finished `data synth` writes dataset.json last).
+void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& list, const std::string& path,
+                              const Settings& settings) {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    return FormatError(str(path, ": data.synth.", key, ": ", what));
+  };
+  if (!spec.is_object()) throw FormatError(str(path, ": data.synth: expected a mapping (cases, size, spacing, seed)"));
+  if (os::exists(list)) return;
+  const std::string dir = os::parent_directory(list);
+  if (list != dir + "/dataset.json") {
+    throw FormatError(str(path, ": data.synth: data.dataset must name a dataset.json for synth to write (got ", list, ")"));
+  }
+  SynthOptions o;
+  o.out_dir = dir;
+  o.threads = settings.threads();
+  o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));
+  for (const auto& [k, v] : spec.items()) {
+    try {
+      if (k == "cases") o.set_cases(v.get<int>());
+      else if (k == "size") o.set_size(v.get<std::string>());
+      else if (k == "spacing") o.set_spacing(v.get<std::array<double, 3>>());
+      else if (k == "seed") o.seed = v.get<std::uint64_t>();
+      else throw fail(k, "unknown key (known: cases, size, spacing, seed)");
+    } catch (const nlohmann::json::exception&) {
+      throw fail(k, str("has the wrong type: ", v.dump()));
+    } catch (const ValueError& e) {
+      throw fail(k, e.what());
+    }
+  }
+  synthesize_dataset(o);
+}
+
+}  // namespace
+
+PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base,
+                             const Settings& settings) {
   auto fail = [&](const std::string& key, const std::string& what) -> FormatError {
     return FormatError(str(path, ": ", key, ": ", what));
   };
@@ -77,11 +121,46 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   PipelineConfig c;
   c.path = path;
   if (!d.contains("dataset") || !d["dataset"].is_string()) throw fail("data.dataset", "expected the path of a dataset list");
+  for (const auto& [k, v] : d.items()) {
+    static const char* known[] = {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache",
+                                  "validation", "synth"};
+    if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known)) {
+      throw fail("data." + k, "unknown key (known: dataset, section, fold, deterministic, random, seed, loader, cache, "
+                              "validation, synth)");
+    }
+  }
+  const std::string list = resolve(base, d["dataset"].get<std::string>());
+  if (d.contains("synth")) ensure_synthetic_dataset(d["synth"], list, path, settings);
   const std::string section = d.value("section", "training");
-  c.dataset = load_dataset(resolve(base, d["dataset"].get<std::string>()), section);
+  c.dataset = load_dataset(list, section);
+  int fold = -1;
   if (d.contains("fold") && !d["fold"].is_null()) {
     if (!d["fold"].is_number_integer()) throw fail("data.fold", "expected a whole number");
-    c.dataset = select_fold(c.dataset, d["fold"].get<int>(), /*validation=*/false);
+    fold = d["fold"].get<int>();
+    c.validation = select_fold(c.dataset, fold, /*validation=*/true);
+    c.dataset = select_fold(c.dataset, fold, /*validation=*/false);
+  }
+  if (d.contains("validation") && !d["validation"].is_null()) {
+    const auto& v = d["validation"];
+    if (!v.is_object() || v.size() != 1 || !(v.contains("num") || v.contains("section"))) {
+      throw fail("data.validation", "expected {num: N} (the last N items) or {section: NAME}");
+    }
+    if (v.contains("num")) {
+      if (!v["num"].is_number_integer() || v["num"].get<long long>() < 1) {
+        throw fail("data.validation.num", "expected a whole number >= 1");
+      }
+      const auto n = v["num"].get<std::size_t>();
+      if (n >= c.dataset.items.size()) {
+        throw fail("data.validation.num", str(n, " leaves no training items (the section has ", c.dataset.items.size(), ")"));
+      }
+      c.validation.source = c.dataset.source;
+      c.validation.items.assign(c.dataset.items.end() - static_cast<std::ptrdiff_t>(n), c.dataset.items.end());
+      c.dataset.items.resize(c.dataset.items.size() - n);
+    } else {
+      if (!v["section"].is_string()) throw fail("data.validation.section", "expected a section name");
+      c.validation = load_dataset(list, v["section"].get<std::string>());
+      if (fold >= 0) c.validation = select_fold(c.validation, fold, /*validation=*/true);
+    }
   }
   if (c.dataset.items.empty()) throw fail("data.dataset", "selects no items");
   c.deterministic = d.value("deterministic", nlohmann::json::array());
@@ -94,21 +173,22 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   }
   const nlohmann::json loader = d.value("loader", nlohmann::json::object());
   if (!loader.is_object()) throw fail("data.loader", "expected a mapping");
+  c.loader.threads = settings.threads();
   for (const auto& [k, v] : loader.items()) {
     try {
-      if (k == "batch_size") c.loader.batch_size = v.get<int>();
+      if (k == "threads") c.loader.threads = v.get<int>();
+      else if (k == "batch_size") c.loader.batch_size = v.get<int>();
       else if (k == "shuffle") c.loader.shuffle = v.get<bool>();
       else if (k == "drop_last") c.loader.drop_last = v.get<bool>();
       else if (k == "repeats") c.loader.repeats = v.get<int>();
       else if (k == "prefetch") c.loader.prefetch = v.get<int>();
       else if (k == "pin_memory") c.loader.pin_memory = v.get<bool>();
       else if (k == "device") c.loader.device = v.get<std::string>();
-      else throw fail("data.loader." + k, "unknown key (known: batch_size, shuffle, drop_last, repeats, prefetch, pin_memory, device)");
+      else throw fail("data.loader." + k, "unknown key (known: batch_size, threads, shuffle, drop_last, repeats, prefetch, pin_memory, device)");
     } catch (const nlohmann::json::exception&) {
       throw fail("data.loader." + k, str("has the wrong type: ", v.dump()));
     }
   }
-  c.loader.threads = settings.threads();
   try {
     c.loader.validate();
   } catch (const std::exception& e) {
@@ -173,7 +253,17 @@ transforms::Compose deterministic_chain(const PipelineConfig& c) {
 
 CachedDataset make_cached_dataset(const PipelineConfig& c) {
   if (c.smart) throw ValueError(str(c.path, ": data.cache.kind is smart; this needs a memory or disk cache"));
-  return CachedDataset(c.dataset, deterministic_chain(c), c.cache);
+  CacheConfig cache = c.cache;
+  cache.pad_partition = true;  // equal steps on every rank
+  return CachedDataset(c.dataset, deterministic_chain(c), cache);
+}
+
+CachedDataset make_validation_dataset(const PipelineConfig& c) {
+  if (c.validation.items.empty()) throw ValueError(str(c.path, ": data.validation: no validation items"));
+  CacheConfig cache = c.cache;
+  cache.pad_partition = false;  // each validation item counts once across ranks
+  if (c.smart) cache.store.set_kind("memory");  // the smart cache rotates training items only
+  return CachedDataset(c.validation, deterministic_chain(c), cache);
 }
 
 transforms::RandomChain make_random_chain(const PipelineConfig& c) {

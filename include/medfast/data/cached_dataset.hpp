@@ -9,7 +9,8 @@
 ///     epoch, reusing valid entries (a killed run resumes where it stopped);
 ///   - cache_rate caches the first int(rate * n) items (as MONAI); the rest are
 ///     computed when asked for;
-///   - under DDP, rank r of w holds items r, r + w, r + 2w, ... and caches only those.
+///   - under DDP, rank r of w holds items r, r + w, r + 2w, ... and caches only those
+///     (padded to equal sizes with pad_partition).
 
 #include <functional>
 #include <memory>
@@ -29,6 +30,10 @@ struct CacheConfig {
   bool content_hash = false;
   int rank = 0;
   int world_size = 1;
+  /// Pad each rank's partition to ceil(n / world_size) items by wrapping around
+  /// (training: every rank runs the same number of steps). Off for validation,
+  /// where each item must count once.
+  bool pad_partition = false;
 
   /// Reads RANK and WORLD_SIZE (as torchrun and SLURM wrappers set them).
   CacheConfig& from_environment();

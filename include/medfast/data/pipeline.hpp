@@ -11,9 +11,15 @@
 ///       - ...
 ///     random: [...]              # the random chain (applied after the cache)
 ///     seed: 0                    # run seed of the random chain and the shuffle
-///     loader: {batch_size: 2, shuffle: true, drop_last: false, repeats: 1, prefetch: 4, pin_memory: false}
+///     loader: {batch_size: 2, threads: 2, shuffle: true, drop_last: false, repeats: 1, prefetch: 4, pin_memory: false}
 ///     cache: {kind: disk, dir: cache/spleen, cache_rate: 1.0, content_hash: false}
 ///       # kind: memory | device | disk | disk_device | smart (with cache_num, replace_rate)
+///     validation: {num: 9}       # validation items: the last num of the section (MONAI's
+///                                # tutorial split), or {section: validation}; with `fold`,
+///                                # the fold's items by default
+///     synth: {cases: 12, size: "96,96,24-32", spacing: [1.6, 1.6, 3.0], seed: 0}
+///                                # optional: write a synthetic dataset (data synth) at
+///                                # `dataset`'s folder first when the list does not exist
 ///   settings: {threads: 2}       # medfast settings (see `medfast config show`)
 ///
 /// Relative paths are relative to the config file's folder.
@@ -31,6 +37,7 @@ namespace medfast::data {
 struct PipelineConfig {
   std::string path;  ///< the config file
   Dataset dataset;
+  Dataset validation;  ///< empty when the config names no validation items
   nlohmann::json deterministic = nlohmann::json::array();
   nlohmann::json random = nlohmann::json::array();
   CacheConfig cache;
@@ -42,12 +49,21 @@ struct PipelineConfig {
 
 /// YAML (or JSON, which is YAML) to JSON: numbers, booleans and null typed.
 nlohmann::json load_yaml_as_json(const std::string& path);
+/// The same for text; `what` names it in the FormatError.
+nlohmann::json parse_yaml(const std::string& text, const std::string& what);
 
 /// Reads the data section. Throws FormatError naming the file and the key.
 PipelineConfig load_pipeline(const std::string& path, const Settings& settings);
+/// The same from an already parsed config; relative paths are relative to
+/// `base_dir`, and `path` names the config in messages.
+PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base_dir,
+                             const Settings& settings);
 
 /// Builds the cached dataset the config describes (training items).
 CachedDataset make_cached_dataset(const PipelineConfig& config);
+/// The validation items through the same deterministic chain and cache kind
+/// (ValueError when the config has none).
+CachedDataset make_validation_dataset(const PipelineConfig& config);
 /// Builds the random chain (data.random) with data.seed.
 transforms::RandomChain make_random_chain(const PipelineConfig& config);
 /// Builds the smart cache the config describes (cache.kind: smart).
