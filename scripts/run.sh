@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs medfast's main job on its built-in default: the
-# README's first command. Today the main job writes the built-in synthetic
-# spleen dataset (medfast data synth) and inspects a case; `medfast train`
-# takes its place when the training engine lands.
+# README's first command. `medfast train` with no config writes a small
+# synthetic spleen-like dataset (data/synth-small), caches its preprocessing
+# in memory and trains a small UNet on the CPU until the validation Dice
+# reaches 0.85 (at most 40 epochs; a few minutes on 2 cores), printing loss,
+# Dice and per-stage times each epoch. Checkpoints and metrics go to
+# runs/default/; `--resume` continues an interrupted run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +13,4 @@ bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$(nproc)"
 
-out=${MEDFAST_DATA:-data/spleen-synth}
-./build/medfast data synth --out "$out"
-./build/medfast info "$out/imagesTr/spleen_0.nii.gz" --stats
-./build/medfast info "$out/labelsTr/spleen_0.nii.gz" --stats
+./build/medfast train "$@"

@@ -27,6 +27,9 @@ Command register_data(CLI::App& root);
 Command register_io(CLI::App& root);
 Command register_cache(CLI::App& root);
 Command register_bench(CLI::App& root);
+Command register_train(CLI::App& root);
+Command register_infer(CLI::App& root);
+Command register_eval(CLI::App& root);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

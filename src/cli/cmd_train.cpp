@@ -1,0 +1,233 @@
+// medfast train | infer | eval: the training engine's commands.
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/dist/process_group.hpp"
+#include "medfast/train/trainer.hpp"
+
+namespace medfast::cli {
+
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  bool resume = false;
+  bool json = false;
+};
+
+struct InferArgs {
+  std::string checkpoint, output, device = "cpu", amp = "false";
+  std::vector<std::string> inputs;
+  std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
+  bool json = false;
+};
+
+struct EvalArgs {
+  std::string checkpoint, config, section;
+  std::vector<std::string> sets;
+  bool hd95 = false, json = false;
+};
+
+std::string fmt(double v, int digits = 4) {
+  if (!std::isfinite(v)) return "nan";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+/// The run config: the file (or the built-in default) with --set applied.
+nlohmann::json run_config(const std::string& path, const std::vector<std::string>& sets) {
+  nlohmann::json c = path.empty() ? train::default_run_config() : data::load_yaml_as_json(path);
+  for (const auto& s : sets) train::apply_override(c, s);
+  return c;
+}
+
+void print_epoch(const train::EpochRecord& r, int epochs) {
+  std::string line = str("epoch ", r.epoch, "/", epochs, "  loss ", fmt(r.loss), "  lr ", r.lr);
+  if (r.dice) {
+    line += str("  dice ", fmt(*r.dice));
+    if (r.dice_per_class.size() > 1) {
+      line += " [";
+      for (std::size_t i = 0; i < r.dice_per_class.size(); ++i) line += (i ? " " : "") + fmt(r.dice_per_class[i]);
+      line += "]";
+    }
+  }
+  if (r.hd95) line += str("  hd95 ", fmt(*r.hd95, 2));
+  const auto& t = r.times;
+  line += str("  ", fmt(r.seconds, 1), " s (data ", fmt(t.data_wait, 2), ", copy ", fmt(t.copy, 2), ", fwd ",
+              fmt(t.forward, 2), ", bwd ", fmt(t.backward, 2), ", opt ", fmt(t.optimizer, 2), ", val ",
+              fmt(t.validation, 2), ")");
+  if (r.skipped_steps) line += str("  skipped ", r.skipped_steps, " steps (inf/nan gradients)");
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+/// Builds the trainer. Under DDP rank 0 builds first and the others wait for it:
+/// building may write data.synth's dataset, which the other ranks must find
+/// complete rather than write at the same time. Every rank then says whether it
+/// succeeded, so a failure on one rank stops the others at once instead of
+/// leaving them in a collective until the timeout. Under DDP, train.device "cuda"
+/// means this node's GPU number LOCAL_RANK (an explicit cuda:N is kept).
+std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, train::Collective* comm,
+                                              int local_rank) {
+  auto build = [&] {
+    nlohmann::json config = run_config(a.config, a.sets);
+    if (comm && config.contains("train") && config["train"].is_object()) {
+      nlohmann::json& t = config["train"];
+      if (t.contains("device") && t["device"] == "cuda") t["device"] = str("cuda:", local_rank);
+    }
+    return std::make_unique<train::Trainer>(std::move(config), a.config, ctx.settings);
+  };
+  if (!comm) return build();
+  std::unique_ptr<train::Trainer> trainer;
+  std::exception_ptr failed;
+  auto attempt = [&] {
+    try {
+      trainer = build();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  };
+  auto count_ok = [&](bool ok) {
+    at::Tensor t = at::full({1}, ok ? 1.0 : 0.0, at::kDouble);
+    comm->allreduce_sum(t);
+    return static_cast<int>(std::lround(t.item<double>()));
+  };
+  const int rank = comm->rank();
+  if (rank == 0) attempt();
+  const bool rank0_ok = count_ok(rank == 0 && !failed) == 1;
+  if (failed) std::rethrow_exception(failed);
+  if (!rank0_ok) throw Error(str("rank ", rank, ": rank 0 could not set up the run (its error says why)"));
+  if (rank != 0) attempt();
+  const int ready = count_ok(!failed);
+  if (failed) std::rethrow_exception(failed);
+  if (ready < comm->world_size()) {
+    throw Error(str("rank ", rank, ": ", comm->world_size() - ready, " of ", comm->world_size(),
+                    " ranks could not set up the run (their errors say why)"));
+  }
+  return trainer;
+}
+
+int run_train(const TrainArgs& a, Context& ctx) {
+  // A multi-process run (torchrun or srun set RANK/WORLD_SIZE): join the process
+  // group first, so that a missing peer is reported before any work.
+  const dist::DistOptions dist_options = dist::DistOptions::from_environment();
+  std::shared_ptr<train::Collective> comm;
+  if (dist_options.enabled()) comm = dist::init_process_group(dist_options);
+  const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
+
+  std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options.local_rank);
+  if (comm) trainer->set_collective(comm);
+  train::TrainCallbacks cb;
+  const int epochs = trainer->options().epochs;
+  if (!a.json && rank0) {
+    cb.message = [](const std::string& m) {
+      std::printf("%s\n", m.c_str());
+      std::fflush(stdout);
+    };
+    cb.epoch = [epochs](const train::EpochRecord& r) { print_epoch(r, epochs); };
+  }
+  const train::TrainResult r = trainer->run(a.resume, cb);
+  if (!rank0) return 0;
+  if (a.json) {
+    print_json(r.to_json().dump());
+    return 0;
+  }
+  std::printf("best dice %s at epoch %d; %s\n", fmt(r.best_dice).c_str(), r.best_epoch,
+              r.reached_target ? str("target ", trainer->options().target_dice, " reached after ",
+                                     fmt(*r.time_to_target, 1), " s")
+                                     .c_str()
+                               : (trainer->options().target_dice > 0 ? "target not reached" : "no target set"));
+  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json\n", r.run_dir.c_str());
+  return 0;
+}
+
+int run_infer(const InferArgs& a, Context& ctx) {
+  train::InferOptions o;
+  o.device = a.device;
+  o.amp = data::parse_yaml(a.amp, "--amp");
+  nlohmann::json sw = nlohmann::json::object();
+  for (const auto& s : a.sets) train::apply_override(sw, s);
+  o.sliding_window = sw;
+  std::function<void(const std::string&)> say;
+  if (!a.json) say = [](const std::string& m) { std::printf("%s\n", m.c_str()); std::fflush(stdout); };
+  const auto files = train::infer(a.checkpoint, a.inputs, a.output, o, ctx.settings, say);
+  if (a.json) print_json(nlohmann::json{{"written", files}}.dump());
+  return 0;
+}
+
+int run_eval(const EvalArgs& a, Context& ctx) {
+  nlohmann::json cfg = a.config.empty() ? nlohmann::json() : run_config(a.config, a.sets);
+  if (a.config.empty() && !a.sets.empty()) throw ValueError("eval: --set needs --config");
+  const train::EvalResult r = train::evaluate(a.checkpoint, cfg, a.config, ctx.settings, a.hd95, a.section);
+  if (a.json) {
+    print_json(r.to_json().dump());
+    return 0;
+  }
+  std::printf("%-60s %s\n", "case", a.hd95 ? "dice per class | hd95 (mm)" : "dice per class");
+  for (const auto& c : r.cases) {
+    std::string line;
+    for (double d : c.dice) line += fmt(d) + " ";
+    if (c.hd95) {
+      line += "| ";
+      for (double h : *c.hd95) line += fmt(h, 2) + " ";
+    }
+    std::printf("%-60s %s\n", c.image.c_str(), line.c_str());
+  }
+  std::string per;
+  for (double d : r.mean_per_class) per += fmt(d) + " ";
+  std::printf("mean dice %s (per class: %s)\n", fmt(r.mean_dice).c_str(), per.c_str());
+  if (r.mean_hd95) std::printf("mean hd95 %s mm\n", fmt(*r.mean_hd95, 2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command register_train(CLI::App& root) {
+  auto a = std::make_shared<TrainArgs>();
+  auto* app = root.add_subcommand(
+      "train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)");
+  app->add_option("--config", a->config, "Run config (YAML/JSON): data, model, loss, optimizer, schedule, validation, train")
+      ->check(CLI::ExistingFile);
+  app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable), e.g. train.epochs=5");
+  app->add_flag("--resume", a->resume, "Continue from run_dir/last.ckpt (bit-identical to an uninterrupted run)");
+  app->add_flag("--json", a->json, "Print the result (history, best Dice, time to target) as JSON");
+  return {app, [a](Context& ctx) { return run_train(*a, ctx); }};
+}
+
+Command register_infer(CLI::App& root) {
+  auto a = std::make_shared<InferArgs>();
+  auto* app = root.add_subcommand("infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid");
+  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->required()->check(CLI::ExistingFile);
+  app->add_option("--input", a->inputs, "NIfTI file or folder of them (repeatable)")->required();
+  app->add_option("--output", a->output, "Output folder (<name>_seg.nii.gz per input)")->required();
+  app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();
+  app->add_option("--set", a->sets, "Sliding-window override: roi_size=[96,96,96], sw_batch_size=4, overlap=0.5, mode=gaussian");
+  app->add_flag("--json", a->json, "Print the written files as JSON");
+  return {app, [a](Context& ctx) { return run_infer(*a, ctx); }};
+}
+
+Command register_eval(CLI::App& root) {
+  auto a = std::make_shared<EvalArgs>();
+  auto* app = root.add_subcommand("eval", "Dice per case and mean of a checkpoint on a config's validation items");
+  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->required()->check(CLI::ExistingFile);
+  app->add_option("--config", a->config, "Run config (default: the one the checkpoint was trained with)")
+      ->check(CLI::ExistingFile);
+  app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable)");
+  app->add_option("--section", a->section, "Evaluate every item of this dataset section instead of data.validation");
+  app->add_flag("--hd95", a->hd95, "Also the 95th-percentile Hausdorff distance (mm)");
+  app->add_flag("--json", a->json, "Print JSON");
+  return {app, [a](Context& ctx) { return run_eval(*a, ctx); }};
+}
+
+}  // namespace medfast::cli

@@ -1,0 +1,128 @@
+#include "medfast/train/checkpoint.hpp"
+
+#include <torch/torch.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "medfast/core/error.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+constexpr char kMagic[8] = {'M', 'F', 'C', 'K', 'P', 'T', '0', '1'};
+constexpr std::size_t kHeader = 32;
+
+void put_u64(char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+std::uint64_t get_u64(const char* p) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+struct Parts {
+  nlohmann::json meta;
+  std::string archive;
+};
+
+Parts read_parts(const std::string& path) {
+  const std::string bytes = os::read_text_file(path);
+  auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
+  if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, 8) != 0) {
+    throw fail("not a medfast checkpoint (magic MFCKPT01 missing)");
+  }
+  const std::uint64_t j = get_u64(bytes.data() + 8), a = get_u64(bytes.data() + 16);
+  if (j > bytes.size() || a > bytes.size() || kHeader + j + a != bytes.size()) {
+    throw fail(str("truncated or damaged: the header describes ", kHeader + j + a, " bytes, the file has ", bytes.size()));
+  }
+  const std::uint64_t want = get_u64(bytes.data() + 24);
+  const std::uint64_t got = XXH3_64bits(bytes.data() + kHeader, j + a);
+  if (want != got) throw fail("damaged: checksum mismatch");
+  Parts p;
+  try {
+    p.meta = nlohmann::json::parse(bytes.substr(kHeader, j));
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(str("damaged JSON document: ", e.what()));
+  }
+  p.archive = bytes.substr(kHeader + j, a);
+  return p;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
+                     const nlohmann::json& meta) {
+  torch::serialize::OutputArchive archive;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) archive.write("model." + p.key(), p.value().detach().cpu());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) archive.write("model." + b.key(), b.value().cpu(), true);
+  if (optimizer) {
+    torch::serialize::OutputArchive opt;
+    optimizer->save(opt);
+    archive.write("optimizer", opt);
+  }
+  std::ostringstream os;
+  archive.save_to(os);
+  const std::string a = os.str();
+  const std::string j = meta.dump();
+  std::string body = j + a;
+  char header[kHeader];
+  std::memcpy(header, kMagic, 8);
+  put_u64(header + 8, j.size());
+  put_u64(header + 16, a.size());
+  put_u64(header + 24, XXH3_64bits(body.data(), body.size()));
+  try {
+    os::make_directories(os::parent_directory(path));
+    os::AtomicWriter w(path);
+    w.append(header, kHeader);
+    w.append(body.data(), body.size());
+    w.commit();
+  } catch (Error& e) {
+    e.add_context(str("writing checkpoint ", path));
+    throw;
+  }
+}
+
+nlohmann::json read_checkpoint_meta(const std::string& path) { return read_parts(path).meta; }
+
+nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
+  Parts parts = read_parts(path);
+  auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
+  torch::serialize::InputArchive archive;
+  try {
+    std::istringstream is(parts.archive);
+    archive.load_from(is);
+  } catch (const c10::Error& e) {
+    throw fail(str("unreadable tensor archive: ", e.what_without_backtrace()));
+  }
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, torch::Tensor target) {
+    c10::IValue v;
+    if (!archive.try_read("model." + name, v) || !v.isTensor()) {
+      throw fail(str("has no tensor '", name, "' (was it written for another network?)"));
+    }
+    const torch::Tensor t = v.toTensor();
+    if (t.sizes() != target.sizes()) {
+      throw fail(str("tensor '", name, "' has shape ", t.sizes(), ", the network expects ", target.sizes()));
+    }
+    target.copy_(t);
+  };
+  for (auto& p : module.named_parameters(true)) load(p.key(), p.value());
+  for (auto& b : module.named_buffers(true)) load(b.key(), b.value());
+  if (optimizer) {
+    torch::serialize::InputArchive opt;
+    if (!archive.try_read("optimizer", opt)) throw fail("has no optimizer state");
+    try {
+      optimizer->load(opt);
+    } catch (const c10::Error& e) {
+      throw fail(str("the optimizer state does not fit this optimizer: ", e.what_without_backtrace()));
+    }
+  }
+  return parts.meta;
+}
+
+}  // namespace medfast::train

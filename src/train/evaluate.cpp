@@ -1,0 +1,263 @@
+// `medfast eval` and `medfast infer`: a checkpoint's network over a config's
+// validation items (Dice per case) or over NIfTI files (predictions written
+// on the input's own grid).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "medfast/core/error.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/train/amp.hpp"
+#include "medfast/train/checkpoint.hpp"
+#include "medfast/train/inference.hpp"
+#include "medfast/train/metrics.hpp"
+#include "medfast/train/run_config.hpp"
+#include "medfast/train/trainer.hpp"
+#include "medfast/transforms/spatial.hpp"
+#include "medfast/transforms/transform.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+struct Loaded {
+  nlohmann::json meta;
+  torch::nn::AnyModule any;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+Loaded load_network(const std::string& checkpoint, c10::Device device) {
+  Loaded l;
+  l.meta = read_checkpoint_meta(checkpoint);
+  if (l.meta.value("format", "") != "medfast-checkpoint" || !l.meta.contains("config")) {
+    throw FormatError(str("checkpoint ", checkpoint, ": not a medfast training checkpoint (no config inside)"));
+  }
+  l.any = nn::make_network(l.meta["config"].at("model"), checkpoint + ": model");
+  l.module = l.any.ptr();
+  load_checkpoint(checkpoint, *l.module, nullptr);
+  l.module->to(device);
+  l.module->eval();
+  return l;
+}
+
+
+}  // namespace
+
+nlohmann::json EvalResult::to_json() const {
+  nlohmann::json cs = nlohmann::json::array();
+  for (const auto& c : cases) {
+    nlohmann::json d = nlohmann::json::array();
+    for (double v : c.dice) d.push_back(nan_to_null(v));
+    nlohmann::json j{{"image", c.image}, {"dice", d}};
+    if (c.hd95) {
+      nlohmann::json h = nlohmann::json::array();
+      for (double v : *c.hd95) h.push_back(nan_to_null(v));
+      j["hd95"] = h;
+    }
+    cs.push_back(j);
+  }
+  nlohmann::json per = nlohmann::json::array();
+  for (double v : mean_per_class) per.push_back(nan_to_null(v));
+  nlohmann::json j{{"cases", cs}, {"mean_dice_per_class", per}, {"mean_dice", nan_to_null(mean_dice)}};
+  if (mean_hd95) j["mean_hd95"] = nan_to_null(*mean_hd95);
+  return j;
+}
+
+EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
+                    const Settings& settings_in, bool hd95, const std::string& section) {
+  Settings settings = settings_in;
+  const c10::Device device(config.is_object() && config.contains("train")
+                               ? config["train"].value("device", std::string("cpu"))
+                               : std::string("cpu"));
+  Loaded net = load_network(checkpoint, device);
+  std::string cfg_path = path, base_dir;
+  if (config.is_null()) {  // the checkpoint's own config, anchored where it was written
+    config = net.meta["config"];
+    cfg_path = checkpoint + " (its config)";
+    base_dir = net.meta.value("config_dir", os::parent_directory(checkpoint));
+  }
+  RunConfig c = load_run_config(config, cfg_path, settings, base_dir);
+  if (c.model != net.meta["config"]["model"]) {
+    throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
+  }
+  at::set_num_threads(c.train.threads > 0 ? c.train.threads : settings.threads());
+  data::PipelineConfig p = c.data;
+  if (!section.empty()) p.validation = data::load_dataset(p.dataset.source, section);
+  if (p.validation.items.empty()) {
+    throw ValueError(str(c.path, ": no items to evaluate (set data.validation or pass --section)"));
+  }
+  data::CachedDataset ds = data::make_validation_dataset(p);
+  ds.fill();
+  const Precision precision = parse_precision(c.train.amp, device.is_cuda(), c.path + ": train.amp");
+  const std::int64_t classes = net.meta["config"]["model"].value("out_channels", std::int64_t{2});
+  torch::NoGradGuard no_grad;
+  const Predictor predict = [&](const at::Tensor& x) {
+    AutocastGuard autocast(device.type(), precision);
+    return net.any.forward<at::Tensor>(x);
+  };
+  EvalResult r;
+  MeanMetric dice, hd;
+  for (std::size_t i = 0; i < ds.size(); ++i) {
+    Sample s = ds.get(i);
+    const Volume& img = s.volume(c.train.image_key);
+    const Volume& lab = s.volume(c.train.label_key);
+    const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, c.sliding_window);
+    const at::Tensor pred = argmax_one_hot(logits);
+    const at::Tensor target = train::one_hot(lab.data.unsqueeze(0).to(device), classes);
+    const at::Tensor d = dice_per_class(pred, target, false);
+    dice.add(d);
+    EvalCase ec;
+    const auto& item = p.validation.items.at(ds.global_index(i));
+    ec.image = item.files.count(c.train.image_key) ? item.files.at(c.train.image_key) : "";
+    for (std::int64_t k = 0; k < d.size(1); ++k) ec.dice.push_back(d[0][k].item<double>());
+    if (hd95) {
+      const auto sp = lab.spacing();
+      const at::Tensor h = hausdorff95_per_class(pred, target, false, {sp[0], sp[1], sp[2]});
+      hd.add(h);
+      std::vector<double> hv;
+      for (std::int64_t k = 0; k < h.size(1); ++k) hv.push_back(h[0][k].item<double>());
+      ec.hd95 = hv;
+    }
+    r.cases.push_back(std::move(ec));
+  }
+  const at::Tensor per = dice.per_class().to(at::kDouble).contiguous();
+  for (std::int64_t k = 0; k < per.numel(); ++k) r.mean_per_class.push_back(per[k].item<double>());
+  r.mean_dice = dice.mean();
+  if (hd95) r.mean_hd95 = hd.mean();
+  return r;
+}
+
+namespace {
+
+/// The deterministic chain restricted to the image key: steps that do not touch
+/// the image are dropped, per-key argument lists keep the image's entry.
+nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& image_key) {
+  static const std::set<std::string> per_key{"mode", "padding_mode", "dtype", "align_corners"};
+  nlohmann::json out = nlohmann::json::array();
+  for (nlohmann::json t : chain) {
+    if (!t.is_object() || !t.contains("keys")) continue;
+    nlohmann::json keys = t["keys"];
+    if (keys.is_string()) keys = nlohmann::json::array({keys});
+    std::size_t at = keys.size();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == image_key) at = i;
+    }
+    if (at == keys.size()) continue;
+    const std::string name = t.value("name", "");
+    if (name == "FgBgToIndices") continue;
+    for (auto& [k, v] : t.items()) {
+      if (per_key.count(k) && v.is_array() && v.size() == keys.size()) v = v[at];
+    }
+    t["keys"] = nlohmann::json::array({image_key});
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  auto is_nifti = [](const std::string& n) {
+    auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+    return ends(".nii") || ends(".nii.gz");
+  };
+  for (const auto& in : inputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : std::filesystem::directory_iterator(in)) {
+        if (e.is_regular_file() && is_nifti(e.path().filename().string())) found.push_back(e.path().string());
+      }
+      std::sort(found.begin(), found.end());
+      if (found.empty()) throw ValueError(str("--input ", in, ": the folder has no .nii or .nii.gz files"));
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      if (!os::exists(in)) throw ValueError(str("--input ", in, ": no such file or folder"));
+      if (!is_nifti(in)) throw ValueError(str("--input ", in, ": not a .nii or .nii.gz file"));
+      files.push_back(in);
+    }
+  }
+  return files;
+}
+
+std::string output_name(const std::string& input, const std::string& suffix) {
+  std::string name = std::filesystem::path(input).filename().string();
+  std::string ext = ".nii";
+  if (name.size() > 7 && name.compare(name.size() - 7, 7, ".nii.gz") == 0) ext = ".nii.gz";
+  return name.substr(0, name.size() - ext.size()) + suffix + ext;
+}
+
+}  // namespace
+
+std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
+                               const std::string& output_dir, const InferOptions& o, const Settings& settings,
+                               const std::function<void(const std::string&)>& message) {
+  const std::vector<std::string> files = expand_inputs(inputs);
+  const c10::Device device(o.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw ValueError(str("--device ", o.device, ": libtorch has no usable CUDA device here"));
+  }
+  Loaded net = load_network(checkpoint, device);
+  const nlohmann::json& cfg = net.meta["config"];
+  const std::string image_key = cfg.value("train", nlohmann::json::object()).value("image_key", std::string("image"));
+  nlohmann::json sw = cfg.value("validation", nlohmann::json::object()).value("sliding_window", nlohmann::json::object());
+  if (o.sliding_window.is_object()) {
+    for (const auto& [k, v] : o.sliding_window.items()) sw[k] = v;
+  }
+  const SlidingWindowOptions swo = SlidingWindowOptions::from_json(sw, "sliding_window");
+  const transforms::Compose chain =
+      transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
+  const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
+  at::set_num_threads(settings.threads());
+  os::make_directories(output_dir);
+  torch::NoGradGuard no_grad;
+  const Predictor predict = [&](const at::Tensor& x) {
+    AutocastGuard autocast(device.type(), precision);
+    return net.any.forward<at::Tensor>(x);
+  };
+  std::vector<std::string> written;
+  for (const auto& file : files) {
+    try {
+      Sample s;
+      s.meta = {{image_key, file}};
+      chain.apply(s);
+      const Volume& img = s.volume(image_key);
+      const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
+      const at::Tensor labels = logits.argmax(1).to(at::kByte).cpu();  // [1, X, Y, Z]: channel-first
+      // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
+      const Volume original = read_nifti(file);
+      const auto shape = original.shape();
+      if (shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
+      const std::array<std::int64_t, 3> grid{shape[0], shape[1], shape[2]};
+      const Affine out_to_in = img.affine.inverse() * original.affine;
+      const at::Tensor back =
+          transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true, /*zeros_outside=*/true, {0, 0, 0}, grid);
+      Volume out;
+      out.data = back[0];
+      out.affine = original.affine;
+      out.meta = original.meta;
+      out.meta.disk_datatype = 0;
+      out.meta.scl_slope = out.meta.scl_inter = 0;
+      out.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
+      out.meta.descrip = "medfast infer";
+      const std::string path = output_dir + "/" + output_name(file, o.suffix);
+      NiftiWriteOptions wo;
+      wo.threads = settings.threads();
+      write_nifti(path, out, wo);
+      written.push_back(path);
+      if (message) message(str(file, " -> ", path));
+    } catch (Error& e) {
+      e.add_context(str("infer ", file));
+      throw;
+    }
+  }
+  return written;
+}
+
+}  // namespace medfast::train

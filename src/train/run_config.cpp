@@ -1,0 +1,217 @@
+#include "medfast/train/run_config.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "medfast/core/error.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/train/amp.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+// The built-in default run (`medfast train` with no --config): a small
+// synthetic spleen-like dataset, the spleen recipe's chains at a smaller scale,
+// and a small UNet that reaches a validation Dice above 0.8 on 2 CPU cores in
+// a few minutes.
+constexpr const char* kDefaultConfig = R"(
+data:
+  dataset: data/synth-small/dataset.json
+  synth: {cases: 12, size: "96,96,24-32", spacing: [1.6, 1.6, 3.0], seed: 0}
+  validation: {num: 3}
+  deterministic:
+    - {name: LoadImage, keys: [image, label], dtype: [float32, ""]}
+    - {name: EnsureChannelFirst, keys: [image, label]}
+    - {name: Orientation, keys: [image, label], axcodes: RAS}
+    - {name: Spacing, keys: [image, label], pixdim: [2.0, 2.0, 3.0], mode: [bilinear, nearest]}
+    - {name: ScaleIntensityRange, keys: image, a_min: -57, a_max: 164, b_min: 0.0, b_max: 1.0, clip: true}
+    - {name: CropForeground, keys: [image, label], source_key: image}
+    - {name: FgBgToIndices, keys: label, image_key: image}
+  random:
+    - {name: RandCropByPosNegLabel, keys: [image, label], label_key: label, spatial_size: [32, 32, 16],
+       pos: 1, neg: 1, num_samples: 4, fg_indices_key: label_fg, bg_indices_key: label_bg}
+    - {name: RandFlip, keys: [image, label], spatial_axis: [0], prob: 0.5}
+    - {name: RandFlip, keys: [image, label], spatial_axis: [1], prob: 0.5}
+    - {name: RandShiftIntensity, keys: image, offsets: 0.1, prob: 0.5}
+  cache: {kind: memory}
+  seed: 0
+  loader: {batch_size: 2, threads: 1, shuffle: true, prefetch: 4}
+model: {name: UNet, in_channels: 1, out_channels: 2, channels: [8, 16, 32, 64], strides: [2, 2, 2],
+        num_res_units: 1, norm: instance}
+loss: {name: DiceCE, to_onehot_y: true, softmax: true}
+optimizer: {name: Adam, lr: 0.005}
+schedule: {name: constant}
+validation:
+  interval: 1
+  sliding_window: {roi_size: [32, 32, 16], sw_batch_size: 4, overlap: 0.25, mode: constant}
+train: {run_dir: runs/default, epochs: 40, seed: 0, device: cpu, amp: false, target_dice: 0.85}
+)";
+
+std::string resolve(const std::string& base, const std::string& p) {
+  if (p.empty() || p[0] == '/') return p;
+  return base + "/" + p;
+}
+
+}  // namespace
+
+nlohmann::json default_run_config() { return data::parse_yaml(kDefaultConfig, "the built-in default config"); }
+
+void apply_override(nlohmann::json& config, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw ValueError(str("--set ", assignment, ": expected key=value, e.g. train.epochs=5 or optimizer.lr=0.01"));
+  }
+  const std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  nlohmann::json value = text.empty() ? nlohmann::json("") : data::parse_yaml(text, str("--set ", key));
+  nlohmann::json* node = &config;
+  std::size_t from = 0;
+  while (true) {
+    const auto dot = key.find('.', from);
+    const std::string part = key.substr(from, dot == std::string::npos ? std::string::npos : dot - from);
+    const std::string parent = from == 0 ? std::string("the config") : "'" + key.substr(0, from - 1) + "'";
+    if (part.empty()) throw ValueError(str("--set ", assignment, ": empty part in key '", key, "'"));
+    nlohmann::json* child = nullptr;
+    if (node->is_array()) {  // list items by index: data.random.0.num_samples=4
+      std::size_t used = 0;
+      std::size_t index = 0;
+      try {
+        index = std::stoul(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != part.size() || index >= node->size()) {
+        throw ValueError(str("--set ", assignment, ": ", parent, " is a list of ", node->size(), " items; '", part,
+                             "' is not an index into it"));
+      }
+      child = &(*node)[index];
+    } else if (node->is_object()) {
+      if (dot != std::string::npos && !node->contains(part)) (*node)[part] = nlohmann::json::object();
+      child = &(*node)[part];
+    } else {
+      throw ValueError(str("--set ", assignment, ": ", parent, " is not a mapping or a list"));
+    }
+    if (dot == std::string::npos) {
+      *child = std::move(value);
+      return;
+    }
+    node = child;
+    from = dot + 1;
+  }
+}
+
+void TrainOptions::validate() const {
+  if (run_dir.empty()) throw ValueError("train.run_dir: must not be empty");
+  if (epochs < 1) throw ValueError(str("train.epochs: ", epochs, " (expected >= 1)"));
+  if (val_interval < 1) throw ValueError(str("validation.interval: ", val_interval, " (expected >= 1)"));
+  if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
+  if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
+  try {
+    (void)c10::Device(device);
+  } catch (const c10::Error&) {
+    throw ValueError(str("train.device: '", device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+}
+
+RunConfig load_run_config(nlohmann::json root, std::string path, Settings& settings, std::string base_dir) {
+  RunConfig c;
+  c.path = path.empty() ? "built-in default config" : path;
+  if (base_dir.empty()) base_dir = path.empty() ? "." : os::parent_directory(path);
+  c.base_dir = std::filesystem::absolute(base_dir).lexically_normal().string();
+  if (c.base_dir.size() > 1 && c.base_dir.back() == '/') c.base_dir.pop_back();
+  const std::string base = base_dir;
+  auto fail = [&](const std::string& key, const std::string& what) { return FormatError(str(c.path, ": ", key, ": ", what)); };
+  if (!root.is_object()) throw FormatError(str(c.path, ": expected a mapping with data, model, loss, optimizer, train"));
+  static const std::set<std::string> known{"data", "model", "loss", "optimizer", "schedule", "validation", "train", "settings"};
+  for (const auto& [k, v] : root.items()) {
+    if (!known.count(k)) {
+      throw fail(k, "unknown section (known: data, model, loss, optimizer, schedule, validation, train, settings)");
+    }
+  }
+  // The config's settings sit below flags and the environment.
+  if (root.contains("settings")) {
+    const auto& s = root["settings"];
+    if (!s.is_object()) throw fail("settings", "expected a mapping of setting: value");
+    std::map<std::string, std::string> values;
+    for (const auto& [k, v] : s.items()) values[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    settings.load_file_values(values, c.path);
+  }
+  for (const char* required : {"data", "model"}) {
+    if (!root.contains(required)) throw fail(required, "missing");
+  }
+  c.data = data::load_pipeline(root, c.path, base, settings);
+  c.model = root["model"];
+  if (!c.model.is_object()) throw fail("model", "expected a mapping with a name (UNet, SegResNet, SwinUNETR)");
+
+  auto section = [&](const char* name) {
+    const nlohmann::json v = root.value(name, nlohmann::json::object());
+    if (!v.is_object()) throw fail(name, "expected a mapping");
+    return v;
+  };
+  auto wrap = [&](const char* name, auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      throw FormatError(str(c.path, ": ", e.what()));
+    } catch (const nlohmann::json::exception& e) {
+      throw fail(name, e.what());
+    }
+  };
+  wrap("loss", [&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
+  wrap("optimizer", [&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
+  wrap("schedule", [&] { c.schedule = ScheduleOptions::from_json(section("schedule"), "schedule"); });
+
+  const nlohmann::json val = section("validation");
+  for (const auto& [k, v] : val.items()) {
+    if (k != "interval" && k != "sliding_window" && k != "hd95") {
+      throw fail("validation." + k, "unknown key (known: interval, sliding_window, hd95)");
+    }
+  }
+  wrap("validation", [&] {
+    c.val_interval = val.value("interval", 1);
+    c.hd95 = val.value("hd95", false);
+    c.sliding_window =
+        SlidingWindowOptions::from_json(val.value("sliding_window", nlohmann::json::object()), "validation.sliding_window");
+  });
+
+  const nlohmann::json tr = section("train");
+  static const std::set<std::string> train_keys{"run_dir", "epochs", "seed", "device", "amp", "target_dice",
+                                                "threads", "image_key", "label_key"};
+  for (const auto& [k, v] : tr.items()) {
+    if (!train_keys.count(k)) {
+      throw fail("train." + k, "unknown key (known: run_dir, epochs, seed, device, amp, target_dice, threads, "
+                               "image_key, label_key)");
+    }
+  }
+  auto get = [&](const char* key, auto& out, const char* expected) {
+    if (!tr.contains(key) || tr[key].is_null()) return;
+    try {
+      out = tr[key].get<std::decay_t<decltype(out)>>();
+    } catch (const nlohmann::json::exception&) {
+      throw fail(str("train.", key), str(tr[key].dump(), " is not ", expected));
+    }
+  };
+  TrainOptions& t = c.train;
+  get("run_dir", t.run_dir, "a folder path");
+  get("epochs", t.epochs, "a whole number");
+  get("seed", t.seed, "a whole number >= 0");
+  get("device", t.device, "a device name (cpu, cuda, cuda:N)");
+  if (tr.contains("amp")) t.amp = tr["amp"];
+  get("target_dice", t.target_dice, "a number in 0..1");
+  get("threads", t.threads, "a whole number");
+  get("image_key", t.image_key, "a key name");
+  get("label_key", t.label_key, "a key name");
+  t.run_dir = resolve(base, t.run_dir);
+  t.val_interval = c.val_interval;
+  try {
+    t.validate();
+    (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");
+  } catch (const Error& e) {
+    throw FormatError(str(c.path, ": ", e.what()));
+  }
+  c.root = std::move(root);
+  return c;
+}
+
+}  // namespace medfast::train

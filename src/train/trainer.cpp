@@ -1,0 +1,435 @@
+#include "medfast/train/trainer.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/random.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/nn/unet.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/train/amp.hpp"
+#include "medfast/train/checkpoint.hpp"
+#include "medfast/train/collective.hpp"
+#include "medfast/train/inference.hpp"
+#include "medfast/train/losses.hpp"
+#include "medfast/train/metrics.hpp"
+#include "medfast/train/optim.hpp"
+#include "medfast/train/run_config.hpp"
+
+namespace medfast::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr const char* kCheckpointFormat = "medfast-checkpoint";
+constexpr int kCheckpointVersion = 1;
+
+/// Sections whose change makes a checkpoint's state meaningless for a resumed run.
+const std::vector<std::string> kResumeFixed{"model", "loss", "optimizer", "schedule", "data"};
+
+nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+double null_to_nan(const nlohmann::json& j) { return j.is_number() ? j.get<double>() : std::nan(""); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Records
+// ---------------------------------------------------------------------------
+
+nlohmann::json StageTimes::to_json() const {
+  return {{"data_wait", data_wait}, {"copy", copy}, {"forward", forward}, {"backward", backward},
+          {"optimizer", optimizer}, {"validation", validation}};
+}
+
+nlohmann::json EpochRecord::to_json() const {
+  nlohmann::json j{{"epoch", epoch}, {"steps", steps}, {"skipped_steps", skipped_steps}, {"loss", loss}, {"lr", lr},
+                   {"seconds", seconds}, {"elapsed", elapsed}, {"times", times.to_json()}};
+  if (dice) {
+    j["dice"] = nan_to_null(*dice);
+    nlohmann::json per = nlohmann::json::array();
+    for (double d : dice_per_class) per.push_back(nan_to_null(d));
+    j["dice_per_class"] = per;
+  }
+  if (hd95) j["hd95"] = nan_to_null(*hd95);
+  return j;
+}
+
+EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
+  EpochRecord r;
+  r.epoch = j.at("epoch");
+  r.steps = j.at("steps");
+  r.skipped_steps = j.value("skipped_steps", 0);
+  r.loss = j.at("loss");
+  r.lr = j.at("lr");
+  r.seconds = j.at("seconds");
+  r.elapsed = j.at("elapsed");
+  if (j.contains("dice")) {
+    r.dice = null_to_nan(j["dice"]);
+    for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
+  }
+  if (j.contains("hd95")) r.hd95 = null_to_nan(j["hd95"]);
+  const auto& t = j.at("times");
+  r.times.data_wait = t.at("data_wait");
+  r.times.copy = t.at("copy");
+  r.times.forward = t.at("forward");
+  r.times.backward = t.at("backward");
+  r.times.optimizer = t.at("optimizer");
+  r.times.validation = t.at("validation");
+  return r;
+}
+
+nlohmann::json TrainResult::to_json() const {
+  nlohmann::json h = nlohmann::json::array();
+  for (const auto& e : history) h.push_back(e.to_json());
+  nlohmann::json j{{"run_dir", run_dir},       {"epochs", history.size()}, {"best_dice", nan_to_null(best_dice)},
+                   {"best_epoch", best_epoch}, {"reached_target", reached_target},
+                   {"seconds", seconds},       {"prepare_seconds", prepare_seconds}, {"history", h}};
+  j["time_to_target"] = time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr);
+  return j;
+}
+
+// ---------------------------------------------------------------------------
+// The trainer
+// ---------------------------------------------------------------------------
+
+struct Trainer::State {
+  RunConfig config;
+  Settings settings;
+};
+
+Trainer::Trainer(nlohmann::json config, std::string path, Settings settings) : s_(std::make_unique<State>()) {
+  s_->settings = std::move(settings);
+  s_->config = load_run_config(std::move(config), std::move(path), s_->settings);
+}
+
+void Trainer::set_collective(std::shared_ptr<Collective> collective) { s_->config.collective = std::move(collective); }
+
+Trainer::~Trainer() = default;
+
+const TrainOptions& Trainer::options() const { return s_->config.train; }
+
+namespace {
+
+struct Model {
+  torch::nn::AnyModule any;
+  std::shared_ptr<torch::nn::Module> module;
+  at::Tensor forward(const at::Tensor& x) { return any.forward<at::Tensor>(x); }
+};
+
+Model build_model(const RunConfig& c, c10::Device device) {
+  torch::manual_seed(c.train.seed);
+  Model m;
+  m.any = nn::make_network(c.model, c.path + ": model");
+  m.module = m.any.ptr();
+  m.module->to(device);
+  return m;
+}
+
+std::int64_t out_channels(const nlohmann::json& model) { return model.value("out_channels", std::int64_t{2}); }
+
+/// Per-class validation metrics over this rank's items, reduced across ranks.
+struct Validation {
+  std::vector<double> dice;  // per class
+  double mean_dice = std::nan("");
+  std::optional<double> hd95;
+};
+
+std::array<double, 3> spacing_of(const Volume& v) { return v.spacing(); }
+
+Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c10::Device device, Precision precision,
+                    Collective* comm) {
+  model.module->eval();
+  torch::NoGradGuard no_grad;
+  const std::int64_t classes = out_channels(c.model);
+  MeanMetric dice, hd;
+  const Predictor predict = [&](const at::Tensor& x) {
+    AutocastGuard autocast(device.type(), precision);
+    return model.forward(x);
+  };
+  for (std::size_t i = 0; i < ds.size(); ++i) {
+    Sample s = ds.get(i);
+    const Volume& img = s.volume(c.train.image_key);
+    const Volume& lab = s.volume(c.train.label_key);
+    const at::Tensor x = img.data.unsqueeze(0).to(device, at::kFloat);
+    const at::Tensor logits = sliding_window_inference(x, predict, c.sliding_window);
+    const at::Tensor pred = argmax_one_hot(logits);
+    const at::Tensor target = train::one_hot(lab.data.unsqueeze(0).to(device), classes);
+    dice.add(dice_per_class(pred, target, /*include_background=*/false));
+    if (c.hd95) {
+      const auto sp = spacing_of(lab);
+      hd.add(hausdorff95_per_class(pred, target, false, {sp[0], sp[1], sp[2]}));
+    }
+  }
+  auto reduce = [&](MeanMetric& m) {
+    at::Tensor sums = m.sums(), counts = m.counts();
+    if (!sums.defined() || sums.numel() == 0) {
+      sums = at::zeros({classes - 1}, at::kDouble);
+      counts = at::zeros({classes - 1}, at::kDouble);
+    }
+    if (comm && comm->world_size() > 1) {
+      comm->allreduce_sum(sums);
+      comm->allreduce_sum(counts);
+    }
+    return MeanMetric::from_totals(sums, counts);
+  };
+  Validation v;
+  const MeanMetric d = reduce(dice);
+  const at::Tensor per = d.per_class().to(at::kDouble).contiguous();
+  for (std::int64_t k = 0; k < per.numel(); ++k) v.dice.push_back(per[k].item<double>());
+  v.mean_dice = d.mean();
+  if (c.hd95) v.hd95 = reduce(hd).mean();
+  model.module->train();
+  return v;
+}
+
+std::string diff_section(const nlohmann::json& a, const nlohmann::json& b) {
+  for (const auto& k : kResumeFixed) {
+    const nlohmann::json x = a.value(k, nlohmann::json()), y = b.value(k, nlohmann::json());
+    if (x != y) return k;
+  }
+  if (a.value("train", nlohmann::json::object()).value("seed", 0) != b.value("train", nlohmann::json::object()).value("seed", 0)) {
+    return "train.seed";
+  }
+  return "";
+}
+
+void write_metrics(const std::string& dir, const std::vector<EpochRecord>& history) {
+  std::string text;
+  for (const auto& e : history) text += e.to_json().dump() + "\n";
+  os::AtomicWriter w(dir + "/metrics.jsonl");
+  w.append(text.data(), text.size());
+  w.commit();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  os::AtomicWriter w(path);
+  w.append(text.data(), text.size());
+  w.commit();
+}
+
+}  // namespace
+
+TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
+  const auto start = Clock::now();
+  const RunConfig& c = s_->config;
+  const TrainOptions& t = c.train;
+  Collective* comm = c.collective.get();
+  const bool rank0 = !comm || comm->rank() == 0;
+  auto say = [&](const std::string& m) {
+    if (rank0 && cb.message) cb.message(m);
+  };
+
+  const c10::Device device(t.device);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw ValueError(str(c.path, ": train.device is ", t.device, " but libtorch has no usable CUDA device here"));
+  }
+  const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
+  const int model_threads = t.threads > 0 ? t.threads : s_->settings.threads();
+  at::set_num_threads(model_threads);
+
+  // Data: fill the caches first (a killed run resumes the fill where it stopped).
+  data::PipelineConfig pipeline = c.data;
+  pipeline.loader.device = t.device;
+  pipeline.loader.pin_memory = pipeline.loader.pin_memory || device.is_cuda();
+  // Under DDP each rank's dataset is already its (padded) partition of the items
+  // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.
+  // The smart cache's window is the same on every rank: there the loader's
+  // DistributedSampler split (padded to equal lengths) divides it.
+  pipeline.loader.rank = pipeline.smart && comm ? comm->rank() : 0;
+  pipeline.loader.world_size = pipeline.smart && comm ? comm->world_size() : 1;
+  const auto prep_start = Clock::now();
+  std::unique_ptr<data::CachedDataset> train_ds;
+  std::unique_ptr<data::SmartCacheDataset> smart;
+  data::Loader::Source source;
+  std::size_t train_size = 0;
+  if (pipeline.smart) {
+    smart = data::make_smart_cache(pipeline);
+    smart->start();
+    train_size = smart->size();
+    source = [&](std::size_t i) { return smart->get(i); };
+  } else {
+    train_ds = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline));
+    const auto r = train_ds->fill();
+    say(str("training items: ", train_ds->size(), " (", r.computed, " preprocessed, ", r.reused, " from the cache, ",
+            std::lround(r.seconds * 10) / 10.0, " s)"));
+    train_size = train_ds->size();
+    source = [&](std::size_t i) { return train_ds->get(i); };
+  }
+  std::unique_ptr<data::CachedDataset> val_ds;
+  if (!pipeline.validation.items.empty()) {
+    val_ds = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline));
+    const auto r = val_ds->fill();
+    say(str("validation items: ", val_ds->size(), " (", r.computed, " preprocessed, ", r.reused, " from the cache)"));
+  }
+  const double prepare_seconds = since(prep_start);
+
+  data::Loader loader(train_size, source, data::make_random_chain(pipeline), pipeline.loader);
+  Model model = build_model(c, device);
+  if (comm && comm->world_size() > 1) {
+    torch::NoGradGuard g;
+    for (auto& p : model.module->parameters()) comm->broadcast(p, 0);
+    for (auto& b : model.module->buffers()) comm->broadcast(b, 0);
+  }
+  std::vector<at::Tensor> params = model.module->parameters();
+  auto optimizer = make_optimizer(params, c.optimizer);
+  GradScalerOptions so;
+  so.enabled = precision == Precision::fp16;
+  GradScaler scaler(so);
+  const Loss loss_fn(c.loss);
+
+  TrainResult result;
+  result.run_dir = t.run_dir;
+  result.prepare_seconds = prepare_seconds;
+  int first_epoch = 0;
+  double elapsed_before = 0;
+  const std::string last_path = t.run_dir + "/last.ckpt", best_path = t.run_dir + "/best.ckpt";
+  if (resume) {
+    if (!os::exists(last_path)) {
+      throw ValueError(str("--resume: ", last_path, " does not exist (train.run_dir is ", t.run_dir, ")"));
+    }
+    const std::string differs = diff_section(read_checkpoint_meta(last_path).at("config"), c.root);
+    if (!differs.empty()) {
+      throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path,
+                           " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
+    }
+    const nlohmann::json meta = load_checkpoint(last_path, *model.module, optimizer.get());
+    first_epoch = meta.at("epoch");
+    elapsed_before = meta.value("elapsed", 0.0);
+    result.best_dice = meta.value("best_dice", -1.0);
+    result.best_epoch = meta.value("best_epoch", 0);
+    result.reached_target = meta.value("reached_target", false);
+    if (meta.contains("time_to_target") && meta["time_to_target"].is_number()) result.time_to_target = meta["time_to_target"].get<double>();
+    for (const auto& e : meta.at("history")) result.history.push_back(EpochRecord::from_json(e));
+    if (meta.contains("scaler")) scaler.load_state(meta["scaler"]);
+    if (smart) {
+      for (int e = 0; e < first_epoch; ++e) smart->update();  // the window where the run left it
+    }
+    say(str("resuming ", last_path, " after epoch ", first_epoch));
+  }
+  if (rank0) {
+    os::make_directories(t.run_dir);
+    write_text(t.run_dir + "/config.json", c.root.dump(2) + "\n");
+  }
+  say(str("model ", c.model.value("name", "?"), ": ", nn::count_parameters(*model.module), " parameters; ",
+          "device ", t.device, ", amp ", precision_name(precision), ", ", model_threads, " libtorch threads, ",
+          pipeline.loader.threads, " loader threads; ", loader.batches_per_epoch(), " steps per epoch"));
+
+  auto sync = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize();
+  };
+  auto checkpoint_meta = [&](int epochs_done, double elapsed) {
+    nlohmann::json h = nlohmann::json::array();
+    for (const auto& e : result.history) h.push_back(e.to_json());
+    return nlohmann::json{{"format", kCheckpointFormat},
+                          {"version", kCheckpointVersion},
+                          {"epoch", epochs_done},
+                          {"config", c.root},
+                          {"config_dir", c.base_dir},
+                          {"best_dice", nan_to_null(result.best_dice)},
+                          {"best_epoch", result.best_epoch},
+                          {"reached_target", result.reached_target},
+                          {"time_to_target", result.time_to_target ? nlohmann::json(*result.time_to_target) : nlohmann::json()},
+                          {"elapsed", elapsed},
+                          {"history", h},
+                          {"scaler", scaler.state()},
+                          {"torch_threads", at::get_num_threads()}};
+  };
+
+  model.module->train();
+  for (int epoch = first_epoch; epoch < t.epochs && !result.reached_target; ++epoch) {
+    const auto epoch_start = Clock::now();
+    EpochRecord rec;
+    rec.epoch = epoch + 1;
+    rec.lr = scheduled_lr(c.schedule, c.optimizer.lr, epoch, t.epochs);
+    set_learning_rate(*optimizer, rec.lr);
+    torch::manual_seed(derive_seed({t.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
+    loader.start(static_cast<std::uint64_t>(epoch));
+    double loss_sum = 0;
+    while (true) {
+      auto t0 = Clock::now();
+      std::optional<data::Batch> batch = loader.next();
+      rec.times.data_wait += since(t0);
+      if (!batch) break;
+      t0 = Clock::now();
+      const at::Tensor x = batch->tensors.at(t.image_key).to(device, at::kFloat, /*non_blocking=*/true);
+      const at::Tensor y = batch->tensors.at(t.label_key).to(device, /*non_blocking=*/true);
+      sync();
+      rec.times.copy += since(t0);
+
+      t0 = Clock::now();
+      at::Tensor loss;
+      {
+        AutocastGuard autocast(device.type(), precision);
+        const at::Tensor logits = model.forward(x);
+        loss = loss_fn(logits.to(at::kFloat), y);
+      }
+      sync();
+      rec.times.forward += since(t0);
+
+      t0 = Clock::now();
+      optimizer->zero_grad();
+      scaler.scale(loss).backward();
+      sync();
+      rec.times.backward += since(t0);
+
+      t0 = Clock::now();
+      if (comm && comm->world_size() > 1) comm->allreduce_mean_gradients(params);
+      const bool stepped = scaler.step(*optimizer);
+      scaler.update();
+      if (!stepped) ++rec.skipped_steps;
+      loss_sum += loss.item<double>();
+      ++rec.steps;
+      rec.times.optimizer += since(t0);
+    }
+    rec.loss = rec.steps ? loss_sum / rec.steps : std::nan("");
+    if (comm && comm->world_size() > 1) {
+      at::Tensor l = at::tensor({loss_sum, static_cast<double>(rec.steps)}, at::kDouble);
+      comm->allreduce_sum(l);
+      rec.loss = l[0].item<double>() / std::max(1.0, l[1].item<double>());
+    }
+
+    const bool last_epoch = epoch + 1 == t.epochs;
+    if (val_ds && ((epoch + 1) % c.val_interval == 0 || last_epoch)) {
+      const auto v0 = Clock::now();
+      const Validation v = validate(model, *val_ds, c, device, precision, comm);
+      rec.times.validation = since(v0);
+      rec.dice = v.mean_dice;
+      rec.dice_per_class = v.dice;
+      rec.hd95 = v.hd95;
+    }
+    rec.seconds = since(epoch_start);
+    rec.elapsed = elapsed_before + since(start);
+    bool improved = false;
+    if (rec.dice && std::isfinite(*rec.dice) && *rec.dice > result.best_dice) {
+      result.best_dice = *rec.dice;
+      result.best_epoch = rec.epoch;
+      improved = true;
+    }
+    if (rec.dice && t.target_dice > 0 && *rec.dice >= t.target_dice && !result.reached_target) {
+      result.reached_target = true;
+      result.time_to_target = rec.elapsed;
+    }
+    result.history.push_back(rec);
+    if (smart) smart->update();  // MONAI: the window slides at each epoch's end
+    if (rank0) {
+      const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
+      save_checkpoint(last_path, *model.module, optimizer.get(), meta);
+      if (improved) save_checkpoint(best_path, *model.module, nullptr, meta);
+      write_metrics(t.run_dir, result.history);
+    }
+    if (rank0 && cb.epoch) cb.epoch(rec);
+  }
+  loader.stop();
+  result.seconds = since(start);
+  return result;
+}
+
+}  // namespace medfast::train

@@ -1,0 +1,367 @@
+// The trainer: config handling, checkpoints, resume equality, one step against
+// python3-torch, and the CLI's train / eval / infer end to end.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/error.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/data/synth.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/nn/unet.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/train/checkpoint.hpp"
+#include "medfast/train/losses.hpp"
+#include "medfast/train/optim.hpp"
+#include "medfast/train/run_config.hpp"
+#include "medfast/train/trainer.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+/// A tiny run: 6 synthetic cases of 40x40x12 (1 for validation), UNet(4, 8, 16), 2 epochs.
+nlohmann::json tiny_config(const test::TempDir& dir) {
+  nlohmann::json c = default_run_config();
+  c["data"]["dataset"] = dir / "data/dataset.json";
+  c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
+  c["data"]["validation"] = {{"num", 1}};
+  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
+  c["model"]["channels"] = {4, 8, 16};
+  c["model"]["strides"] = {2, 2};
+  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
+  c["train"]["run_dir"] = dir / "run";
+  c["train"]["epochs"] = 2;
+  c["train"]["target_dice"] = 0;
+  c["train"]["threads"] = 1;
+  return c;
+}
+
+Settings one_thread() {
+  Settings s;
+  s.set("threads", "1", SettingSource::flag, "test");
+  return s;
+}
+
+std::map<std::string, at::Tensor> checkpoint_tensors(const std::string& path, const nlohmann::json& model) {
+  auto net = nn::make_network(model);
+  load_checkpoint(path, *net.ptr(), nullptr);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : net.ptr()->named_parameters()) out[p.key()] = p.value().detach().clone();
+  for (const auto& b : net.ptr()->named_buffers()) out[b.key()] = b.value().clone();
+  return out;
+}
+
+TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
+  nlohmann::json c = default_run_config();
+  apply_override(c, "train.epochs=7");
+  apply_override(c, "optimizer.lr=0.5");
+  apply_override(c, "model.channels=[2, 4]");
+  apply_override(c, "train.device=cpu");
+  apply_override(c, "new.section.key=true");
+  apply_override(c, "data.random.0.num_samples=3");
+  EXPECT_EQ(c["data"]["random"][0]["num_samples"], 3);
+  EXPECT_THROW(apply_override(c, "data.random.99.prob=1"), ValueError);
+  EXPECT_THROW(apply_override(c, "data.random.x.prob=1"), ValueError);
+  EXPECT_EQ(c["train"]["epochs"], 7);
+  EXPECT_DOUBLE_EQ(c["optimizer"]["lr"].get<double>(), 0.5);
+  EXPECT_EQ(c["model"]["channels"], nlohmann::json({2, 4}));
+  EXPECT_EQ(c["train"]["device"], "cpu");
+  EXPECT_EQ(c["new"]["section"]["key"], true);
+  try {
+    apply_override(c, "train.epochs");
+    FAIL() << "no '=' accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected key=value"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(apply_override(c, "train.epochs.x=1"), ValueError);  // epochs is not a mapping
+}
+
+TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
+  test::TempDir dir;
+  Settings s = one_thread();
+  auto expect_error = [&](nlohmann::json c, const std::string& want) {
+    try {
+      load_run_config(std::move(c), dir / "run.yaml", s);
+      FAIL() << "accepted; expected an error mentioning " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("run.yaml"), std::string::npos) << e.what();
+    }
+  };
+  nlohmann::json c = tiny_config(dir);
+  c["trian"] = nlohmann::json::object();
+  expect_error(c, "trian");
+  c = tiny_config(dir);
+  c["train"]["epochz"] = 3;
+  expect_error(c, "train.epochz");
+  c = tiny_config(dir);
+  c["train"]["epochs"] = 0;
+  expect_error(c, "train.epochs");
+  c = tiny_config(dir);
+  c["train"]["device"] = "gpu7";
+  expect_error(c, "train.device");
+  c = tiny_config(dir);
+  c["train"]["amp"] = "fp8";
+  expect_error(c, "amp");
+  c = tiny_config(dir);
+  c["loss"]["softmax"] = "yes";
+  expect_error(c, "loss.softmax");
+  c = tiny_config(dir);
+  c["optimizer"]["name"] = "Adagrad";
+  expect_error(c, "optimizer");
+  c = tiny_config(dir);
+  c["validation"]["intervall"] = 2;
+  expect_error(c, "validation.intervall");
+  c = tiny_config(dir);
+  c["data"]["validation"] = {{"num", 6}};
+  expect_error(c, "data.validation.num");
+  c = tiny_config(dir);
+  c["model"]["chanels"] = {4, 8};
+  try {
+    Trainer t(c, dir / "run.yaml", s);
+    t.run(false);
+    FAIL() << "unknown model argument accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("chanels"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
+  test::TempDir dir;
+  const nlohmann::json base = tiny_config(dir);
+
+  // Uninterrupted: 2 epochs.
+  nlohmann::json a = base;
+  a["train"]["run_dir"] = dir / "a";
+  const TrainResult ra = Trainer(a, "", one_thread()).run(false);
+  ASSERT_EQ(ra.history.size(), 2u);
+  EXPECT_TRUE(os::exists(dir / "a/last.ckpt"));
+  EXPECT_TRUE(os::exists(dir / "a/best.ckpt"));
+  EXPECT_TRUE(os::exists(dir / "a/config.json"));
+  const std::string jsonl = test::read_file(dir / "a/metrics.jsonl");
+  ASSERT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 2) << jsonl;
+  const auto first = nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n')));
+  EXPECT_EQ(first["epoch"], 1);
+  EXPECT_TRUE(first["dice"].is_number());
+  EXPECT_GT(first["steps"].get<int>(), 0);
+  for (const char* k : {"data_wait", "copy", "forward", "backward", "optimizer", "validation"}) {
+    EXPECT_TRUE(first["times"].contains(k)) << k;
+  }
+  for (const auto& e : ra.history) {
+    EXPECT_TRUE(std::isfinite(e.loss));
+    ASSERT_TRUE(e.dice.has_value());
+    EXPECT_GE(*e.dice, 0.0);
+    EXPECT_LE(*e.dice, 1.0);
+  }
+
+  // Interrupted after epoch 1 (the epoch callback throws, as a kill would stop it), then resumed.
+  nlohmann::json b = base;
+  b["train"]["run_dir"] = dir / "b";
+  TrainCallbacks stop;
+  stop.epoch = [](const EpochRecord& r) {
+    if (r.epoch == 1) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(Trainer(b, "", one_thread()).run(false, stop), std::runtime_error);
+  EXPECT_EQ(read_checkpoint_meta(dir / "b/last.ckpt")["epoch"], 1);
+  const TrainResult rb = Trainer(b, "", one_thread()).run(true);
+  ASSERT_EQ(rb.history.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(ra.history[i].loss, rb.history[i].loss) << "epoch " << i + 1;
+    EXPECT_EQ(*ra.history[i].dice, *rb.history[i].dice) << "epoch " << i + 1;
+  }
+  const auto ta = checkpoint_tensors(dir / "a/last.ckpt", base["model"]);
+  const auto tb = checkpoint_tensors(dir / "b/last.ckpt", base["model"]);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (const auto& [name, t] : ta) EXPECT_TRUE(at::equal(t, tb.at(name))) << name << " differs after resume";
+
+  // Resuming with another model is refused, naming the section.
+  nlohmann::json c = b;
+  c["model"]["channels"] = {4, 8, 32};
+  try {
+    Trainer(c, "", one_thread()).run(true);
+    FAIL() << "resumed with another model";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, DamageIsDetectedAndNamed) {
+  test::TempDir dir;
+  nn::UNetOptions o;
+  o.channels = {4, 8};
+  o.strides = {2};
+  nn::UNet net(o);
+  const std::string path = dir / "x.ckpt";
+  save_checkpoint(path, *net, nullptr, {{"epoch", 3}});
+  nn::UNet other(o);
+  EXPECT_EQ(load_checkpoint(path, *other, nullptr)["epoch"], 3);
+  for (const auto& p : net->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), other->named_parameters()[p.key()])) << p.key();
+  }
+  auto expect_error = [&](const std::string& file, const std::string& want) {
+    nn::UNet n(o);
+    try {
+      load_checkpoint(file, *n, nullptr);
+      FAIL() << "loaded " << file;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+    }
+  };
+  std::string bytes = test::read_file(path);
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 0x10;
+  test::write_file(dir / "flipped.ckpt", flipped);
+  expect_error(dir / "flipped.ckpt", "checksum");
+  test::write_file(dir / "short.ckpt", bytes.substr(0, bytes.size() - 100));
+  expect_error(dir / "short.ckpt", "truncated");
+  test::write_file(dir / "other.ckpt", "hello");
+  expect_error(dir / "other.ckpt", "not a medfast checkpoint");
+  // Another network's tensors: named.
+  nn::UNetOptions wide = o;
+  wide.channels = {4, 16};
+  nn::UNet w(wide);
+  save_checkpoint(dir / "wide.ckpt", *w, nullptr, {});
+  expect_error(dir / "wide.ckpt", "shape");
+  // A failed save leaves the previous file intact.
+  os::testing::ScopedHook hook([](os::Op op, const std::string&, std::uint64_t, std::size_t) {
+    return op == os::Op::write ? os::testing::HookResult{ENOSPC} : os::testing::HookResult{};
+  });
+  EXPECT_THROW(save_checkpoint(path, *w, nullptr, {{"epoch", 4}}), Error);
+  EXPECT_EQ(read_checkpoint_meta(path)["epoch"], 3);
+}
+
+// One training step (forward, DiceCE, backward, SGD with momentum) equals python3-torch
+// on the same weights and batch (tests/golden/make_train_step_golden.py).
+TEST(Trainer, OneStepMatchesPythonTorch) {
+  test::TempDir dir;
+  torch::manual_seed(3);
+  nn::UNetOptions o;
+  o.channels = {4, 8};
+  o.strides = {2};
+  o.num_res_units = 0;
+  o.norm = "instance";
+  nn::UNet net(o);
+  const at::Tensor x = torch::rand({2, 1, 8, 8, 8});
+  const at::Tensor y = (torch::rand({2, 1, 8, 8, 8}) > 0.6).to(at::kByte);
+  nlohmann::json manifest = nlohmann::json::object();
+  auto dump = [&](const std::string& name, const at::Tensor& t) {
+    const at::Tensor c = t.detach().to(at::kFloat).contiguous();
+    test::write_file(dir / (name + ".bin"),
+                     std::string(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float)));
+    manifest[name] = c.sizes().vec();
+  };
+  for (const auto& p : net->named_parameters()) dump("param." + p.key(), p.value());
+  dump("x", x);
+  dump("y", y);
+  test::write_file(dir / "manifest.json", manifest.dump());
+
+  OptimizerOptions oo;
+  oo.name = "SGD";
+  oo.lr = 0.1;
+  oo.momentum = 0.9;
+  oo.nesterov = false;
+  oo.weight_decay = 1e-4;
+  auto opt = make_optimizer(net->parameters(), oo);
+  LossOptions lo;
+  lo.to_onehot_y = true;
+  lo.softmax = true;
+  const Loss loss_fn(lo);
+  std::vector<double> losses;
+  for (int step = 0; step < 2; ++step) {
+    opt->zero_grad();
+    const at::Tensor loss = loss_fn(net->forward(x), y);
+    loss.backward();
+    opt->step();
+    losses.push_back(loss.item<double>());
+  }
+
+  const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_train_step_golden.py " +
+                           dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto want = nlohmann::json::parse(test::read_file(dir / "out.json"));
+  ASSERT_EQ(want["losses"].size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(losses[i], want["losses"][i].get<double>(), 1e-5) << "step " << i;
+  for (const auto& p : net->named_parameters()) {
+    const std::string bytes = test::read_file(dir / ("out." + p.key() + ".bin"));
+    ASSERT_EQ(bytes.size(), static_cast<std::size_t>(p.value().numel()) * sizeof(float)) << p.key();
+    at::Tensor ref = at::empty(p.value().sizes(), at::kFloat);
+    std::memcpy(ref.data_ptr(), bytes.data(), bytes.size());
+    EXPECT_TRUE(at::allclose(p.value().detach(), ref, 1e-4, 1e-6))
+        << p.key() << " max diff " << (p.value().detach() - ref).abs().max().item<double>();
+  }
+}
+
+// The CLI end to end on the tiny run: train (JSON), eval, infer (geometry of the input).
+TEST(TrainCli, TrainEvalInferEndToEnd) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["run_dir"] = "run";  // relative to the config's folder
+  c["data"]["dataset"] = "data/dataset.json";
+  test::write_file(dir / "run.json", c.dump());
+  const std::string bin = test::medfast_binary();
+  auto r = test::run(bin + " --threads 1 train --config " + dir / "run.json" + " --set train.epochs=1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto res = nlohmann::json::parse(r.out);
+  EXPECT_EQ(res["epochs"], 1);
+  EXPECT_TRUE(os::exists(dir / "run/last.ckpt"));
+
+  r = test::run(bin + " --threads 1 eval --checkpoint " + dir / "run/last.ckpt" + " --json --hd95");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto ev = nlohmann::json::parse(r.out);
+  ASSERT_EQ(ev["cases"].size(), 1u);
+  EXPECT_EQ(ev["cases"][0]["dice"].size(), 1u);
+  EXPECT_TRUE(ev.contains("mean_hd95"));
+  // The same Dice as the trainer's validation of that epoch.
+  EXPECT_NEAR(ev["mean_dice"].get<double>(), res["history"][0]["dice"].get<double>(), 1e-9);
+
+  const std::string input = dir / "data/imagesTr/spleen_5.nii.gz";
+  r = test::run(bin + " --threads 1 infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input +
+                " --output " + dir / "pred --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Volume in = read_nifti(input);
+  const Volume out = read_nifti(dir / "pred/spleen_5_seg.nii.gz");
+  EXPECT_EQ(out.shape(), in.shape());
+  EXPECT_EQ(out.affine.max_abs_diff(in.affine), 0.0) << out.affine.to_string() << " vs " << in.affine.to_string();
+  EXPECT_EQ(out.data.scalar_type(), at::kByte);
+  EXPECT_LE(out.data.max().item<int>(), 1);
+
+  // Bad input: one line naming the file.
+  test::write_file(dir / "bad.nii", "not a nifti");
+  r = test::run(bin + " infer --checkpoint " + dir / "run/last.ckpt" + " --input " + dir / "bad.nii" + " --output " +
+                dir / "pred2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("bad.nii"), std::string::npos) << r.err;
+  r = test::run(bin + " train --config " + dir / "run.json" + " --set train.epochs=zero");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;
+}
+
+// The README's main job: `medfast train` with no config reaches its validation Dice
+// (the built-in default's target, 0.85; the issue asks for at least 0.8).
+TEST(TrainCli, DefaultRunReachesItsDice) {
+  test::TempDir dir;
+  const auto r = test::run("cd " + dir.path() + " && " + test::medfast_binary() + " --threads 2 train --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto res = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(res["reached_target"].get<bool>()) << r.out;
+  EXPECT_GE(res["best_dice"].get<double>(), 0.8) << r.out;
+  EXPECT_TRUE(os::exists(dir / "data/synth-small/dataset.json"));
+  EXPECT_TRUE(os::exists(dir / "runs/default/best.ckpt"));
+  // The stages add up to most of each epoch (nothing large goes unaccounted).
+  for (const auto& e : res["history"]) {
+    double sum = 0;
+    for (const auto& [k, v] : e["times"].items()) sum += v.get<double>();
+    EXPECT_LE(sum, e["seconds"].get<double>() + 1e-6);
+    EXPECT_GE(sum, 0.8 * e["seconds"].get<double>()) << e.dump();
+  }
+}
+
+}  // namespace
+}  // namespace medfast::train
