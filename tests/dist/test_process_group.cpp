@@ -1,0 +1,583 @@
+// The dist layer: c10d (TCPStore + ProcessGroupGloo) behind train::Collective.
+// Ranks are threads of this process, each with its own store client and process
+// group on 127.0.0.1; the end-to-end test runs the built CLI as two processes.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+#include "medfast/dist/process_group.hpp"
+#include "medfast/train/trainer.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+using dist::DistOptions;
+using dist::init_process_group;
+
+/// A port nobody listens on right now: bind port 0 and let the kernel choose.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("bind/getsockname failed");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+DistOptions local_options(int rank, int world, int port, double timeout = 30) {
+  DistOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.local_rank = rank;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  o.timeout_seconds = timeout;
+  return o;
+}
+
+/// Runs body(rank, collective) on `world` threads, one rank each; every rank's
+/// exception becomes a test failure naming the rank.
+void run_ranks(int world, const std::function<void(int, train::Collective&)>& body) {
+  const int port = free_port();
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        const auto c = init_process_group(local_options(r, world, port));
+        EXPECT_EQ(c->rank(), r);
+        EXPECT_EQ(c->world_size(), world);
+        body(r, *c);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+}
+
+void expect_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what;
+  EXPECT_EQ(actual.sizes(), expected.sizes()) << what;
+  EXPECT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  EXPECT_TRUE(at::allclose(actual.to(at::kDouble), expected.to(at::kDouble), 1e-6, 1e-6))
+      << what << ": " << actual << " vs " << expected;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllreduceSumGivesTheSum) {
+  const int world = GetParam();
+  const double rank_sum = world * (world - 1) / 2.0;  // 0 + 1 + ... + world-1
+  run_ranks(world, [&](int r, train::Collective& c) {
+    at::Tensor d = at::arange(6, at::kDouble) * (r + 1);
+    c.allreduce_sum(d);
+    expect_equal(d, at::arange(6, at::kDouble) * (rank_sum + world), "double");
+
+    at::Tensor l = at::tensor(std::vector<std::int64_t>{r, 10 * r + 1}, at::kLong);
+    c.allreduce_sum(l);
+    expect_equal(l,
+                 at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(rank_sum),
+                                                      static_cast<std::int64_t>(10 * rank_sum + world)},
+                            at::kLong),
+                 "int64");
+
+    // Not contiguous: reduced through a staging copy and written back in place.
+    at::Tensor base = at::arange(12, at::kFloat).view({3, 4});
+    at::Tensor t = (base * (r + 1)).t();
+    ASSERT_FALSE(t.is_contiguous());
+    const void* storage = t.data_ptr();
+    c.allreduce_sum(t);
+    EXPECT_EQ(t.data_ptr(), storage);
+    expect_equal(t, (base * (rank_sum + world)).t(), "float, transposed");
+
+    at::Tensor bf = at::full({5}, r + 1, at::kBFloat16);
+    c.allreduce_sum(bf);
+    expect_equal(bf, at::full({5}, rank_sum + world, at::kBFloat16), "bfloat16");
+
+    // The trainer's metric reduction: an empty rank sends zeros of the same shape.
+    at::Tensor sums = r == 0 ? at::tensor({0.5, 0.25}, at::kDouble) : at::zeros({2}, at::kDouble);
+    c.allreduce_sum(sums);
+    expect_equal(sums, at::tensor({0.5, 0.25}, at::kDouble), "metric sums");
+  });
+}
+
+TEST_P(Collectives, AllreduceMeanGradientsAveragesMixedShapesAndDtypes) {
+  const int world = GetParam();
+  const double mean_rank = (world - 1) / 2.0;
+  run_ranks(world, [&](int r, train::Collective& c) {
+    auto param = [](at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {
+      return at::zeros(shape, dtype).requires_grad_();
+    };
+    std::vector<at::Tensor> ps{param({3, 4}), param({7}), param({2, 3, 5}), param({4}, at::kDouble),
+                               param({2, 2}), param({3}), param({})};
+    const at::Tensor base0 = at::arange(12, at::kFloat).view({3, 4});
+    ps[0].mutable_grad() = base0 + r;
+    ps[1].mutable_grad() = at::arange(7, at::kFloat) * (r + 1);
+    ps[2].mutable_grad() = (at::ones({5, 3, 2}) * (2 * r)).permute({2, 1, 0});  // not contiguous
+    ps[3].mutable_grad() = at::full({4}, r, at::kDouble);
+    if (r == 0) ps[4].mutable_grad() = at::full({2, 2}, 6.0);  // only rank 0 has this gradient
+    // ps[5]: no rank has a gradient.
+    ps[6].mutable_grad() = at::full({}, static_cast<float>(r));
+    const void* g0 = ps[0].grad().data_ptr();
+    ASSERT_FALSE(ps[2].grad().is_contiguous());
+
+    c.allreduce_mean_gradients(ps);
+
+    EXPECT_EQ(ps[0].grad().data_ptr(), g0) << "a gradient is updated in place";
+    expect_equal(ps[0].grad(), base0 + mean_rank, "[3,4]");
+    expect_equal(ps[1].grad(), at::arange(7, at::kFloat) * (mean_rank + 1), "[7]");
+    expect_equal(ps[2].grad(), at::ones({2, 3, 5}) * (2 * mean_rank), "[2,3,5] permuted");
+    expect_equal(ps[3].grad(), at::full({4}, mean_rank, at::kDouble), "double [4]");
+    expect_equal(ps[4].grad(), at::full({2, 2}, 6.0 / world), "gradient only on rank 0");
+    EXPECT_FALSE(ps[5].grad().defined()) << "no rank had a gradient: none gets one";
+    expect_equal(ps[6].grad(), at::full({}, static_cast<float>(mean_rank)), "scalar");
+
+    // Many small parameters (one coalesced buffer, however many there are).
+    std::vector<at::Tensor> many;
+    for (int i = 0; i < 300; ++i) {
+      many.push_back(param({i % 5 + 1}));
+      many.back().mutable_grad() = at::full({i % 5 + 1}, static_cast<float>(i + r));
+    }
+    c.allreduce_mean_gradients(many);
+    for (int i = 0; i < 300; ++i) {
+      expect_equal(many[static_cast<std::size_t>(i)].grad(), at::full({i % 5 + 1}, static_cast<float>(i + mean_rank)),
+                   "many");
+    }
+  });
+}
+
+TEST_P(Collectives, BroadcastGivesTheRootsValues) {
+  const int world = GetParam();
+  run_ranks(world, [&](int r, train::Collective& c) {
+    for (const int root : {0, world - 1}) {
+      at::Tensor t = at::full({2, 3}, r * 10.0 + 1);
+      c.broadcast(t, root);
+      expect_equal(t, at::full({2, 3}, root * 10.0 + 1), "float");
+
+      at::Tensor nc = (at::arange(6, at::kLong).view({2, 3}) + r).t();
+      c.broadcast(nc, root);
+      expect_equal(nc, (at::arange(6, at::kLong).view({2, 3}) + root).t(), "int64 transposed");
+
+      at::Tensor b = at::full({3}, r == root, at::kBool);
+      c.broadcast(b, root);
+      EXPECT_TRUE(b.all().item<bool>()) << "bool from root " << root;
+    }
+    // As the trainer does with parameters: a leaf that requires grad, under NoGradGuard.
+    at::Tensor p = at::full({4}, r + 0.5).requires_grad_();
+    {
+      at::NoGradGuard no_grad;
+      c.broadcast(p, 0);
+    }
+    EXPECT_TRUE(p.requires_grad());
+    expect_equal(p.detach(), at::full({4}, 0.5), "parameter");
+
+    at::Tensor x = at::zeros({1});
+    try {
+      c.broadcast(x, world);
+      ADD_FAILURE() << "root " << world << " accepted";
+    } catch (const ValueError& e) {
+      EXPECT_TRUE(contains(e.what(), "root")) << e.what();
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& i) { return std::to_string(i.param) + "ranks"; });
+
+// ---------------------------------------------------------------------------
+// Failures: a clear error within the timeout, never a hang.
+// ---------------------------------------------------------------------------
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(Rendezvous, MissingPeerFailsWithinTheTimeout) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    init_process_group(local_options(0, 2, port, 1.5));
+    FAIL() << "rendezvous without rank 1 succeeded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    RecordProperty("message", m);
+    EXPECT_TRUE(contains(m, "rank 0 of 2")) << m;
+    EXPECT_TRUE(contains(m, "127.0.0.1:" + std::to_string(port))) << m;
+    EXPECT_TRUE(contains(m, "1 of 2 ranks joined")) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "one line: " << m;
+  }
+  EXPECT_LT(seconds_since(start), 10.0);
+}
+
+TEST(Rendezvous, StartOrderDoesNotMatter) {
+  // torchrun starts ranks in any order: a client waits for the store's host.
+  const int port = free_port();
+  std::string error;
+  std::thread late_host([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    try {
+      auto c = init_process_group(local_options(0, 2, port, 20));
+      at::Tensor t = at::ones({3});
+      c->allreduce_sum(t);
+      EXPECT_TRUE(at::equal(t, at::full({3}, 2.0)));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank 0: " << e.what();
+    }
+  });
+  try {
+    auto c = init_process_group(local_options(1, 2, port, 20));
+    at::Tensor t = at::ones({3});
+    c->allreduce_sum(t);
+    EXPECT_TRUE(at::equal(t, at::full({3}, 2.0)));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 1: " << e.what();
+  }
+  late_host.join();
+}
+
+TEST(Rendezvous, MissingHostFailsWithinTheTimeout) {
+  const int port = free_port();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    init_process_group(local_options(1, 2, port, 1.5));
+    FAIL() << "rendezvous without rank 0 (the store's host) succeeded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    RecordProperty("message", m);
+    EXPECT_TRUE(contains(m, "rank 1 of 2")) << m;
+    EXPECT_TRUE(contains(m, "127.0.0.1:" + std::to_string(port))) << m;
+    EXPECT_TRUE(contains(m, "rendezvous store")) << m;
+  }
+  EXPECT_GT(seconds_since(start), 1.0) << "gave up before the timeout";
+  EXPECT_LT(seconds_since(start), 10.0);
+}
+
+TEST(Rendezvous, PortInUseOnRankZeroIsReported) {
+  const int port = free_port();
+  // Hold the port with a listening socket.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  try {
+    init_process_group(local_options(0, 2, port, 1.5));
+    ADD_FAILURE() << "hosting the store on a taken port succeeded";
+  } catch (const Error& e) {
+    RecordProperty("message", e.what());
+    EXPECT_TRUE(contains(e.what(), "rank 0 of 2")) << e.what();
+    EXPECT_TRUE(contains(e.what(), std::to_string(port))) << e.what();
+  }
+  ::close(fd);
+}
+
+TEST(Rendezvous, APeerThatLeavesMakesCollectivesFailWithContext) {
+  const int port = free_port();
+  std::string error;
+  std::thread leaver([&] {
+    try {
+      auto c = init_process_group(local_options(1, 2, port, 5));
+      // Leaves (destroys its process group) without taking part in the collective.
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank 1: " << e.what();
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto c = init_process_group(local_options(0, 2, port, 5));
+    leaver.join();
+    at::Tensor t = at::ones({1000});
+    c->allreduce_sum(t);
+    ADD_FAILURE() << "allreduce without the peer succeeded";
+  } catch (const Error& e) {
+    error = e.what();
+    RecordProperty("message", error);
+  }
+  if (leaver.joinable()) leaver.join();
+  EXPECT_TRUE(contains(error, "rank 0 of 2")) << error;
+  EXPECT_TRUE(contains(error, "allreduce_sum")) << error;
+  EXPECT_LT(seconds_since(start), 30.0);
+}
+
+TEST(Rendezvous, DivergingCollectivesAreReportedUnderDebugDetail) {
+  const char* old = std::getenv("TORCH_DISTRIBUTED_DEBUG");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  ::setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  const int port = free_port();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        auto c = init_process_group(local_options(r, 2, port, 10));
+        at::Tensor same = at::ones({2});
+        c->allreduce_sum(same);  // agrees
+        EXPECT_TRUE(at::equal(same, at::full({2}, 2.0)));
+        at::Tensor t = at::ones({r == 0 ? 3 : 5});  // diverges
+        c->allreduce_sum(t);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  if (saved) {
+    ::setenv("TORCH_DISTRIBUTED_DEBUG", saved->c_str(), 1);
+  } else {
+    ::unsetenv("TORCH_DISTRIBUTED_DEBUG");
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::string& m = errors[static_cast<std::size_t>(r)];
+    RecordProperty("message" + std::to_string(r), m);
+    EXPECT_TRUE(contains(m, "rank " + std::to_string(r) + " of 2")) << m;
+    EXPECT_TRUE(contains(m, "allreduce_sum")) << m;
+    EXPECT_TRUE(contains(m, "mismatch")) << m;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------
+
+/// Unsets the variables DistOptions reads and restores them at the end of the test.
+class DistEnv {
+ public:
+  DistEnv() {
+    for (const char* n : kNames) {
+      if (const char* v = std::getenv(n)) saved_[n] = v;
+      ::unsetenv(n);
+    }
+  }
+  ~DistEnv() {
+    for (const char* n : kNames) {
+      const auto it = saved_.find(n);
+      if (it == saved_.end()) {
+        ::unsetenv(n);
+      } else {
+        ::setenv(n, it->second.c_str(), 1);
+      }
+    }
+  }
+  void set(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
+  void unset(const char* name) { ::unsetenv(name); }
+  void clear() {
+    for (const char* n : kNames) ::unsetenv(n);
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
+                                           "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
+  DistEnv env;
+  DistOptions o = DistOptions::from_environment();
+  EXPECT_EQ(o.world_size, 1);
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_FALSE(o.enabled());
+  EXPECT_EQ(o.master_addr, DistOptions{}.master_addr);
+  EXPECT_EQ(o.master_port, DistOptions{}.master_port);
+
+  env.set("RANK", "2");
+  env.set("WORLD_SIZE", "4");
+  env.set("LOCAL_RANK", "0");
+  env.set("MASTER_ADDR", "node7");
+  env.set("MASTER_PORT", "12345");
+  o = DistOptions::from_environment();
+  EXPECT_EQ(o.rank, 2);
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.local_rank, 0);
+  EXPECT_EQ(o.master_addr, "node7");
+  EXPECT_EQ(o.master_port, 12345);
+  EXPECT_TRUE(o.enabled());
+  EXPECT_NO_THROW(o.validate());
+
+  // SLURM's variables count only when RANK is absent.
+  env.set("SLURM_PROCID", "5");
+  env.set("SLURM_NTASKS", "8");
+  env.set("SLURM_LOCALID", "1");
+  EXPECT_EQ(DistOptions::from_environment().rank, 2);
+  env.unset("RANK");
+  env.unset("WORLD_SIZE");
+  env.unset("LOCAL_RANK");
+  o = DistOptions::from_environment();
+  EXPECT_EQ(o.rank, 5);
+  EXPECT_EQ(o.world_size, 8);
+  EXPECT_EQ(o.local_rank, 1);
+
+  // A single process under torchrun.
+  env.clear();
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "1");
+  EXPECT_FALSE(DistOptions::from_environment().enabled());
+}
+
+TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {
+  DistEnv env;
+  auto expect_error = [&](const std::map<std::string, std::string>& vars, const std::vector<std::string>& want) {
+    env.clear();
+    for (const auto& [k, v] : vars) env.set(k.c_str(), v);
+    try {
+      DistOptions::from_environment();
+      ADD_FAILURE() << "accepted; expected an error mentioning " << want.front();
+    } catch (const ValueError& e) {
+      for (const auto& w : want) EXPECT_TRUE(contains(e.what(), w)) << "'" << w << "' not in: " << e.what();
+    }
+  };
+  expect_error({{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, {"RANK", "abc"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "2x"}}, {"WORLD_SIZE", "2x"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE", "'0'"});
+  expect_error({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, {"RANK", "-1"});
+  expect_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}}, {"RANK", "'2'", "WORLD_SIZE"});
+  expect_error({{"RANK", "1"}}, {"RANK", "WORLD_SIZE", "is not"});
+  expect_error({{"WORLD_SIZE", "2"}}, {"WORLD_SIZE", "RANK"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "one"}}, {"LOCAL_RANK", "one"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}, {"MASTER_PORT", "70000"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "port"}}, {"MASTER_PORT", "port"});
+  expect_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}, {"MASTER_ADDR"});
+  expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "'x'"});
+  expect_error({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "SLURM_NTASKS"});
+  expect_error({{"RANK", "99999999999"}, {"WORLD_SIZE", "2"}}, {"RANK", "99999999999"});
+}
+
+TEST(DistOptions, ValidateNamesTheFieldAndValue) {
+  auto expect_error = [](DistOptions o, const std::string& want) {
+    try {
+      o.validate();
+      ADD_FAILURE() << "accepted; expected an error mentioning " << want;
+    } catch (const ValueError& e) {
+      EXPECT_TRUE(contains(e.what(), want)) << e.what();
+    }
+  };
+  DistOptions o;
+  EXPECT_NO_THROW(o.validate());
+  o.world_size = 0;
+  expect_error(o, "world_size 0");
+  o = DistOptions{};
+  o.world_size = 2;
+  o.rank = 2;
+  expect_error(o, "rank 2");
+  o.rank = 0;
+  o.master_port = 0;
+  expect_error(o, "master_port 0");
+  o.master_port = 29500;
+  o.timeout_seconds = 0;
+  expect_error(o, "timeout_seconds 0");
+  o.timeout_seconds = 10;
+  o.backend = "mpi";
+  expect_error(o, "backend 'mpi'");
+  o.backend = "nccl";
+  EXPECT_NO_THROW(o.validate());
+  try {
+    init_process_group(o);
+    ADD_FAILURE() << "nccl accepted by a libtorch without NCCL";
+  } catch (const ValueError& e) {
+    EXPECT_TRUE(contains(e.what(), "nccl")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "gloo")) << e.what();
+  }
+  o.backend = "gloo";
+  o.master_addr = "";
+  expect_error(o, "master_addr");
+}
+
+// ---------------------------------------------------------------------------
+// End to end: `medfast train` as two processes.
+// ---------------------------------------------------------------------------
+
+TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
+  test::TempDir dir;
+  // The tiny run of tests/train/test_trainer.cpp. data.synth writes the dataset:
+  // rank 0 builds its trainer (and the dataset) before the other ranks build theirs.
+  nlohmann::json c = train::default_run_config();
+  const int cases = 6, validation = 1;
+  c["data"]["dataset"] = dir / "data/dataset.json";
+  c["data"]["synth"] = {{"cases", cases}, {"size", "40,40,12"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
+  c["data"]["validation"] = {{"num", validation}};
+  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
+  c["model"]["channels"] = {4, 8, 16};
+  c["model"]["strides"] = {2, 2};
+  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
+  c["train"]["target_dice"] = 0;
+  // Batch 1 over 5 items: an uneven split unless each rank's share is padded to
+  // the same length (ranks running different step counts would deadlock Gloo).
+  c["data"]["loader"]["batch_size"] = 1;
+  test::write_file(dir / "run.json", c.dump(2));
+
+  const int world = 2, port = free_port();
+  std::string script;
+  for (int r = 0; r < world; ++r) {
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(world) +
+              " LOCAL_RANK=" + std::to_string(r) + " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+              " MEDFAST_THREADS=1 timeout 300 '" + test::medfast_binary() + "' train --config '" + (dir / "run.json") +
+              "' --set train.epochs=1 --set train.threads=1 --set data.loader.threads=1 --set train.run_dir='" +
+              (dir / "run") + "' >'" + (dir / ("out" + std::to_string(r))) + "' 2>'" +
+              (dir / ("err" + std::to_string(r))) + "'; echo $? >'" + (dir / ("rc" + std::to_string(r))) + "') & ";
+  }
+  script += "wait";
+  test::run(script);
+
+  for (int r = 0; r < world; ++r) {
+    const std::string rc = test::read_file(dir / ("rc" + std::to_string(r)));
+    EXPECT_EQ(rc, "0\n") << "rank " << r << " exit code " << rc << "; stderr:\n"
+                         << test::read_file(dir / ("err" + std::to_string(r))) << "\nstdout:\n"
+                         << test::read_file(dir / ("out" + std::to_string(r)));
+  }
+  const std::string out0 = test::read_file(dir / "out0"), out1 = test::read_file(dir / "out1");
+  EXPECT_TRUE(contains(out0, "epoch 1/1")) << out0;
+  EXPECT_EQ(out1, "") << "rank 1 printed on stdout";
+  EXPECT_TRUE(test::read_file(dir / "run/last.ckpt").size() > 0);
+  EXPECT_TRUE(contains(test::read_file(dir / "run/config.json"), "\"train\""));
+
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  ASSERT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+  const auto rec = nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n')));
+  EXPECT_EQ(rec["epoch"], 1);
+  EXPECT_TRUE(rec["loss"].is_number() && std::isfinite(rec["loss"].get<double>())) << rec;
+  EXPECT_TRUE(rec["dice"].is_number()) << rec;
+  // DistributedSampler: the training items padded to a multiple of the world size,
+  // each rank takes 1/world of them, in batches of data.loader.batch_size.
+  const int items = cases - validation;
+  const int batch = c["data"]["loader"]["batch_size"].get<int>();
+  const int per_rank = (items + world - 1) / world;
+  const bool drop_last = c["data"]["loader"].value("drop_last", false);
+  const int steps = drop_last ? per_rank / batch : (per_rank + batch - 1) / batch;
+  EXPECT_EQ(rec["steps"].get<int>(), steps)
+      << "items " << items << ", world " << world << ", batch " << batch << ": " << rec;
+}
+
+}  // namespace
+}  // namespace medfast
