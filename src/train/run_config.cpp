@@ -137,7 +137,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
     for (const auto& [k, v] : s.items()) values[k] = v.is_string() ? v.get<std::string>() : v.dump();
     settings.load_file_values(values, c.path);
   }
-  for (const char* required : {"data", "model"}) {
+  for (const char* required : {"data", "model", "optimizer"}) {
     if (!root.contains(required)) throw fail(required, "missing");
   }
   c.data = data::load_pipeline(root, c.path, base, settings);
@@ -160,7 +160,9 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   };
   wrap("loss", [&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
   wrap("optimizer", [&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
-  wrap("schedule", [&] { c.schedule = ScheduleOptions::from_json(section("schedule"), "schedule"); });
+  if (root.contains("schedule")) {  // absent: a constant learning rate
+    wrap("schedule", [&] { c.schedule = ScheduleOptions::from_json(root["schedule"], "schedule"); });
+  }
 
   const nlohmann::json val = section("validation");
   for (const auto& [k, v] : val.items()) {
@@ -177,11 +179,11 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
 
   const nlohmann::json tr = section("train");
   static const std::set<std::string> train_keys{"run_dir", "epochs", "seed", "device", "amp", "target_dice",
-                                                "threads", "image_key", "label_key"};
+                                                "threads", "image_key", "label_key", "deterministic"};
   for (const auto& [k, v] : tr.items()) {
     if (!train_keys.count(k)) {
       throw fail("train." + k, "unknown key (known: run_dir, epochs, seed, device, amp, target_dice, threads, "
-                               "image_key, label_key)");
+                               "image_key, label_key, deterministic)");
     }
   }
   auto get = [&](const char* key, auto& out, const char* expected) {
@@ -202,6 +204,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   get("threads", t.threads, "a whole number");
   get("image_key", t.image_key, "a key name");
   get("label_key", t.label_key, "a key name");
+  get("deterministic", t.deterministic, "true or false");
   t.run_dir = resolve(base, t.run_dir);
   t.val_interval = c.val_interval;
   try {
@@ -209,6 +212,9 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
     (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");
   } catch (const Error& e) {
     throw FormatError(str(c.path, ": ", e.what()));
+  }
+  if (c.schedule.name == "warmup_cosine" && c.schedule.warmup_epochs >= t.epochs) {
+    throw fail("schedule.warmup_epochs", str(c.schedule.warmup_epochs, " must be below train.epochs (", t.epochs, ")"));
   }
   c.root = std::move(root);
   return c;

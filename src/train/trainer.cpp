@@ -232,6 +232,10 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
     throw ValueError(str(c.path, ": train.device is ", t.device, " but libtorch has no usable CUDA device here"));
   }
   const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
+  if (device.is_cuda()) {
+    at::globalContext().setDeterministicCuDNN(t.deterministic);
+    at::globalContext().setBenchmarkCuDNN(!t.deterministic);
+  }
   const int model_threads = t.threads > 0 ? t.threads : s_->settings.threads();
   at::set_num_threads(model_threads);
 

@@ -37,7 +37,7 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
   for (std::size_t t = 0; t < transforms_.size(); ++t) {
     const auto& tr = transforms_[t];
     try {
-      if (tr->samples() > 1) {
+      if (tr->expands()) {
         for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
         std::vector<Sample> out;
         for (auto& s : samples) {
@@ -148,7 +148,8 @@ class RandCropByPosNegLabel final : public RandomTransform {
             {"allow_smaller", c_.allow_smaller}};
   }
   std::size_t samples() const override { return c_.num_samples; }
-  void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel produces several samples"); }
+  bool expands() const override { return true; }
+  void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel: internal error: apply() on an expanding transform"); }
 
   std::vector<Sample> expand(const Sample& s, Rng& rng) const override {
     const Shape3 n = spatial_shape(s.volume(c_.label_key).data, c_.label_key);

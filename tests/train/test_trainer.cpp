@@ -122,6 +122,9 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
   c["data"]["validation"] = {{"num", 6}};
   expect_error(c, "data.validation.num");
   c = tiny_config(dir);
+  c["schedule"] = {{"name", "warmup_cosine"}, {"warmup_epochs", 2}};
+  expect_error(c, "schedule.warmup_epochs");
+  c = tiny_config(dir);
   c["model"]["chanels"] = {4, 8};
   try {
     Trainer t(c, dir / "run.yaml", s);
@@ -341,6 +344,76 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   r = test::run(bin + " train --config " + dir / "run.json" + " --set train.epochs=zero");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;
+}
+
+// amp: bf16 autocast on the CPU trains (finite losses, a Dice) and amp: true means bf16 there.
+TEST(Trainer, Bf16AutocastOnCpu) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  c["train"]["amp"] = true;
+  const TrainResult r = Trainer(c, "", one_thread()).run(false);
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_TRUE(std::isfinite(r.history[0].loss));
+  EXPECT_EQ(r.history[0].skipped_steps, 0);  // bf16 needs no loss scaling
+  ASSERT_TRUE(r.history[0].dice.has_value());
+  EXPECT_TRUE(std::isfinite(*r.history[0].dice));
+}
+
+// On a GPU: fp16 with loss scaling, batches copied on the loader's side stream, and
+// the same run resumed bit-identically.
+TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (libtorch without CUDA or no GPU)";
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["device"] = "cuda";
+  c["train"]["amp"] = "fp16";
+  nlohmann::json a = c;
+  a["train"]["run_dir"] = dir / "a";
+  const TrainResult ra = Trainer(a, "", one_thread()).run(false);
+  ASSERT_EQ(ra.history.size(), 2u);
+  for (const auto& e : ra.history) EXPECT_TRUE(std::isfinite(e.loss));
+  nlohmann::json b = c;
+  b["train"]["run_dir"] = dir / "b";
+  TrainCallbacks stop;
+  stop.epoch = [](const EpochRecord& r) {
+    if (r.epoch == 1) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(Trainer(b, "", one_thread()).run(false, stop), std::runtime_error);
+  const TrainResult rb = Trainer(b, "", one_thread()).run(true);
+  ASSERT_EQ(rb.history.size(), 2u);
+  EXPECT_EQ(ra.history[1].loss, rb.history[1].loss);
+}
+
+// examples/*.yaml run on `data synth` output at a smaller size (the overrides their
+// comments give), one epoch each.
+TEST(Examples, RunOnSyntheticDataAtASmallerSize) {
+  const std::map<std::string, std::vector<std::string>> smaller{
+      {"spleen", {"model.channels=[8,16,32,64,128]"}},
+      {"brats", {"model.in_channels=1", "model.out_channels=2", "model.init_filters=8"}},
+      {"nsclc", {"model.img_size=[32,32,32]", "model.feature_size=12", "train.epochs=2", "schedule.warmup_epochs=1"}},
+  };
+  for (const auto& [name, sets] : smaller) {
+    SCOPED_TRACE(name);
+    test::TempDir dir;
+    nlohmann::json c = data::load_yaml_as_json(test::source_dir() + "/examples/" + name + ".yaml");
+    c["data"]["dataset"] = dir / "data/dataset.json";
+    c["data"]["synth"] = {{"cases", 4}, {"size", "48,48,24"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 0}};
+    c["data"]["cache"] = {{"kind", "memory"}};
+    for (const char* s : {"data.validation.num=1", "data.random.0.spatial_size=[32,32,32]", "data.random.0.num_samples=1",
+                          "validation.sliding_window.roi_size=[32,32,32]", "validation.sliding_window.sw_batch_size=1",
+                          "train.device=cpu", "train.amp=false", "train.epochs=1", "train.threads=2"}) {
+      apply_override(c, s);
+    }
+    for (const std::string& s : sets) apply_override(c, s);
+    c["train"]["run_dir"] = dir / "run";
+    const TrainResult r = Trainer(c, dir / (name + ".yaml"), one_thread()).run(false);
+    ASSERT_EQ(r.history.size(), static_cast<std::size_t>(c["train"]["epochs"].get<int>()));
+    EXPECT_TRUE(std::isfinite(r.history.back().loss)) << r.history.back().loss;
+    ASSERT_TRUE(r.history.back().dice.has_value());
+    EXPECT_GE(*r.history.back().dice, 0.0);
+    EXPECT_LE(*r.history.back().dice, 1.0);
+  }
 }
 
 // The README's main job: `medfast train` with no config reaches its validation Dice

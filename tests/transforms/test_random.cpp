@@ -162,6 +162,19 @@ TEST(RandomTransforms, CropsHaveTheSizeTheGeometryAndThePosNegRatio) {
   EXPECT_THROW(too_big->expand(in, rng), ValueError);
 }
 
+// num_samples 1 (one crop per item) goes through the chain like any other count.
+TEST(RandomTransforms, PosNegCropWithOneSampleRunsInAChain) {
+  const auto chain = make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [6, 6, 4], "num_samples": 1},
+      {"name": "RandFlip", "keys": ["image", "label"], "prob": 0.5, "spatial_axis": 0}])"),
+                                       3);
+  EXPECT_EQ(chain.samples_per_item(), 1u);
+  const auto out = chain.run(make_sample(), 0, 0);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].volume("image").shape(), (std::vector<std::int64_t>{1, 6, 6, 4}));
+  EXPECT_EQ(out[0].volume("label").shape(), (std::vector<std::int64_t>{1, 6, 6, 4}));
+}
+
 TEST(RandomTransforms, ChainsAreReproduciblePerItemAndEpoch) {
   const auto chain = make_random_chain(nlohmann::json::parse(R"([
       {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [6, 6, 4], "num_samples": 3},

@@ -8,7 +8,7 @@
 ///   optimizer:   {name: SGD|Adam|AdamW|Novograd, lr, ...}                         (optim.hpp)
 ///   schedule:    {name: constant|warmup_cosine|poly, ...}, stepped once per epoch (optim.hpp)
 ///   validation:  {interval: 1, sliding_window: {roi_size, sw_batch_size, overlap, mode}, hd95: false}
-///   train:       {run_dir, epochs, seed, device, amp, target_dice, threads, image_key, label_key}
+///   train:       {run_dir, epochs, seed, device, amp, target_dice, threads, image_key, label_key, deterministic}
 ///   settings:    medfast settings (threads, ...; see `medfast config show`)
 ///
 /// Reproducibility: the network's initial weights come from train.seed; each epoch
@@ -51,6 +51,9 @@ struct TrainOptions {
   double target_dice = 0;           ///< stop when the validation mean Dice reaches it (0: never)
   int threads = 0;                  ///< libtorch intra-op threads for the network (0: the cores the loader leaves)
   std::string image_key = "image", label_key = "label";
+  /// CUDA: deterministic cuDNN algorithms (no autotuning), so that resume is bit-identical
+  /// there too (MONAI's set_determinism does the same); false lets cuDNN pick the fastest.
+  bool deterministic = true;
   void validate() const;
 };
 

@@ -47,6 +47,9 @@ class RandomTransform {
   virtual void apply(Sample& sample, Rng& rng) const = 0;
   /// How many samples come out per input sample (crops with num_samples > 1).
   virtual std::size_t samples() const { return 1; }
+  /// Whether the transform makes its samples with expand() (from the item's generator),
+  /// even when it makes only one (num_samples: 1).
+  virtual bool expands() const { return false; }
   /// For multi-sample transforms: the outputs of one input.
   virtual std::vector<Sample> expand(const Sample& sample, Rng& item_rng) const;
   /// Spatial transforms that can be composed extend `plan` (drawing from
