@@ -25,13 +25,17 @@ std::uint64_t get_u64(const char* p) {
   return v;
 }
 
+/// A checkpoint file read and verified; the archive stays inside `bytes` (no copy).
 struct Parts {
   nlohmann::json meta;
-  std::string archive;
+  std::string bytes;
+  std::size_t archive_offset = 0, archive_size = 0;
 };
 
 Parts read_parts(const std::string& path) {
-  const std::string bytes = os::read_text_file(path);
+  Parts p;
+  p.bytes = os::read_text_file(path);
+  const std::string& bytes = p.bytes;
   auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
   if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, 8) != 0) {
     throw fail("not a medfast checkpoint (magic MFCKPT01 missing)");
@@ -43,13 +47,13 @@ Parts read_parts(const std::string& path) {
   const std::uint64_t want = get_u64(bytes.data() + 24);
   const std::uint64_t got = XXH3_64bits(bytes.data() + kHeader, j + a);
   if (want != got) throw fail("damaged: checksum mismatch");
-  Parts p;
   try {
-    p.meta = nlohmann::json::parse(bytes.substr(kHeader, j));
+    p.meta = nlohmann::json::parse(bytes.data() + kHeader, bytes.data() + kHeader + j);
   } catch (const nlohmann::json::exception& e) {
     throw fail(str("damaged JSON document: ", e.what()));
   }
-  p.archive = bytes.substr(kHeader + j, a);
+  p.archive_offset = kHeader + j;
+  p.archive_size = a;
   return p;
 }
 
@@ -69,17 +73,24 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
   archive.save_to(os);
   const std::string a = os.str();
   const std::string j = meta.dump();
-  std::string body = j + a;
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) throw Error("save_checkpoint: out of memory for the checksum state");
+  XXH3_64bits_reset(state);
+  XXH3_64bits_update(state, j.data(), j.size());
+  XXH3_64bits_update(state, a.data(), a.size());
+  const std::uint64_t checksum = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
   char header[kHeader];
   std::memcpy(header, kMagic, 8);
   put_u64(header + 8, j.size());
   put_u64(header + 16, a.size());
-  put_u64(header + 24, XXH3_64bits(body.data(), body.size()));
+  put_u64(header + 24, checksum);
   try {
     os::make_directories(os::parent_directory(path));
     os::AtomicWriter w(path);
     w.append(header, kHeader);
-    w.append(body.data(), body.size());
+    w.append(j.data(), j.size());
+    w.append(a.data(), a.size());
     w.commit();
   } catch (Error& e) {
     e.add_context(str("writing checkpoint ", path));
@@ -94,8 +105,7 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
   auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
   torch::serialize::InputArchive archive;
   try {
-    std::istringstream is(parts.archive);
-    archive.load_from(is);
+    archive.load_from(parts.bytes.data() + parts.archive_offset, parts.archive_size);
   } catch (const c10::Error& e) {
     throw fail(str("unreadable tensor archive: ", e.what_without_backtrace()));
   }

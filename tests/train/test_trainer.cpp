@@ -427,6 +427,24 @@ TEST(TrainCli, DefaultRunReachesItsDice) {
   EXPECT_GE(res["best_dice"].get<double>(), 0.8) << r.out;
   EXPECT_TRUE(os::exists(dir / "data/synth-small/dataset.json"));
   EXPECT_TRUE(os::exists(dir / "runs/default/best.ckpt"));
+  // infer maps the prediction back onto the input's grid (LPS, 1.6 mm) correctly: it
+  // overlaps the file's own label about as well as validation measured on the RAS 2 mm grid.
+  const std::string image = dir / "data/synth-small/imagesTr/spleen_11.nii.gz";
+  const auto inf = test::run(test::medfast_binary() + " --threads 2 infer --checkpoint " + dir / "runs/default/best.ckpt" +
+                             " --input " + image + " --output " + dir / "pred");
+  ASSERT_EQ(inf.exit_code, 0) << inf.err;
+  const Volume pred = read_nifti(dir / "pred/spleen_11_seg.nii.gz");
+  const Volume truth = read_nifti(dir / "data/synth-small/labelsTr/spleen_11.nii.gz");
+  ASSERT_EQ(pred.shape(), truth.shape());
+  EXPECT_EQ(pred.affine.max_abs_diff(truth.affine), 0.0);
+  const at::Tensor p = pred.data > 0, t = truth.data > 0;
+  const double dice = 2.0 * (p & t).sum().item<double>() / (p.sum().item<double>() + t.sum().item<double>());
+  EXPECT_GT(dice, 0.7) << "prediction on the input's grid vs its label";
+  // eval of best.ckpt reproduces the best validation Dice.
+  const auto ev = test::run("cd " + dir.path() + " && " + test::medfast_binary() +
+                            " --threads 2 eval --checkpoint runs/default/best.ckpt --json");
+  ASSERT_EQ(ev.exit_code, 0) << ev.err;
+  EXPECT_NEAR(nlohmann::json::parse(ev.out)["mean_dice"].get<double>(), res["best_dice"].get<double>(), 1e-9);
   // The stages add up to most of each epoch (nothing large goes unaccounted).
   for (const auto& e : res["history"]) {
     double sum = 0;
