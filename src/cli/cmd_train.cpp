@@ -21,6 +21,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
   bool resume = false;
+  bool overwrite = false;
   bool json = false;
 };
 
@@ -32,7 +33,7 @@ struct InferArgs {
 };
 
 struct EvalArgs {
-  std::string checkpoint, config, section;
+  std::string checkpoint, config, section, device = "cpu", amp = "false";
   std::vector<std::string> sets;
   bool hd95 = false, json = false;
 };
@@ -136,7 +137,7 @@ int run_train(const TrainArgs& a, Context& ctx) {
     };
     cb.epoch = [epochs](const train::EpochRecord& r) { print_epoch(r, epochs); };
   }
-  const train::TrainResult r = trainer->run(a.resume, cb);
+  const train::TrainResult r = trainer->run(a.resume, cb, a.overwrite);
   if (!rank0) return 0;
   if (a.json) {
     print_json(r.to_json().dump());
@@ -168,7 +169,12 @@ int run_infer(const InferArgs& a, Context& ctx) {
 int run_eval(const EvalArgs& a, Context& ctx) {
   nlohmann::json cfg = a.config.empty() ? nlohmann::json() : run_config(a.config, a.sets);
   if (a.config.empty() && !a.sets.empty()) throw ValueError("eval: --set needs --config");
-  const train::EvalResult r = train::evaluate(a.checkpoint, cfg, a.config, ctx.settings, a.hd95, a.section);
+  train::EvalOptions o;
+  o.device = a.device;
+  o.amp = data::parse_yaml(a.amp, "--amp");
+  o.hd95 = a.hd95;
+  o.section = a.section;
+  const train::EvalResult r = train::evaluate(a.checkpoint, cfg, a.config, ctx.settings, o);
   if (a.json) {
     print_json(r.to_json().dump());
     return 0;
@@ -200,6 +206,7 @@ Command register_train(CLI::App& root) {
       ->check(CLI::ExistingFile);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable), e.g. train.epochs=5");
   app->add_flag("--resume", a->resume, "Continue from run_dir/last.ckpt (bit-identical to an uninterrupted run)");
+  app->add_flag("--overwrite", a->overwrite, "Start again in a run_dir that holds a run (its checkpoints and metrics are removed)");
   app->add_flag("--json", a->json, "Print the result (history, best Dice, time to target) as JSON");
   return {app, [a](Context& ctx) { return run_train(*a, ctx); }};
 }
@@ -225,6 +232,8 @@ Command register_eval(CLI::App& root) {
       ->check(CLI::ExistingFile);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable)");
   app->add_option("--section", a->section, "Evaluate every item of this dataset section instead of data.validation");
+  app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();
   app->add_flag("--hd95", a->hd95, "Also the 95th-percentile Hausdorff distance (mm)");
   app->add_flag("--json", a->json, "Print JSON");
   return {app, [a](Context& ctx) { return run_eval(*a, ctx); }};

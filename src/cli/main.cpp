@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
       if (c.app->parsed()) return c.run(ctx);
     }
     return 2;
+  } catch (const c10::Error& e) {  // libtorch's own: the message without its C++ backtrace
+    std::fprintf(stderr, "medfast: error: %s\n", e.what_without_backtrace());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "medfast: error: %s\n", e.what());
     return 1;

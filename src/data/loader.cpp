@@ -135,7 +135,7 @@ Batch Loader::build(std::size_t b) {
     }
     std::vector<Sample> samples;
     try {
-      samples = chain_.run(input, epoch_, item);
+      samples = chain_.run(input, epoch_, item_id_ ? item_id_(item) : item);
     } catch (...) {
       rethrow_with_context(str("loader: ", files_of(input, item)));
     }

@@ -30,9 +30,10 @@ SmartCacheDataset::~SmartCacheDataset() {
   if (next_.valid()) next_.wait();  // the background work reads members: let it finish
 }
 
-void SmartCacheDataset::start() {
+void SmartCacheDataset::start(std::size_t slides) {
   if (started_) return;
   const auto n = dataset_.items.size();
+  start_ = (start_ + (slides % n) * (replace_num_ % n)) % n;
   resident_.clear();
   for (std::size_t i = 0; i < options_.cache_num; ++i) resident_.push_back((start_ + i) % n);
   samples_.assign(options_.cache_num, Sample{});

@@ -308,6 +308,21 @@ DistOptions DistOptions::from_environment() {
       throw ValueError(str("environment MASTER_PORT='", *port, "' is outside 1..65535"));
     }
   }
+  // How long a rank waits for its peers (rendezvous and every collective): a rank that
+  // failed makes the others stop after this long.
+  if (const auto t = env("MEDFAST_DIST_TIMEOUT")) {
+    std::size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(*t, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != t->size() || !(v > 0) || v > 1e7) {
+      throw ValueError(str("environment MEDFAST_DIST_TIMEOUT='", *t, "' is not a number of seconds in (0, 1e7]"));
+    }
+    o.timeout_seconds = v;
+  }
   return o;
 }
 

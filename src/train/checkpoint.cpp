@@ -105,7 +105,11 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
   auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(parts.bytes.data() + parts.archive_offset, parts.archive_size);
+    // Tensors go where the network is (optimizer state included): a checkpoint written on
+    // cuda:0 resumes on cuda:N or on a CPU-only machine.
+    const auto params = module.parameters();
+    const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+    archive.load_from(parts.bytes.data() + parts.archive_offset, parts.archive_size, device);
   } catch (const c10::Error& e) {
     throw fail(str("unreadable tensor archive: ", e.what_without_backtrace()));
   }

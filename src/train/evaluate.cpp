@@ -71,11 +71,19 @@ nlohmann::json EvalResult::to_json() const {
 }
 
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
-                    const Settings& settings_in, bool hd95, const std::string& section) {
+                    const Settings& settings_in, const EvalOptions& o) {
   Settings settings = settings_in;
-  const c10::Device device(config.is_object() && config.contains("train")
-                               ? config["train"].value("device", std::string("cpu"))
-                               : std::string("cpu"));
+  const bool hd95 = o.hd95;
+  const std::string& section = o.section;
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(o.device);
+  } catch (const c10::Error&) {
+    throw ValueError(str("--device '", o.device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw ValueError(str("--device ", o.device, ": libtorch has no usable CUDA device here"));
+  }
   Loaded net = load_network(checkpoint, device);
   std::string cfg_path = path, base_dir;
   if (config.is_null()) {  // the checkpoint's own config, anchored where it was written
@@ -95,8 +103,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   }
   data::CachedDataset ds = data::make_validation_dataset(p);
   ds.fill();
-  const Precision precision = parse_precision(c.train.amp, device.is_cuda(), c.path + ": train.amp");
-  const std::int64_t classes = net.meta["config"]["model"].value("out_channels", std::int64_t{2});
+  const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   torch::NoGradGuard no_grad;
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
@@ -109,9 +116,8 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     const Volume& img = s.volume(c.train.image_key);
     const Volume& lab = s.volume(c.train.label_key);
     const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, c.sliding_window);
-    const at::Tensor pred = argmax_one_hot(logits);
-    const at::Tensor target = train::one_hot(lab.data.unsqueeze(0).to(device), classes);
-    const at::Tensor d = dice_per_class(pred, target, false);
+    const MetricInputs m = metric_inputs(logits, lab.data.unsqueeze(0).to(device), c.loss.sigmoid);
+    const at::Tensor d = dice_per_class(m.pred, m.target, m.include_background);
     dice.add(d);
     EvalCase ec;
     const auto& item = p.validation.items.at(ds.global_index(i));
@@ -119,7 +125,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     for (std::int64_t k = 0; k < d.size(1); ++k) ec.dice.push_back(d[0][k].item<double>());
     if (hd95) {
       const auto sp = lab.spacing();
-      const at::Tensor h = hausdorff95_per_class(pred, target, false, {sp[0], sp[1], sp[2]});
+      const at::Tensor h = hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]});
       hd.add(h);
       std::vector<double> hv;
       for (std::int64_t k = 0; k < h.size(1); ++k) hv.push_back(h[0][k].item<double>());
@@ -199,7 +205,12 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
                                const std::string& output_dir, const InferOptions& o, const Settings& settings,
                                const std::function<void(const std::string&)>& message) {
   const std::vector<std::string> files = expand_inputs(inputs);
-  const c10::Device device(o.device);
+  c10::Device device(c10::kCPU);
+  try {
+    device = c10::Device(o.device);
+  } catch (const c10::Error&) {
+    throw ValueError(str("--device '", o.device, "' is not a device (cpu, cuda, cuda:N)"));
+  }
   if (device.is_cuda() && !torch::cuda::is_available()) {
     throw ValueError(str("--device ", o.device, ": libtorch has no usable CUDA device here"));
   }
@@ -214,6 +225,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
   const transforms::Compose chain =
       transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
+  const bool sigmoid = cfg.value("loss", nlohmann::json::object()).value("sigmoid", false);
   at::set_num_threads(settings.threads());
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
@@ -229,7 +241,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       chain.apply(s);
       const Volume& img = s.volume(image_key);
       const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
-      const at::Tensor labels = logits.argmax(1).to(at::kByte).cpu();  // [1, X, Y, Z]: channel-first
+      const at::Tensor labels = predicted_labels(logits, sigmoid)[0].cpu();  // [C, X, Y, Z]: channel-first
       // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
       const Volume original = read_nifti(file);
       const auto shape = original.shape();
@@ -239,7 +251,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       const at::Tensor back =
           transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true, /*zeros_outside=*/true, {0, 0, 0}, grid);
       Volume out;
-      out.data = back[0];
+      out.data = back.size(0) == 1 ? back[0] : back.permute({1, 2, 3, 0}).contiguous();  // masks: X, Y, Z, C
       out.affine = original.affine;
       out.meta = original.meta;
       out.meta.disk_datatype = 0;

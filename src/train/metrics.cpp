@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "medfast/core/error.hpp"
+#include "medfast/train/losses.hpp"
 
 namespace medfast::train {
 
@@ -312,6 +313,37 @@ MeanMetric MeanMetric::from_totals(at::Tensor sums, at::Tensor counts) {
   m.fixed_classes_ = m.sums_.numel();
   if (m.fixed_classes_ == 0) m.sums_ = m.counts_ = at::Tensor();
   return m;
+}
+
+MetricInputs metric_inputs(const at::Tensor& logits, const at::Tensor& labels, bool sigmoid) {
+  MEDFAST_CHECK_T(ValueError, logits.dim() >= 3 && labels.dim() == logits.dim(), "metrics: logits ", logits.sizes(),
+                  " and labels ", labels.sizes(), " must both be [B, C, spatial...]");
+  const std::int64_t classes = logits.size(1);
+  MetricInputs m;
+  if (!sigmoid) {
+    MEDFAST_CHECK_T(ValueError, labels.size(1) == 1, "metrics: a softmax model's labels must be [B, 1, ...] class indices, got ",
+                    labels.sizes());
+    m.pred = argmax_one_hot(logits);
+    m.target = train::one_hot(labels, classes);
+    m.include_background = false;
+    return m;
+  }
+  m.pred = (logits > 0).to(at::kFloat);
+  if (labels.size(1) == classes) {
+    m.target = (labels > 0).to(at::kFloat);
+  } else if (labels.size(1) == 1) {
+    m.target = train::one_hot(labels, classes);
+  } else {
+    throw ValueError(str("metrics: labels with ", labels.size(1), " channels for a sigmoid model with ", classes,
+                         " outputs (expected 1 or ", classes, ")"));
+  }
+  m.include_background = true;
+  return m;
+}
+
+at::Tensor predicted_labels(const at::Tensor& logits, bool sigmoid) {
+  if (sigmoid) return (logits > 0).to(at::kByte);
+  return logits.argmax(1, /*keepdim=*/true).to(at::kByte);
 }
 
 }  // namespace medfast::train

@@ -213,6 +213,9 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   } catch (const Error& e) {
     throw FormatError(str(c.path, ": ", e.what()));
   }
+  if (t.target_dice > 0 && c.data.validation.items.empty()) {
+    throw fail("train.target_dice", "needs validation items (set data.validation: {num: N} or {section: NAME})");
+  }
   if (c.schedule.name == "warmup_cosine" && c.schedule.warmup_epochs >= t.epochs) {
     throw fail("schedule.warmup_epochs", str(c.schedule.warmup_epochs, " must be below train.epochs (", t.epochs, ")"));
   }

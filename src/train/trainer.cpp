@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <set>
@@ -34,6 +37,29 @@ constexpr int kCheckpointVersion = 1;
 
 /// Sections whose change makes a checkpoint's state meaningless for a resumed run.
 const std::vector<std::string> kResumeFixed{"model", "loss", "optimizer", "schedule", "data"};
+
+/// Runs f; errors gain `context` (libtorch's without their C++ backtrace).
+template <typename F>
+auto with_context(const std::string& context, F&& f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(str(context, ": ", e.what_without_backtrace()));
+  } catch (Error& e) {
+    e.add_context(context);
+    throw;
+  }
+}
+
+const at::Tensor& batch_tensor(const data::Batch& b, const std::string& key, const char* setting) {
+  const auto it = b.tensors.find(key);
+  if (it == b.tensors.end()) {
+    std::string keys;
+    for (const auto& [k, v] : b.tensors) keys += (keys.empty() ? "" : ", ") + k;
+    throw ValueError(str(setting, " '", key, "' is not a key of the training batches (they have: ", keys, ")"));
+  }
+  return it->second;
+}
 
 nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 double null_to_nan(const nlohmann::json& j) { return j.is_number() ? j.get<double>() : std::nan(""); }
@@ -159,20 +185,22 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
     const Volume& img = s.volume(c.train.image_key);
     const Volume& lab = s.volume(c.train.label_key);
     const at::Tensor x = img.data.unsqueeze(0).to(device, at::kFloat);
-    const at::Tensor logits = sliding_window_inference(x, predict, c.sliding_window);
-    const at::Tensor pred = argmax_one_hot(logits);
-    const at::Tensor target = train::one_hot(lab.data.unsqueeze(0).to(device), classes);
-    dice.add(dice_per_class(pred, target, /*include_background=*/false));
+    const std::string where = str("validation item ", ds.global_index(i));
+    const at::Tensor logits = with_context(where, [&] { return sliding_window_inference(x, predict, c.sliding_window); });
+    const MetricInputs m =
+        with_context(where, [&] { return metric_inputs(logits, lab.data.unsqueeze(0).to(device), c.loss.sigmoid); });
+    dice.add(dice_per_class(m.pred, m.target, m.include_background));
     if (c.hd95) {
       const auto sp = spacing_of(lab);
-      hd.add(hausdorff95_per_class(pred, target, false, {sp[0], sp[1], sp[2]}));
+      hd.add(hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]}));
     }
   }
   auto reduce = [&](MeanMetric& m) {
     at::Tensor sums = m.sums(), counts = m.counts();
-    if (!sums.defined() || sums.numel() == 0) {
-      sums = at::zeros({classes - 1}, at::kDouble);
-      counts = at::zeros({classes - 1}, at::kDouble);
+    if (!sums.defined() || sums.numel() == 0) {  // a rank without validation items
+      const std::int64_t n = c.loss.sigmoid || classes == 1 ? classes : classes - 1;
+      sums = at::zeros({n}, at::kDouble);
+      counts = at::zeros({n}, at::kDouble);
     }
     if (comm && comm->world_size() > 1) {
       comm->allreduce_sum(sums);
@@ -195,8 +223,9 @@ std::string diff_section(const nlohmann::json& a, const nlohmann::json& b) {
     const nlohmann::json x = a.value(k, nlohmann::json()), y = b.value(k, nlohmann::json());
     if (x != y) return k;
   }
-  if (a.value("train", nlohmann::json::object()).value("seed", 0) != b.value("train", nlohmann::json::object()).value("seed", 0)) {
-    return "train.seed";
+  const nlohmann::json ta = a.value("train", nlohmann::json::object()), tb = b.value("train", nlohmann::json::object());
+  for (const char* k : {"seed", "amp"}) {
+    if (ta.value(k, nlohmann::json()) != tb.value(k, nlohmann::json())) return str("train.", k);
   }
   return "";
 }
@@ -217,7 +246,7 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
+TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) {
   const auto start = Clock::now();
   const RunConfig& c = s_->config;
   const TrainOptions& t = c.train;
@@ -227,14 +256,47 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
     if (rank0 && cb.message) cb.message(m);
   };
 
+  const std::string last_path = t.run_dir + "/last.ckpt", best_path = t.run_dir + "/best.ckpt";
+  if (resume && overwrite) throw ValueError("train: --resume and --overwrite exclude each other");
+  if (!resume && os::exists(last_path)) {
+    if (!overwrite) {
+      throw ValueError(str("train.run_dir ", t.run_dir, " already holds a run (", last_path, ", epoch ",
+                           read_checkpoint_meta(last_path).value("epoch", 0),
+                           "): pass --resume to continue it, --overwrite to start again, or choose another run_dir"));
+    }
+  }
+  if (!resume && overwrite && rank0) {
+    for (const char* f : {"/last.ckpt", "/best.ckpt", "/metrics.jsonl"}) {
+      if (os::exists(t.run_dir + f)) os::remove_file(t.run_dir + f);
+    }
+  }
+  nlohmann::json resume_meta;
+  if (resume) {
+    if (!os::exists(last_path)) {
+      throw ValueError(str("--resume: ", last_path, " does not exist (train.run_dir is ", t.run_dir, ")"));
+    }
+    resume_meta = read_checkpoint_meta(last_path);
+    const std::string differs = diff_section(resume_meta.at("config"), c.root);
+    if (!differs.empty()) {
+      throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path,
+                           " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
+    }
+  }
+  const int resume_epoch = resume ? resume_meta.at("epoch").get<int>() : 0;
   const c10::Device device(t.device);
   if (device.is_cuda() && !torch::cuda::is_available()) {
     throw ValueError(str(c.path, ": train.device is ", t.device, " but libtorch has no usable CUDA device here"));
   }
   const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
   if (device.is_cuda()) {
+    if (device.has_index()) c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);  // this rank's GPU
     at::globalContext().setDeterministicCuDNN(t.deterministic);
     at::globalContext().setBenchmarkCuDNN(!t.deterministic);
+    if (t.deterministic) {
+      // Deterministic kernels where torch has them; a warning names any op without one.
+      ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+      at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    }
   }
   const int model_threads = t.threads > 0 ? t.threads : s_->settings.threads();
   at::set_num_threads(model_threads);
@@ -247,6 +309,10 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
   // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.
   // The smart cache's window is the same on every rank: there the loader's
   // DistributedSampler split (padded to equal lengths) divides it.
+  if (comm) {  // the process group decides the partition (also under SLURM without RANK set)
+    pipeline.cache.rank = comm->rank();
+    pipeline.cache.world_size = comm->world_size();
+  }
   pipeline.loader.rank = pipeline.smart && comm ? comm->rank() : 0;
   pipeline.loader.world_size = pipeline.smart && comm ? comm->world_size() : 1;
   const auto prep_start = Clock::now();
@@ -256,7 +322,7 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
   std::size_t train_size = 0;
   if (pipeline.smart) {
     smart = data::make_smart_cache(pipeline);
-    smart->start();
+    smart->start(static_cast<std::size_t>(resume_epoch));  // the window where a resumed run left it
     train_size = smart->size();
     source = [&](std::size_t i) { return smart->get(i); };
   } else {
@@ -276,13 +342,44 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
   const double prepare_seconds = since(prep_start);
 
   data::Loader loader(train_size, source, data::make_random_chain(pipeline), pipeline.loader);
+  if (train_ds) loader.set_item_ids([&](std::size_t i) { return train_ds->global_index(i); });
   Model model = build_model(c, device);
   if (comm && comm->world_size() > 1) {
     torch::NoGradGuard g;
     for (auto& p : model.module->parameters()) comm->broadcast(p, 0);
     for (auto& b : model.module->buffers()) comm->broadcast(b, 0);
   }
+  if (val_ds) {
+    // A validation window through the network now, not after the first epoch: a roi_size
+    // the network cannot take (SegResNet: multiples of 8, SwinUNETR: of 32) or a channel
+    // mismatch is reported before any training.
+    std::vector<std::int64_t> shape{1, c.model.value("in_channels", std::int64_t{1})};
+    bool fixed = true;
+    for (auto r : c.sliding_window.roi_size) {
+      fixed = fixed && r > 0;
+      shape.push_back(r);
+    }
+    if (fixed) {
+      torch::NoGradGuard g;
+      model.module->eval();
+      const std::string what = str(c.path, ": the network cannot take a validation window of ", at::IntArrayRef(shape),
+                                   " (validation.sliding_window.roi_size, model.in_channels)");
+      const at::Tensor out =
+          with_context(what, [&] { return model.forward(at::zeros(shape, at::TensorOptions().device(device))); });
+      std::vector<std::int64_t> want = shape;
+      want[1] = out_channels(c.model);
+      if (out.sizes() != at::IntArrayRef(want)) {
+        throw ValueError(str(what, ": it returns ", out.sizes(), ", not ", at::IntArrayRef(want),
+                             " (choose a roi_size the network's strides divide)"));
+      }
+      model.module->train();
+    }
+  } else {
+    say("no validation items (data.validation): no Dice, no best.ckpt");
+  }
   std::vector<at::Tensor> params = model.module->parameters();
+  std::vector<at::Tensor> buffers = model.module->buffers();
+  const bool distributed = comm && comm->world_size() > 1;
   auto optimizer = make_optimizer(params, c.optimizer);
   GradScalerOptions so;
   so.enabled = precision == Precision::fp16;
@@ -294,16 +391,7 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
   result.prepare_seconds = prepare_seconds;
   int first_epoch = 0;
   double elapsed_before = 0;
-  const std::string last_path = t.run_dir + "/last.ckpt", best_path = t.run_dir + "/best.ckpt";
   if (resume) {
-    if (!os::exists(last_path)) {
-      throw ValueError(str("--resume: ", last_path, " does not exist (train.run_dir is ", t.run_dir, ")"));
-    }
-    const std::string differs = diff_section(read_checkpoint_meta(last_path).at("config"), c.root);
-    if (!differs.empty()) {
-      throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path,
-                           " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
-    }
     const nlohmann::json meta = load_checkpoint(last_path, *model.module, optimizer.get());
     first_epoch = meta.at("epoch");
     elapsed_before = meta.value("elapsed", 0.0);
@@ -313,9 +401,6 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
     if (meta.contains("time_to_target") && meta["time_to_target"].is_number()) result.time_to_target = meta["time_to_target"].get<double>();
     for (const auto& e : meta.at("history")) result.history.push_back(EpochRecord::from_json(e));
     if (meta.contains("scaler")) scaler.load_state(meta["scaler"]);
-    if (smart) {
-      for (int e = 0; e < first_epoch; ++e) smart->update();  // the window where the run left it
-    }
     say(str("resuming ", last_path, " after epoch ", first_epoch));
   }
   if (rank0) {
@@ -363,24 +448,31 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
       rec.times.data_wait += since(t0);
       if (!batch) break;
       t0 = Clock::now();
-      const at::Tensor x = batch->tensors.at(t.image_key).to(device, at::kFloat, /*non_blocking=*/true);
-      const at::Tensor y = batch->tensors.at(t.label_key).to(device, /*non_blocking=*/true);
+      const at::Tensor x = batch_tensor(*batch, t.image_key, "train.image_key").to(device, at::kFloat, /*non_blocking=*/true);
+      const at::Tensor y = batch_tensor(*batch, t.label_key, "train.label_key").to(device, /*non_blocking=*/true);
+      std::string items;
+      for (std::size_t i : batch->items) items += (items.empty() ? "" : ", ") + std::to_string(i);
+      const std::string where = str("epoch ", epoch + 1, ", step ", rec.steps + 1, " (items ", items, ")");
       sync();
       rec.times.copy += since(t0);
 
+      if (distributed && !buffers.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
+        torch::NoGradGuard g;
+        for (auto& b : buffers) comm->broadcast(b, 0);
+      }
       t0 = Clock::now();
       at::Tensor loss;
-      {
+      with_context(where, [&] {
         AutocastGuard autocast(device.type(), precision);
         const at::Tensor logits = model.forward(x);
         loss = loss_fn(logits.to(at::kFloat), y);
-      }
+      });
       sync();
       rec.times.forward += since(t0);
 
       t0 = Clock::now();
       optimizer->zero_grad();
-      scaler.scale(loss).backward();
+      with_context(where, [&] { scaler.scale(loss).backward(); });
       sync();
       rec.times.backward += since(t0);
 
@@ -425,8 +517,9 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb) {
     if (smart) smart->update();  // MONAI: the window slides at each epoch's end
     if (rank0) {
       const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
-      save_checkpoint(last_path, *model.module, optimizer.get(), meta);
+      // best before last: last.ckpt's record of the best epoch must never name a best.ckpt not yet written
       if (improved) save_checkpoint(best_path, *model.module, nullptr, meta);
+      save_checkpoint(last_path, *model.module, optimizer.get(), meta);
       write_metrics(t.run_dir, result.history);
     }
     if (rank0 && cb.epoch) cb.epoch(rec);

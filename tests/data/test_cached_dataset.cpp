@@ -242,6 +242,19 @@ TEST_F(CachedDatasetTest, SmartCacheSlidesItsWindowLikeMonai) {
   smart.update();
   EXPECT_EQ(smart.resident(), (std::vector<std::size_t>{4, 0, 1}));
   EXPECT_EQ(smart.get(0).meta["index"], 4);
+  // A resumed run's window, computed directly: the same as after the updates.
+  for (std::size_t slides : {0u, 1u, 2u, 7u}) {
+    SmartCacheDataset direct(d, chain(), SmartCacheOptions{3, 0.5, 1});
+    direct.start(slides);
+    SmartCacheDataset stepped(d, chain(), SmartCacheOptions{3, 0.5, 1});
+    stepped.start();
+    for (std::size_t k = 0; k < slides; ++k) stepped.update();
+    EXPECT_EQ(direct.resident(), stepped.resident()) << slides << " slides";
+    EXPECT_TRUE(same(direct.get(2), stepped.get(2))) << slides << " slides";
+    direct.update();
+    stepped.update();
+    EXPECT_EQ(direct.resident(), stepped.resident()) << slides << " slides, then one update";
+  }
   // replace_num never exceeds the items outside the window.
   SmartCacheDataset tight(d, chain(), SmartCacheOptions{4, 0.9, 1});
   EXPECT_EQ(tight.replace_num(), 1u);

@@ -399,7 +399,8 @@ class DistEnv {
 
  private:
   static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
-                                           "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+                                           "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                           "MEDFAST_DIST_TIMEOUT"};
   std::map<std::string, std::string> saved_;
 };
 
@@ -439,6 +440,9 @@ TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   EXPECT_EQ(o.world_size, 8);
   EXPECT_EQ(o.local_rank, 1);
 
+  env.set("MEDFAST_DIST_TIMEOUT", "42.5");
+  EXPECT_DOUBLE_EQ(DistOptions::from_environment().timeout_seconds, 42.5);
+
   // A single process under torchrun.
   env.clear();
   env.set("RANK", "0");
@@ -472,6 +476,8 @@ TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {
   expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "'x'"});
   expect_error({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "SLURM_NTASKS"});
   expect_error({{"RANK", "99999999999"}, {"WORLD_SIZE", "2"}}, {"RANK", "99999999999"});
+  expect_error({{"MEDFAST_DIST_TIMEOUT", "soon"}}, {"MEDFAST_DIST_TIMEOUT", "soon"});
+  expect_error({{"MEDFAST_DIST_TIMEOUT", "0"}}, {"MEDFAST_DIST_TIMEOUT", "'0'"});
 }
 
 TEST(DistOptions, ValidateNamesTheFieldAndValue) {

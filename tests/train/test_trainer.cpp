@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
@@ -122,6 +123,10 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
   c["data"]["validation"] = {{"num", 6}};
   expect_error(c, "data.validation.num");
   c = tiny_config(dir);
+  c["data"].erase("validation");
+  c["train"]["target_dice"] = 0.5;
+  expect_error(c, "train.target_dice");
+  c = tiny_config(dir);
   c["schedule"] = {{"name", "warmup_cosine"}, {"warmup_epochs", 2}};
   expect_error(c, "schedule.warmup_epochs");
   c = tiny_config(dir);
@@ -191,6 +196,49 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
     FAIL() << "resumed with another model";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  const std::string before = test::read_file(dir / "run/last.ckpt");
+  try {
+    Trainer(c, "", one_thread()).run(false);
+    FAIL() << "a fresh run overwrote " << dir / "run";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_file(dir / "run/last.ckpt"), before);  // untouched
+  EXPECT_THROW(Trainer(c, "", one_thread()).run(true, {}, true), ValueError);  // both flags
+  const TrainResult r = Trainer(c, "", one_thread()).run(false, {}, /*overwrite=*/true);
+  EXPECT_EQ(r.history.size(), 1u);
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+}
+
+TEST(Trainer, ReportsBadKeysAndWindowsBeforeTraining) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["validation"]["sliding_window"]["roi_size"] = {15, 15, 7};  // UNet with strides 2, 2 needs multiples of 4
+  try {
+    Trainer(c, "", one_thread()).run(false);
+    FAIL() << "a roi_size the network cannot take was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("validation window"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << "a C++ backtrace in: " << e.what();
+  }
+  EXPECT_FALSE(os::exists(dir / "run/last.ckpt"));
+  c = tiny_config(dir);
+  c["train"]["image_key"] = "img";
+  try {
+    Trainer(c, "", one_thread()).run(false);
+    FAIL() << "image_key img accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("train.image_key 'img'"), std::string::npos) << e.what();
   }
 }
 
@@ -385,34 +433,60 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   EXPECT_EQ(ra.history[1].loss, rb.history[1].loss);
 }
 
-// examples/*.yaml run on `data synth` output at a smaller size (the overrides their
-// comments give), one epoch each.
-TEST(Examples, RunOnSyntheticDataAtASmallerSize) {
-  const std::map<std::string, std::vector<std::string>> smaller{
-      {"spleen", {"model.channels=[8,16,32,64,128]"}},
-      {"brats", {"model.in_channels=1", "model.out_channels=2", "model.init_filters=8"}},
-      {"nsclc", {"model.img_size=[32,32,32]", "model.feature_size=12", "train.epochs=2", "schedule.warmup_epochs=1"}},
-  };
-  for (const auto& [name, sets] : smaller) {
-    SCOPED_TRACE(name);
-    test::TempDir dir;
-    nlohmann::json c = data::load_yaml_as_json(test::source_dir() + "/examples/" + name + ".yaml");
-    c["data"]["dataset"] = dir / "data/dataset.json";
-    c["data"]["synth"] = {{"cases", 4}, {"size", "48,48,24"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 0}};
-    c["data"]["cache"] = {{"kind", "memory"}};
-    for (const char* s : {"data.validation.num=1", "data.random.0.spatial_size=[32,32,32]", "data.random.0.num_samples=1",
-                          "validation.sliding_window.roi_size=[32,32,32]", "validation.sliding_window.sw_batch_size=1",
-                          "train.device=cpu", "train.amp=false", "train.epochs=1", "train.threads=2"}) {
-      apply_override(c, s);
+// examples/*.yaml run on `data synth` output at a smaller size with exactly the two
+// commands their header comments give (parsed from the comment, so the comment stays true);
+// the dataset, cache and run folder go to a temporary folder.
+struct ExampleCommands {
+  std::vector<std::string> synth;  ///< `data synth` arguments
+  std::vector<std::string> sets;   ///< `train --set` values
+};
+
+ExampleCommands example_commands(const std::string& yaml) {
+  ExampleCommands c;
+  std::istringstream in(test::read_file(yaml));
+  std::string line, text;
+  while (std::getline(in, line)) {
+    if (line.rfind("#   ./build/medfast", 0) == 0 || line.rfind("#     --set", 0) == 0) text += line.substr(1) + " \n";
+  }
+  std::istringstream words(text);
+  std::string w, command;
+  std::vector<std::string> tokens;
+  while (words >> w) tokens.push_back(w);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] == "./build/medfast") command = tokens[i + 1] == "data" ? "synth" : "train";
+    else if (command == "train" && tokens[i] == "--set") c.sets.push_back(tokens[++i]);
+    else if (command == "synth" && tokens[i].rfind("--", 0) == 0 && tokens[i] != "--out") {
+      c.synth.push_back(tokens[i]);
+      c.synth.push_back(tokens[++i]);
     }
-    for (const std::string& s : sets) apply_override(c, s);
+  }
+  return c;
+}
+
+TEST(Examples, RunOnSyntheticDataAsTheirCommentsSay) {
+  for (const std::string name : {"spleen", "brats", "nsclc"}) {
+    SCOPED_TRACE(name);
+    const std::string yaml = test::source_dir() + "/examples/" + name + ".yaml";
+    const ExampleCommands cmd = example_commands(yaml);
+    ASSERT_GE(cmd.synth.size(), 6u) << "no data synth command in the comment of " << yaml;
+    ASSERT_GE(cmd.sets.size(), 5u) << "no train command in the comment of " << yaml;
+    test::TempDir dir;
+    std::string synth = test::medfast_binary() + " data synth --out " + dir / "data";
+    for (const auto& a : cmd.synth) synth += " " + a;
+    const auto r = test::run(synth);
+    ASSERT_EQ(r.exit_code, 0) << synth << ": " << r.err;
+    nlohmann::json c = data::load_yaml_as_json(yaml);
+    for (const auto& s : cmd.sets) apply_override(c, s);
+    c["data"]["dataset"] = dir / "data/dataset.json";
+    c["data"]["cache"] = {{"kind", "memory"}};
     c["train"]["run_dir"] = dir / "run";
-    const TrainResult r = Trainer(c, dir / (name + ".yaml"), one_thread()).run(false);
-    ASSERT_EQ(r.history.size(), static_cast<std::size_t>(c["train"]["epochs"].get<int>()));
-    EXPECT_TRUE(std::isfinite(r.history.back().loss)) << r.history.back().loss;
-    ASSERT_TRUE(r.history.back().dice.has_value());
-    EXPECT_GE(*r.history.back().dice, 0.0);
-    EXPECT_LE(*r.history.back().dice, 1.0);
+    c["train"]["threads"] = 2;
+    const TrainResult res = Trainer(c, yaml, one_thread()).run(false);
+    ASSERT_EQ(res.history.size(), static_cast<std::size_t>(c["train"]["epochs"].get<int>()));
+    for (const auto& e : res.history) EXPECT_TRUE(std::isfinite(e.loss)) << e.loss;
+    ASSERT_TRUE(res.history.back().dice.has_value());
+    EXPECT_GE(*res.history.back().dice, 0.0);
+    EXPECT_LE(*res.history.back().dice, 1.0);
   }
 }
 

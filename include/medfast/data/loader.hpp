@@ -64,6 +64,10 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  /// Seeds an item's augmentation with `id(i)` instead of i: under DDP each rank's
+  /// dataset is its partition, and the global index keeps an item's samples the same
+  /// whatever the rank count (and different across ranks).
+  void set_item_ids(std::function<std::uint64_t(std::size_t)> id) { item_id_ = std::move(id); }
   /// The items this rank visits in `epoch`, in order.
   std::vector<std::size_t> epoch_order(std::uint64_t epoch) const;
   std::size_t batches_per_epoch() const;
@@ -80,6 +84,7 @@ class Loader {
 
   std::size_t size_;
   Source source_;
+  std::function<std::uint64_t(std::size_t)> item_id_;
   transforms::RandomChain chain_;
   LoaderOptions options_;
 

@@ -29,7 +29,9 @@ class SmartCacheDataset {
   SmartCacheDataset& operator=(const SmartCacheDataset&) = delete;
 
   /// Computes the initial window (blocking) and starts preparing replacements.
-  void start();
+  /// `slides`: the window as it is after that many update() calls (a resumed run's
+  /// epochs), computed directly.
+  void start(std::size_t slides = 0);
   std::size_t size() const { return options_.cache_num; }
   std::size_t replace_num() const { return replace_num_; }
   /// The i-th resident sample (window order).

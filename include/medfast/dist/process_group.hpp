@@ -35,7 +35,7 @@ struct DistOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   /// Rendezvous and every collective give up after this long.
-  double timeout_seconds = 300;
+  double timeout_seconds = 300;  ///< MEDFAST_DIST_TIMEOUT (seconds)
   /// gloo (CPU and CUDA tensors; CUDA tensors travel through host memory);
   /// nccl is refused with a clear error: Debian's libtorch has no NCCL.
   std::string backend = "gloo";

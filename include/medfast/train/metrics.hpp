@@ -67,4 +67,20 @@ class MeanMetric {
   at::Tensor sums_, counts_;  // undefined until the size is known
 };
 
+/// What a network's logits [B, C, ...] and the labels are scored as. Softmax models
+/// (the default): the one-hot argmax against the one-hot labels ([B, 1, ...] class
+/// indices), background (channel 0) left out. Sigmoid models: every channel is a
+/// foreground mask (logit > 0) against the labels as masks (labels with C channels,
+/// or [B, 1, ...] class indices one-hot encoded when C > 1), every channel counted.
+/// Throws ValueError naming the shapes when labels and logits do not fit.
+struct MetricInputs {
+  at::Tensor pred, target;
+  bool include_background = false;
+};
+MetricInputs metric_inputs(const at::Tensor& logits, const at::Tensor& labels, bool sigmoid);
+
+/// The label volume a prediction is written as: softmax models [B, 1, ...] uint8 class
+/// indices (argmax); sigmoid models [B, C, ...] uint8 masks (logit > 0).
+at::Tensor predicted_labels(const at::Tensor& logits, bool sigmoid);
+
 }  // namespace medfast::train

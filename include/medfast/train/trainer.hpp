@@ -104,8 +104,10 @@ class Trainer {
   ~Trainer();
   /// Under DDP: the process group (set before run()).
   void set_collective(std::shared_ptr<Collective> collective);
-  /// Trains; with `resume`, continues from run_dir/last.ckpt.
-  TrainResult run(bool resume, const TrainCallbacks& callbacks = {});
+  /// Trains; with `resume`, continues from run_dir/last.ckpt. A fresh run refuses a
+  /// run_dir that already holds a run (last.ckpt) unless `overwrite`, which first
+  /// removes that run's checkpoints and metrics.
+  TrainResult run(bool resume, const TrainCallbacks& callbacks = {}, bool overwrite = false);
   const TrainOptions& options() const;
 
  private:
@@ -127,8 +129,15 @@ struct EvalResult {
   std::optional<double> mean_hd95;
   nlohmann::json to_json() const;
 };
+struct EvalOptions {
+  std::string device = "cpu";   ///< cpu | cuda | cuda:N
+  nlohmann::json amp = false;   ///< as train.amp
+  bool hd95 = false;
+  std::string section;          ///< evaluate every item of this dataset section instead
+};
+/// `config` null: the config stored in the checkpoint (paths relative to where it was trained).
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
-                    const Settings& settings, bool hd95, const std::string& section = "");
+                    const Settings& settings, const EvalOptions& options = {});
 
 /// `infer`: runs a checkpoint's network over NIfTI files with the deterministic chain
 /// the checkpoint was trained with (without its label steps), sliding-window, argmax,
