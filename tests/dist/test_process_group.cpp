@@ -541,6 +541,7 @@ TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
   // Batch 1 over 5 items: an uneven split unless each rank's share is padded to
   // the same length (ranks running different step counts would deadlock Gloo).
   c["data"]["loader"]["batch_size"] = 1;
+  c["model"]["norm"] = "batch";  // BatchNorm buffers: rank 0's are broadcast every step
   test::write_file(dir / "run.json", c.dump(2));
 
   const int world = 2, port = free_port();

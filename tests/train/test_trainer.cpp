@@ -408,6 +408,28 @@ TEST(Trainer, Bf16AutocastOnCpu) {
   EXPECT_TRUE(std::isfinite(*r.history[0].dice));
 }
 
+// A one-channel sigmoid model (DiceCE becomes Dice + BCE): validation scores its
+// channel (logit > 0) and infer writes the mask on the input's grid.
+TEST(Trainer, SigmoidModelsAreScoredAndInferredPerChannel) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  c["model"]["out_channels"] = 1;
+  c["loss"] = {{"name", "DiceCE"}, {"sigmoid", true}};
+  const TrainResult r = Trainer(c, "", one_thread()).run(false);
+  ASSERT_EQ(r.history.size(), 1u);
+  ASSERT_TRUE(r.history[0].dice.has_value());
+  EXPECT_TRUE(std::isfinite(*r.history[0].dice));
+  EXPECT_EQ(r.history[0].dice_per_class.size(), 1u);
+  InferOptions o;
+  const auto files = infer(dir / "run/last.ckpt", {dir / "data/imagesTr/spleen_5.nii.gz"}, dir / "pred", o, one_thread());
+  ASSERT_EQ(files.size(), 1u);
+  const Volume in = read_nifti(dir / "data/imagesTr/spleen_5.nii.gz");
+  const Volume out = read_nifti(files[0]);
+  EXPECT_EQ(out.shape(), in.shape());
+  EXPECT_LE(out.data.max().item<int>(), 1);
+}
+
 // On a GPU: fp16 with loss scaling, batches copied on the loader's side stream, and
 // the same run resumed bit-identically.
 TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
