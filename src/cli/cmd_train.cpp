@@ -1,7 +1,9 @@
 // medfast train | infer | eval: the training engine's commands.
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -136,6 +138,15 @@ int run_train(const TrainArgs& a, Context& ctx) {
       std::fflush(stdout);
     };
     cb.epoch = [epochs](const train::EpochRecord& r) { print_epoch(r, epochs); };
+    // Long epochs (full-size volumes on a CPU) show progress every 30 s.
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+    cb.step = [epochs, last](int epoch, int step, int steps, double loss) {
+      const auto now = std::chrono::steady_clock::now();
+      if (step == steps || now - *last < std::chrono::seconds(30)) return;
+      *last = now;
+      std::printf("  epoch %d/%d  step %d/%d  loss %s\n", epoch, epochs, step, steps, fmt(loss).c_str());
+      std::fflush(stdout);
+    };
   }
   const train::TrainResult r = trainer->run(a.resume, cb, a.overwrite);
   if (!rank0) return 0;

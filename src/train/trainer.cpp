@@ -481,8 +481,10 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
       const bool stepped = scaler.step(*optimizer);
       scaler.update();
       if (!stepped) ++rec.skipped_steps;
-      loss_sum += loss.item<double>();
+      const double step_loss = loss.item<double>();
+      loss_sum += step_loss;
       ++rec.steps;
+      if (rank0 && cb.step) cb.step(rec.epoch, rec.steps, static_cast<int>(loader.batches_per_epoch()), step_loss);
       rec.times.optimizer += since(t0);
     }
     rec.loss = rec.steps ? loss_sum / rec.steps : std::nan("");

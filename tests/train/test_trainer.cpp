@@ -400,8 +400,20 @@ TEST(Trainer, Bf16AutocastOnCpu) {
   nlohmann::json c = tiny_config(dir);
   c["train"]["epochs"] = 1;
   c["train"]["amp"] = true;
-  const TrainResult r = Trainer(c, "", one_thread()).run(false);
+  int steps_seen = 0, last_step = 0, steps_total = 0;
+  TrainCallbacks cb;
+  cb.step = [&](int epoch, int step, int steps, double loss) {
+    EXPECT_EQ(epoch, 1);
+    EXPECT_EQ(step, last_step + 1);
+    EXPECT_TRUE(std::isfinite(loss));
+    last_step = step;
+    steps_total = steps;
+    ++steps_seen;
+  };
+  const TrainResult r = Trainer(c, "", one_thread()).run(false, cb);
   ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_EQ(steps_seen, r.history[0].steps);  // one progress call per step
+  EXPECT_EQ(steps_total, r.history[0].steps);
   EXPECT_TRUE(std::isfinite(r.history[0].loss));
   EXPECT_EQ(r.history[0].skipped_steps, 0);  // bf16 needs no loss scaling
   ASSERT_TRUE(r.history[0].dice.has_value());

@@ -94,6 +94,8 @@ struct TrainResult {
 struct TrainCallbacks {
   std::function<void(const std::string&)> message;
   std::function<void(const EpochRecord&)> epoch;
+  /// After each training step: epoch (1-based), step (1-based), steps per epoch, the step's loss.
+  std::function<void(int epoch, int step, int steps, double loss)> step;
 };
 
 class Trainer {
