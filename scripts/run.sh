@@ -5,7 +5,8 @@
 # in memory and trains a small UNet on the CPU until the validation Dice
 # reaches 0.85 (at most 40 epochs; a few minutes on 2 cores), printing loss,
 # Dice and per-stage times each epoch. Checkpoints and metrics go to
-# runs/default/; `--resume` continues an interrupted run.
+# runs/default/; run again, it continues that run (arguments, e.g.
+# --overwrite, go to `medfast train`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,4 +14,9 @@ bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$(nproc)"
 
-./build/medfast train "$@"
+# Run again, the default run continues where it stopped (or reports that it finished).
+if [ $# -eq 0 ] && [ -f runs/default/last.ckpt ]; then
+  echo "runs/default holds a run: continuing it (--resume); pass --overwrite to start again"
+  exec ./build/medfast train --resume
+fi
+exec ./build/medfast train "$@"
