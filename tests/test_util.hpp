@@ -12,6 +12,8 @@
 #include <sstream>
 #include <string>
 
+#include "medfast/core/error.hpp"
+
 namespace medfast::test {
 
 /// A fresh folder under $TMPDIR, removed with its contents at the end of the test.
@@ -77,9 +79,29 @@ inline const char* spleen_chain_json() {
   {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
 }
 
+/// The message of the ValueError f throws, or a note saying what happened instead.
+template <typename F>
+std::string value_error_of(F&& f) {
+  try {
+    f();
+  } catch (const ValueError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(not a ValueError) ") + e.what();
+  }
+  return "(no exception)";
+}
+
 inline std::string golden_dir() { return MEDFAST_TEST_GOLDEN_DIR; }
 inline std::string python() { return MEDFAST_TEST_PYTHON; }
 inline std::string source_dir() { return MEDFAST_TEST_SOURCE_DIR; }
 inline std::string medfast_binary() { return MEDFAST_TEST_BINARY; }
 
 }  // namespace medfast::test
+
+/// Expects `statement` to throw a ValueError whose message contains `fragment`.
+#define EXPECT_VALUE_ERROR(statement, fragment)                                                  \
+  do {                                                                                          \
+    const std::string message_ = ::medfast::test::value_error_of([&] { (void)(statement); });   \
+    EXPECT_NE(message_.find(fragment), std::string::npos) << "message: " << message_;          \
+  } while (0)

@@ -15,25 +15,6 @@
 namespace medfast::train {
 namespace {
 
-/// The message of the ValueError f throws, or a note saying what happened instead.
-template <typename F>
-std::string value_error_of(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(not a ValueError) ") + e.what();
-  }
-  return "(no exception)";
-}
-
-#define EXPECT_VALUE_ERROR(statement, fragment)                                         \
-  do {                                                                                 \
-    const std::string message_ = value_error_of([&] { (void)(statement); });           \
-    EXPECT_NE(message_.find(fragment), std::string::npos) << "message: " << message_; \
-  } while (0)
-
 class LossGolden : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {

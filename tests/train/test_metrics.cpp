@@ -15,24 +15,6 @@
 namespace medfast::train {
 namespace {
 
-template <typename F>
-std::string value_error_of(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(not a ValueError) ") + e.what();
-  }
-  return "(no exception)";
-}
-
-#define EXPECT_VALUE_ERROR(statement, fragment)                                         \
-  do {                                                                                 \
-    const std::string message_ = value_error_of([&] { (void)(statement); });           \
-    EXPECT_NE(message_.find(fragment), std::string::npos) << "message: " << message_; \
-  } while (0)
-
 /// Equal shapes, NaN at the same places, elsewhere within rel * |want| + abs.
 void expect_close(const at::Tensor& got_, const at::Tensor& want, double rel, double abs = 0) {
   const at::Tensor got = got_.cpu();
