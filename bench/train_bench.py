@@ -23,15 +23,12 @@ wait under 5% of the step time with the cache.
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 
-
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "cpu?")
-    return f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache_fill import machine  # noqa: E402
 
 
 def config(dataset, run_dir, a, cache_rate):

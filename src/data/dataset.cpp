@@ -8,14 +8,14 @@
 
 namespace medfast::data {
 
-namespace {
-
-std::string resolve(const std::string& base, const std::string& p) {
+std::string resolve_path(const std::string& base, const std::string& p) {
   if (p.empty() || p[0] == '/') return p;
   std::string rel = p;
   while (rel.rfind("./", 0) == 0) rel = rel.substr(2);
   return base + "/" + rel;
 }
+
+namespace {
 
 Dataset from_json(const std::string& path, const std::string& section) {
   nlohmann::json j;
@@ -40,14 +40,14 @@ Dataset from_json(const std::string& path, const std::string& section) {
     const auto& it = (*list)[i];
     DatasetItem item;
     if (it.is_string()) {  // MSD "test": ["./imagesTs/x.nii.gz", ...]
-      item.files["image"] = resolve(base, it.get<std::string>());
+      item.files["image"] = resolve_path(base, it.get<std::string>());
     } else if (it.is_object()) {
       for (const auto& [k, v] : it.items()) {
         if (k == "fold") {
           if (!v.is_number_integer()) throw FormatError(str(path, ": ", section, "[", i, "].fold is not a whole number"));
           item.fold = v.get<int>();
         } else if (v.is_string()) {
-          item.files[k] = resolve(base, v.get<std::string>());
+          item.files[k] = resolve_path(base, v.get<std::string>());
         }
       }
     } else {
@@ -94,7 +94,7 @@ Dataset from_csv(const std::string& path) {
           throw FormatError(str(path, ": line ", row, ", column fold: '", cells[c], "' is not a whole number"));
         }
       } else {
-        item.files[header[c]] = resolve(base, cells[c]);
+        item.files[header[c]] = resolve_path(base, cells[c]);
       }
     }
     d.items.push_back(std::move(item));

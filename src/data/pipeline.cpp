@@ -51,10 +51,6 @@ nlohmann::json to_json(const YAML::Node& n) {
   return nullptr;
 }
 
-std::string resolve(const std::string& base, const std::string& p) {
-  if (p.empty() || p[0] == '/') return p;
-  return base + "/" + p;
-}
 
 }  // namespace
 
@@ -129,7 +125,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
                               "validation, synth)");
     }
   }
-  const std::string list = resolve(base, d["dataset"].get<std::string>());
+  const std::string list = resolve_path(base, d["dataset"].get<std::string>());
   if (d.contains("synth")) ensure_synthetic_dataset(d["synth"], list, path, settings);
   const std::string section = d.value("section", "training");
   c.dataset = load_dataset(list, section);
@@ -223,7 +219,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
       throw fail("data.cache.kind", str(e.what(), " (or smart)"));
     }
   }
-  if (cache.contains("dir")) c.cache.store.dir = resolve(base, cache["dir"].get<std::string>());
+  if (cache.contains("dir")) c.cache.store.dir = resolve_path(base, cache["dir"].get<std::string>());
   if (cache.contains("cache_rate")) {
     if (!cache["cache_rate"].is_number()) throw fail("data.cache.cache_rate", "expected a number in 0..1");
     c.cache.cache_rate = cache["cache_rate"].get<double>();

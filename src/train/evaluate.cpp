@@ -3,6 +3,8 @@
 // on the input's own grid).
 #include <torch/torch.h>
 
+#include "detail.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -25,7 +27,7 @@ namespace medfast::train {
 
 namespace {
 
-nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+using detail::nan_to_null;
 
 struct Loaded {
   nlohmann::json meta;
@@ -75,15 +77,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   Settings settings = settings_in;
   const bool hd95 = o.hd95;
   const std::string& section = o.section;
-  c10::Device device(c10::kCPU);
-  try {
-    device = c10::Device(o.device);
-  } catch (const c10::Error&) {
-    throw ValueError(str("--device '", o.device, "' is not a device (cpu, cuda, cuda:N)"));
-  }
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw ValueError(str("--device ", o.device, ": libtorch has no usable CUDA device here"));
-  }
+  const c10::Device device = detail::usable_device(o.device, "--device");
   Loaded net = load_network(checkpoint, device);
   std::string cfg_path = path, base_dir;
   if (config.is_null()) {  // the checkpoint's own config, anchored where it was written
@@ -112,23 +106,18 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   EvalResult r;
   MeanMetric dice, hd;
   for (std::size_t i = 0; i < ds.size(); ++i) {
-    Sample s = ds.get(i);
-    const Volume& img = s.volume(c.train.image_key);
-    const Volume& lab = s.volume(c.train.label_key);
-    const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, c.sliding_window);
-    const MetricInputs m = metric_inputs(logits, lab.data.unsqueeze(0).to(device), c.loss.sigmoid);
-    const at::Tensor d = dice_per_class(m.pred, m.target, m.include_background);
-    dice.add(d);
+    const std::size_t global = ds.global_index(i);
+    const detail::CaseScores scores =
+        detail::score_case(ds.get(i), c, predict, device, hd95, str("evaluation item ", global));
+    dice.add(scores.dice);
     EvalCase ec;
-    const auto& item = p.validation.items.at(ds.global_index(i));
+    const auto& item = p.validation.items.at(global);
     ec.image = item.files.count(c.train.image_key) ? item.files.at(c.train.image_key) : "";
-    for (std::int64_t k = 0; k < d.size(1); ++k) ec.dice.push_back(d[0][k].item<double>());
+    for (std::int64_t k = 0; k < scores.dice.size(1); ++k) ec.dice.push_back(scores.dice[0][k].item<double>());
     if (hd95) {
-      const auto sp = lab.spacing();
-      const at::Tensor h = hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]});
-      hd.add(h);
+      hd.add(scores.hd95);
       std::vector<double> hv;
-      for (std::int64_t k = 0; k < h.size(1); ++k) hv.push_back(h[0][k].item<double>());
+      for (std::int64_t k = 0; k < scores.hd95.size(1); ++k) hv.push_back(scores.hd95[0][k].item<double>());
       ec.hd95 = hv;
     }
     r.cases.push_back(std::move(ec));
@@ -205,15 +194,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
                                const std::string& output_dir, const InferOptions& o, const Settings& settings,
                                const std::function<void(const std::string&)>& message) {
   const std::vector<std::string> files = expand_inputs(inputs);
-  c10::Device device(c10::kCPU);
-  try {
-    device = c10::Device(o.device);
-  } catch (const c10::Error&) {
-    throw ValueError(str("--device '", o.device, "' is not a device (cpu, cuda, cuda:N)"));
-  }
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw ValueError(str("--device ", o.device, ": libtorch has no usable CUDA device here"));
-  }
+  const c10::Device device = detail::usable_device(o.device, "--device");
   Loaded net = load_network(checkpoint, device);
   const nlohmann::json& cfg = net.meta["config"];
   const std::string image_key = cfg.value("train", nlohmann::json::object()).value("image_key", std::string("image"));

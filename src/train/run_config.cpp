@@ -1,5 +1,7 @@
 #include "medfast/train/run_config.hpp"
 
+#include "detail.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -49,10 +51,6 @@ validation:
 train: {run_dir: runs/default, epochs: 40, seed: 0, device: cpu, amp: false, target_dice: 0.85}
 )";
 
-std::string resolve(const std::string& base, const std::string& p) {
-  if (p.empty() || p[0] == '/') return p;
-  return base + "/" + p;
-}
 
 }  // namespace
 
@@ -107,11 +105,7 @@ void TrainOptions::validate() const {
   if (val_interval < 1) throw ValueError(str("validation.interval: ", val_interval, " (expected >= 1)"));
   if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
   if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
-  try {
-    (void)c10::Device(device);
-  } catch (const c10::Error&) {
-    throw ValueError(str("train.device: '", device, "' is not a device (cpu, cuda, cuda:N)"));
-  }
+  (void)detail::parse_device(device, "train.device");
 }
 
 RunConfig load_run_config(nlohmann::json root, std::string path, Settings& settings, std::string base_dir) {
@@ -205,7 +199,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   get("image_key", t.image_key, "a key name");
   get("label_key", t.label_key, "a key name");
   get("deterministic", t.deterministic, "true or false");
-  t.run_dir = resolve(base, t.run_dir);
+  t.run_dir = data::resolve_path(base, t.run_dir);
   t.val_interval = c.val_interval;
   try {
     t.validate();

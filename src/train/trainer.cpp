@@ -1,5 +1,7 @@
 #include "medfast/train/trainer.hpp"
 
+#include "detail.hpp"
+
 #include <torch/torch.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -27,6 +29,9 @@
 
 namespace medfast::train {
 
+using detail::nan_to_null;
+using detail::with_context;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -38,19 +43,6 @@ constexpr int kCheckpointVersion = 1;
 /// Sections whose change makes a checkpoint's state meaningless for a resumed run.
 const std::vector<std::string> kResumeFixed{"model", "loss", "optimizer", "schedule", "data"};
 
-/// Runs f; errors gain `context` (libtorch's without their C++ backtrace).
-template <typename F>
-auto with_context(const std::string& context, F&& f) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    throw Error(str(context, ": ", e.what_without_backtrace()));
-  } catch (Error& e) {
-    e.add_context(context);
-    throw;
-  }
-}
-
 const at::Tensor& batch_tensor(const data::Batch& b, const std::string& key, const char* setting) {
   const auto it = b.tensors.find(key);
   if (it == b.tensors.end()) {
@@ -61,7 +53,6 @@ const at::Tensor& batch_tensor(const data::Batch& b, const std::string& key, con
   return it->second;
 }
 
-nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 double null_to_nan(const nlohmann::json& j) { return j.is_number() ? j.get<double>() : std::nan(""); }
 
 }  // namespace
@@ -168,8 +159,6 @@ struct Validation {
   std::optional<double> hd95;
 };
 
-std::array<double, 3> spacing_of(const Volume& v) { return v.spacing(); }
-
 Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c10::Device device, Precision precision,
                     Collective* comm) {
   model.module->eval();
@@ -181,19 +170,10 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
     return model.forward(x);
   };
   for (std::size_t i = 0; i < ds.size(); ++i) {
-    Sample s = ds.get(i);
-    const Volume& img = s.volume(c.train.image_key);
-    const Volume& lab = s.volume(c.train.label_key);
-    const at::Tensor x = img.data.unsqueeze(0).to(device, at::kFloat);
-    const std::string where = str("validation item ", ds.global_index(i));
-    const at::Tensor logits = with_context(where, [&] { return sliding_window_inference(x, predict, c.sliding_window); });
-    const MetricInputs m =
-        with_context(where, [&] { return metric_inputs(logits, lab.data.unsqueeze(0).to(device), c.loss.sigmoid); });
-    dice.add(dice_per_class(m.pred, m.target, m.include_background));
-    if (c.hd95) {
-      const auto sp = spacing_of(lab);
-      hd.add(hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]}));
-    }
+    const detail::CaseScores scores =
+        detail::score_case(ds.get(i), c, predict, device, c.hd95, str("validation item ", ds.global_index(i)));
+    dice.add(scores.dice);
+    if (c.hd95) hd.add(scores.hd95);
   }
   auto reduce = [&](MeanMetric& m) {
     at::Tensor sums = m.sums(), counts = m.counts();
@@ -283,10 +263,7 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
     }
   }
   const int resume_epoch = resume ? resume_meta.at("epoch").get<int>() : 0;
-  const c10::Device device(t.device);
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw ValueError(str(c.path, ": train.device is ", t.device, " but libtorch has no usable CUDA device here"));
-  }
+  const c10::Device device = detail::usable_device(t.device, c.path + ": train.device");
   const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
   if (device.is_cuda()) {
     if (device.has_index()) c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);  // this rank's GPU

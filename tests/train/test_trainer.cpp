@@ -389,6 +389,13 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
                 dir / "pred2");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("bad.nii"), std::string::npos) << r.err;
+  r = test::run(bin + " eval --checkpoint " + dir / "run/last.ckpt" + " --device gpu7");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device: 'gpu7' is not a device"), std::string::npos) << r.err;
+  r = test::run(bin + " infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " +
+                dir / "pred3 --device gpu7");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--device: 'gpu7' is not a device"), std::string::npos) << r.err;
   r = test::run(bin + " train --config " + dir / "run.json" + " --set train.epochs=zero");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;

@@ -22,6 +22,9 @@ struct Dataset {
   std::vector<DatasetItem> items;
 };
 
+/// `path` relative to the folder `base` (leading "./" dropped); absolute paths unchanged.
+std::string resolve_path(const std::string& base, const std::string& path);
+
 /// Reads a list; `section` picks the JSON section ("training", "validation",
 /// "test"). Throws FormatError naming the file, the item and the field.
 Dataset load_dataset(const std::string& path, const std::string& section = "training");

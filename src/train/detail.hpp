@@ -1,0 +1,46 @@
+#pragma once
+/// \file
+/// Pieces the trainer, `eval` and `infer` share (private to src/train/).
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "medfast/cache/sample.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/train/inference.hpp"
+#include "medfast/train/run_config.hpp"
+
+namespace medfast::train::detail {
+
+/// JSON for a metric: null where it is NaN or infinite (JSON has no NaN).
+inline nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+/// A device name (cpu, cuda, cuda:N); ValueError naming `what` otherwise.
+c10::Device parse_device(const std::string& name, const std::string& what);
+/// The same, and CUDA must be usable here.
+c10::Device usable_device(const std::string& name, const std::string& what);
+
+/// Runs f; errors gain `context` (libtorch's without their C++ backtrace).
+template <typename F>
+auto with_context(const std::string& context, F&& f) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(str(context, ": ", e.what_without_backtrace()));
+  } catch (Error& e) {
+    e.add_context(context);
+    throw;
+  }
+}
+
+/// One validation case: sliding-window inference of its image, post-processing as the
+/// loss implies (metric_inputs), and Dice per class, [1, C'] (HD95 in mm too with `hd95`).
+struct CaseScores {
+  at::Tensor dice;
+  at::Tensor hd95;  ///< undefined unless asked for
+};
+CaseScores score_case(const Sample& sample, const RunConfig& config, const Predictor& predict, c10::Device device,
+                      bool hd95, const std::string& where);
+
+}  // namespace medfast::train::detail
