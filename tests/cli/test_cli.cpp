@@ -71,7 +71,7 @@ TEST(Cli, SynthThenInfoWithStats) {
   EXPECT_NEAR(j["spacing"][2].get<double>(), 5.0, 1e-6);
   // Stats agree with numpy on the same file.
   const auto py = test::run(test::python() + " -c \"import nibabel as n, numpy as np; d=np.asanyarray(n.load('" + img +
-                            "').dataobj).astype(np.float64); print(d.min(), d.max(), repr(d.mean()), repr(d.std(ddof=1)), np.count_nonzero(d))\"");
+                            "').dataobj).astype(np.float64); print(float(d.min()), float(d.max()), repr(float(d.mean())), repr(float(d.std(ddof=1))), int(np.count_nonzero(d)))\"");
   ASSERT_EQ(py.exit_code, 0) << py.err;
   std::istringstream in(py.out);
   double mn, mx, mean, sd;

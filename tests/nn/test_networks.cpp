@@ -1,4 +1,4 @@
-// Networks: parameter counts equal MONAI 1.3.2's (shared/reference), shapes through a forward pass.
+// Networks: parameter counts equal MONAI 1.3.2's (tests/reference), shapes through a forward pass.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,7 +15,7 @@ namespace medfast::nn {
 namespace {
 
 nlohmann::json reference() {
-  const std::string path = test::source_dir() + "/../shared/reference/monai_param_counts.json";
+  const std::string path = test::source_dir() + "/tests/reference/monai_param_counts.json";
   const std::string text = test::read_file(path);
   if (text.empty()) throw std::runtime_error("missing " + path);
   return nlohmann::json::parse(text);
