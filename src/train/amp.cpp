@@ -2,6 +2,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
+#include <torch/version.h>
 
 #include <cctype>
 #include <cmath>
@@ -54,25 +55,50 @@ at::ScalarType precision_dtype(Precision p) {
 // ---------------------------------------------------------------------------
 // AutocastGuard: torch.autocast's __enter__/__exit__ for one device type.
 
+// The autocast state of one device type. libtorch 2.4 replaced the per-device
+// functions (set_cpu_enabled, set_autocast_gpu_dtype, ...) by ones that take the
+// device type and deprecated the old ones; 1.13 has only the old ones. This is
+// the one place that knows.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+at::ScalarType autocast_dtype(c10::DeviceType d) { return at::autocast::get_autocast_dtype(d); }
+namespace {
+void set_autocast(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
+  at::autocast::set_autocast_enabled(d, enabled);
+  at::autocast::set_autocast_dtype(d, dtype);
+}
+}  // namespace
+#else
+bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+namespace {
+void set_autocast(c10::DeviceType d, bool enabled, at::ScalarType dtype) {
+  if (d == c10::DeviceType::CPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+}
+}  // namespace
+#endif
+
 AutocastGuard::AutocastGuard(c10::DeviceType device, Precision precision) : device_(device) {
   if (precision == Precision::fp32) return;
-  const at::ScalarType dtype = precision_dtype(precision);
-  if (device == c10::DeviceType::CPU) {
-    if (precision != Precision::bf16) {
-      throw ValueError(str("autocast: CPU autocast supports bf16 only in libtorch 1.13 (got ", precision_name(precision), ")"));
-    }
-    previous_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  } else if (device == c10::DeviceType::CUDA) {
-    previous_enabled_ = at::autocast::is_enabled();
-    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  } else {
+  if (device != c10::DeviceType::CPU && device != c10::DeviceType::CUDA) {
     throw ValueError(str("autocast: device type ", c10::DeviceTypeName(device), " is not supported (CPU or CUDA)"));
   }
+  if (device == c10::DeviceType::CPU && precision != Precision::bf16) {
+    throw ValueError(str("autocast: CPU autocast supports bf16 only in libtorch 1.13 (got ", precision_name(precision), ")"));
+  }
+  previous_enabled_ = autocast_enabled(device);
+  previous_dtype_ = autocast_dtype(device);
+  set_autocast(device, true, precision_dtype(precision));
   at::autocast::increment_nesting();
   active_ = true;
 }
@@ -81,13 +107,7 @@ AutocastGuard::~AutocastGuard() {
   if (!active_) return;
   // The cast cache holds lower-precision copies of weights; it lives as long as the outermost region.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_ == c10::DeviceType::CPU) {
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_enabled(previous_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
-  }
+  set_autocast(device_, previous_enabled_, previous_dtype_);
 }
 
 // ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/train/optim.hpp"
 
 namespace medfast::train {
 
@@ -131,9 +132,11 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
     torch::serialize::InputArchive opt;
     if (!archive.try_read("optimizer", opt)) throw fail("has no optimizer state");
     try {
-      optimizer->load(opt);
+      load_optimizer_state(*optimizer, opt);
     } catch (const c10::Error& e) {
       throw fail(str("the optimizer state does not fit this optimizer: ", e.what_without_backtrace()));
+    } catch (const ValueError& e) {
+      throw fail(str("the optimizer state does not fit this optimizer: ", e.what()));
     }
   }
   return parts.meta;

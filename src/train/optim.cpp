@@ -9,13 +9,31 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <set>
+#include <sstream>
+#include <type_traits>
 
 #include "medfast/core/error.hpp"
 
 namespace medfast::train {
 
 namespace {
+
+/// torch::optim::Optimizer keys its per-parameter state by the parameter's
+/// TensorImpl: a string of the address in libtorch 1.13 (c10::guts::to_string),
+/// the address itself in 2.x. The key type is read off the map, so this is the
+/// one place that knows the difference and needs no version test.
+template <typename Key>
+Key state_key_of(const at::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;  // what c10::guts::to_string did
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
+}
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -278,7 +296,7 @@ at::Tensor Novograd::step(LossClosure closure) {
       const at::Tensor& grad = p.grad();
       if (!grad.defined()) continue;
       MEDFAST_CHECK_T(ValueError, !grad.is_sparse(), "Novograd: sparse gradients are not supported");
-      const std::string key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = optimizer_state_key(p);
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<NovogradParamState>();
@@ -318,7 +336,82 @@ at::Tensor Novograd::step(LossClosure closure) {
 
 void Novograd::save(torch::serialize::OutputArchive& archive) const { serialize(*this, archive); }
 
-void Novograd::load(torch::serialize::InputArchive& archive) { serialize(*this, archive); }
+void Novograd::load(torch::serialize::InputArchive& archive) { load_optimizer_state(*this, archive); }
+
+// ---------------------------------------------------------------------------
+// Loading optimizer state written by any libtorch version.
+
+namespace {
+
+/// torch::optim's archive layout (torch/optim/serialize.h, the same in 1.13 and
+/// 2.x): "state/<key>" per parameter and "param_groups/<i>/params/<j>" = <key>,
+/// where <key> is the parameter's TensorImpl address as text, written by
+/// c10::guts::to_string in 1.13 ("0x55d1...") and std::to_string in 2.x (decimal).
+/// libtorch 2.x reads keys with std::stoull, which turns every 1.13 key into 0
+/// and gives all parameters one state. Here keys are only ever compared as
+/// strings within the archive that wrote them, so both forms work; each state
+/// goes to the parameter at the same position, as torch's own loader intends.
+template <typename ParamState, typename Options>
+void load_state_by_position(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+  torch::serialize::InputArchive state_archive;
+  archive.read("state", state_archive);
+  std::map<std::string, std::unique_ptr<ParamState>> saved;
+  for (const std::string& key : state_archive.keys()) {
+    torch::serialize::InputArchive one;
+    state_archive.read(key, one);
+    auto st = std::make_unique<ParamState>();
+    st->serialize(one);
+    saved[key] = std::move(st);
+  }
+  torch::serialize::InputArchive groups_archive;
+  archive.read("param_groups", groups_archive);
+  at::Tensor size;
+  groups_archive.read("param_groups/size", size);
+  auto& groups = optimizer.param_groups();
+  MEDFAST_CHECK_T(ValueError, size.item<std::int64_t>() == static_cast<std::int64_t>(groups.size()),
+                  "the optimizer state has ", size.item<std::int64_t>(), " parameter groups, this optimizer ",
+                  groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    torch::serialize::InputArchive group_archive;
+    groups_archive.read("param_groups/" + std::to_string(g), group_archive);
+    at::Tensor count;
+    group_archive.read("params/size", count);
+    auto& params = groups[g].params();
+    MEDFAST_CHECK_T(ValueError, count.item<std::int64_t>() == static_cast<std::int64_t>(params.size()),
+                    "parameter group ", g, " of the optimizer state has ", count.item<std::int64_t>(),
+                    " parameters, this optimizer's has ", params.size());
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      c10::IValue old_key;
+      group_archive.read("params/" + std::to_string(j), old_key);
+      const auto it = saved.find(old_key.toStringRef());
+      if (it == saved.end()) continue;  // no state yet for that parameter (it never had a gradient)
+      optimizer.state()[optimizer_state_key(params[j])] = std::make_unique<ParamState>(*it->second);
+    }
+    // The group's options (learning rate and the rest), as torch's loader restores them.
+    torch::serialize::InputArchive options_archive;
+    group_archive.read("options", options_archive);
+    Options saved_options(0);
+    saved_options.serialize(options_archive);
+    static_cast<Options&>(groups[g].options()) = saved_options;
+  }
+}
+
+}  // namespace
+
+OptimizerStateKey optimizer_state_key(const at::Tensor& p) { return state_key_of<OptimizerStateKey>(p); }
+
+void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+  using namespace torch::optim;
+  if (dynamic_cast<SGD*>(&optimizer)) return load_state_by_position<SGDParamState, SGDOptions>(optimizer, archive);
+  if (dynamic_cast<AdamW*>(&optimizer)) {
+    return load_state_by_position<AdamWParamState, AdamWOptions>(optimizer, archive);
+  }
+  if (dynamic_cast<Adam*>(&optimizer)) return load_state_by_position<AdamParamState, AdamOptions>(optimizer, archive);
+  if (dynamic_cast<Novograd*>(&optimizer)) {
+    return load_state_by_position<NovogradParamState, NovogradOptions>(optimizer, archive);
+  }
+  optimizer.load(archive);  // an optimizer medfast does not make: torch's own loader
+}
 
 // ---------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ TEST(AmpAutocast, CpuBf16CastsMatmulAndConv3dInsideOnly) {
   at::Tensor inside;
   {
     AutocastGuard autocast(c10::kCPU, Precision::bf16);
-    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    EXPECT_TRUE(autocast_enabled(c10::kCPU));
     EXPECT_EQ(at::matmul(a, b).scalar_type(), at::kBFloat16);
     EXPECT_EQ(at::conv3d(x, w).scalar_type(), at::kBFloat16);
     // Ops outside the lower-precision list keep fp32.
@@ -78,14 +78,14 @@ TEST(AmpAutocast, CpuBf16CastsMatmulAndConv3dInsideOnly) {
   // The product of the bf16-rounded inputs, to bf16's 8 bits of mantissa.
   const auto reference = at::matmul(a.to(at::kBFloat16).to(at::kFloat), b.to(at::kBFloat16).to(at::kFloat));
   EXPECT_TRUE(at::allclose(inside.to(at::kFloat), reference, 1e-2, 1e-2));
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(autocast_enabled(c10::kCPU));
   EXPECT_EQ(at::matmul(a, b).scalar_type(), at::kFloat);
   EXPECT_EQ(at::conv3d(x, w).scalar_type(), at::kFloat);
 }
 
 TEST(AmpAutocast, NestingRestoresThePreviousState) {
   const auto a = torch::randn({4, 4});
-  ASSERT_FALSE(at::autocast::is_cpu_enabled());
+  ASSERT_FALSE(autocast_enabled(c10::kCPU));
   {
     AutocastGuard outer(c10::kCPU, Precision::bf16);
     {
@@ -96,11 +96,11 @@ TEST(AmpAutocast, NestingRestoresThePreviousState) {
         EXPECT_EQ(at::mm(a, a).scalar_type(), at::kBFloat16);
       }
     }
-    EXPECT_TRUE(at::autocast::is_cpu_enabled());
+    EXPECT_TRUE(autocast_enabled(c10::kCPU));
     EXPECT_EQ(at::mm(a, a).scalar_type(), at::kBFloat16);
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
-  EXPECT_EQ(at::autocast::get_autocast_cpu_dtype(), at::kBFloat16);  // libtorch's default, left as found
+  EXPECT_FALSE(autocast_enabled(c10::kCPU));
+  EXPECT_EQ(autocast_dtype(c10::kCPU), at::kBFloat16);  // libtorch's default, left as found
   EXPECT_EQ(at::mm(a, a).scalar_type(), at::kFloat);
 
   // Unwinding restores too.
@@ -109,18 +109,18 @@ TEST(AmpAutocast, NestingRestoresThePreviousState) {
     throw std::runtime_error("boom");
   } catch (const std::runtime_error&) {
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(autocast_enabled(c10::kCPU));
 }
 
 TEST(AmpAutocast, Fp16OnCpuIsAnError) {
   EXPECT_EQ(error_of([] { AutocastGuard g(c10::kCPU, Precision::fp16); }),
             "autocast: CPU autocast supports bf16 only in libtorch 1.13 (got fp16)");
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(autocast_enabled(c10::kCPU));
   EXPECT_THROW(AutocastGuard(c10::kMeta, Precision::bf16), ValueError);
 }
 
-TEST(AmpAutocast, CudaFp16) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(AmpAutocastGpu, CudaFp16) {
+  MEDFAST_REQUIRE_CUDA();
   const auto a = torch::randn({4, 4}, torch::kCUDA);
   {
     AutocastGuard autocast(c10::kCUDA, Precision::fp16);
@@ -254,8 +254,8 @@ void replay_golden(at::Device device) {
 
 TEST(GradScalerTest, ScaleSequenceMatchesTorchUpdateRule) { replay_golden(at::kCPU); }
 
-TEST(GradScalerTest, CudaFusedKernelsMatchTheUpdateRule) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+TEST(GradScalerGpu, CudaFusedKernelsMatchTheUpdateRule) {
+  MEDFAST_REQUIRE_CUDA();
   replay_golden(at::kCUDA);
 }
 

@@ -40,6 +40,11 @@ std::string precision_name(Precision p);
 /// The tensor dtype a precision computes in (kFloat, kHalf, kBFloat16).
 at::ScalarType precision_dtype(Precision p);
 
+/// Whether autocast is on for a device type (CPU or CUDA), and its dtype: one
+/// spelling for every libtorch version (2.4 renamed the per-device functions).
+bool autocast_enabled(c10::DeviceType device);
+at::ScalarType autocast_dtype(c10::DeviceType device);
+
 /// Scoped autocast for a device type (CPU: bf16 only, as libtorch 1.13
 /// supports; fp16 on CPU is a ValueError); a no-op for fp32. Restores the
 /// previous autocast state on destruction, as torch.autocast's __exit__ does:

@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace medfast::train {
@@ -121,6 +123,18 @@ class Novograd : public torch::optim::Optimizer {
 /// load() does not restore the parameter groups' options: set the learning
 /// rate after loading (scheduled_lr gives it from the epoch).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params, const OptimizerOptions& options);
+
+/// The key of parameter `p` in torch::optim::Optimizer::state(): its TensorImpl's
+/// address as text in libtorch 1.13, the address itself in 2.x.
+using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+OptimizerStateKey optimizer_state_key(const at::Tensor& p);
+
+/// Reads an optimizer's state (torch::optim's archive, as Optimizer::save writes it)
+/// into `optimizer`, whichever libtorch version wrote it: libtorch 2.x's own
+/// Optimizer::load mismatches the state of a 1.13 archive (see optim.cpp).
+/// State goes to parameters by position; the groups' options are restored.
+/// Throws ValueError when the group or parameter counts differ.
+void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
 
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Builds and tests medfast against libtorch 2.x in a Debian trixie root: the
+# second build the project supports beside Debian 12's libtorch 1.13.
+#
+#   bash scripts/compat.sh cpu    libtorch-dev 2.6 (CPU) + python3-torch 2.6:
+#                                 builds medfast and its tests, runs all of ctest
+#   bash scripts/compat.sh cuda   libtorch-cuda-dev 2.6, CUDA 12.4, libcufile,
+#                                 NCCL: builds every target with CUDA enabled
+#                                 and runs the tests that need no GPU
+#   bash scripts/compat.sh ROOT-VARIANT shell   a shell inside the root
+#
+# Extra arguments after the variant go to ctest (e.g. -R Nifti).
+#
+# The roots live outside the clone, in ${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
+# (trixie-cpu/, trixie-cuda/), made once per machine with debootstrap from
+# Debian's own registry (MEDFAST_COMPAT_MIRROR) and reused by later runs; each
+# step leaves a marker so that an interrupted run resumes where it stopped.
+# The clone is bind-mounted read-only at /src/medfast, so the tests run without
+# a ../shared folder beside it, as in a user's clone; the build folder is inside
+# the root (/build/<variant>) and ccache is shared with the host's.
+#
+# Needs root (debootstrap, chroot, mounts in a private mount namespace: nothing
+# stays mounted when the script ends).
+#
+# cuda: trixie's nvidia-cudnn package is an installer that downloads cuDNN from
+# NVIDIA; its post-install step fails without network, which leaves
+# libtorch-cuda unconfigured. Inside the root only, its postinst is replaced by
+# `exit 0` and dpkg configures the rest. libcudnn.so.9 is then missing: the
+# script builds a stub with that soname exporting the symbols libtorch_cuda
+# imports (each aborts with a message if ever called), so that medfast links
+# without --allow-shlib-undefined and its binaries load, and the CPU tests run
+# with the CUDA libtorch. Nothing GPU can run in the root (no driver): the
+# binaries' CUDA paths report no device and the `gpu` tests skip.
+set -euo pipefail
+
+variant=${1:-}
+shift || true
+case "$variant" in
+  cpu|cuda) ;;
+  *) echo "usage: bash scripts/compat.sh cpu|cuda [shell | ctest arguments...]" >&2; exit 2 ;;
+esac
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+base=${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
+mirror=${MEDFAST_COMPAT_MIRROR:-http://deb.debian.org/debian}
+root=$base/trixie-$variant
+jobs=$(nproc)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "compat: needs root (debootstrap, chroot and mounts); run it with sudo" >&2
+  exit 2
+fi
+
+say() { echo "compat[$variant]: $*"; }
+t0=$(date +%s)
+
+COMMON=(
+  build-essential cmake ninja-build ccache pkg-config git ca-certificates
+  liburing-dev libdeflate-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
+  libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy python3-nibabel python3-scipy fio time
+)
+if [ "$variant" = cpu ]; then
+  PACKAGES=("${COMMON[@]}" libtorch-dev python3-torch libgloo-dev)
+else
+  PACKAGES=("${COMMON[@]}" libtorch-cuda-dev libgloo-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
+            libcufile-dev libnccl-dev)
+fi
+
+# 1. The root: debootstrap once (into a .partial folder renamed when complete).
+if [ ! -f "$root/.medfast-debootstrap" ]; then
+  command -v debootstrap >/dev/null || {
+    say "installing debootstrap on the host"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+  }
+  mkdir -p "$base"
+  rm -rf "$root.partial"
+  say "debootstrap trixie (main contrib non-free) into $root from $mirror"
+  debootstrap --variant=minbase --components=main,contrib,non-free trixie "$root.partial" "$mirror" \
+    > "$base/debootstrap-$variant.log" 2>&1 || {
+      echo "compat: debootstrap failed; see $base/debootstrap-$variant.log" >&2; tail -5 "$base/debootstrap-$variant.log" >&2; exit 1; }
+  rm -rf "$root"
+  mv "$root.partial" "$root"
+  printf 'deb %s trixie main contrib non-free\n' "$mirror" > "$root/etc/apt/sources.list"
+  touch "$root/.medfast-debootstrap"
+  say "root ready ($(( $(date +%s) - t0 )) s)"
+fi
+
+ccache_dir=${CCACHE_DIR:-$HOME/.cache/ccache}
+mkdir -p "$ccache_dir"
+
+# Everything below runs in a private mount namespace: the mounts vanish with it.
+export MEDFAST_COMPAT_VARIANT=$variant MEDFAST_COMPAT_SRC=$src MEDFAST_COMPAT_ROOTDIR=$root
+export MEDFAST_COMPAT_CCACHE=$ccache_dir MEDFAST_COMPAT_JOBS=$jobs
+export MEDFAST_COMPAT_PACKAGES="${PACKAGES[*]}"
+exec unshare --mount --propagation private -- bash -s -- "$@" <<'INNER'
+set -euo pipefail
+variant=$MEDFAST_COMPAT_VARIANT root=$MEDFAST_COMPAT_ROOTDIR src=$MEDFAST_COMPAT_SRC
+say() { echo "compat[$variant]: $*"; }
+mount -t proc proc "$root/proc"
+mount --rbind /dev "$root/dev"
+mount -t sysfs sys "$root/sys" 2>/dev/null || true
+mkdir -p "$root/src/medfast" "$root/ccache" "$root/build"
+mount --bind "$src" "$root/src/medfast"
+mount -o remount,bind,ro "$root/src/medfast"
+mount --bind "$MEDFAST_COMPAT_CCACHE" "$root/ccache"
+cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+
+in_root() {
+  chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+    DEBIAN_FRONTEND=noninteractive CCACHE_DIR=/ccache "$@"
+}
+
+# 2. Packages, once per package list.
+stamp="$root/.medfast-packages"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$MEDFAST_COMPAT_PACKAGES" ]; then
+  say "installing into the root: $MEDFAST_COMPAT_PACKAGES"
+  in_root apt-get update -qq
+  if [ "$variant" = cuda ]; then
+    # nvidia-cudnn downloads cuDNN from NVIDIA in its postinst, which fails here
+    # and leaves everything that depends on it unconfigured: replace the
+    # postinst by `exit 0` and let dpkg configure the rest.
+    in_root apt-get install -y -qq --no-install-recommends $MEDFAST_COMPAT_PACKAGES \
+      || say "apt-get failed (nvidia-cudnn's postinst cannot download cuDNN here): neutralising it and retrying"
+    if [ -f "$root/var/lib/dpkg/info/nvidia-cudnn.postinst" ]; then
+      printf '#!/bin/sh\n# neutralised by medfast scripts/compat.sh: cuDNN cannot be downloaded here\nexit 0\n' \
+        > "$root/var/lib/dpkg/info/nvidia-cudnn.postinst"
+    fi
+    in_root dpkg --configure -a
+    in_root apt-get install -y -qq --no-install-recommends $MEDFAST_COMPAT_PACKAGES
+  else
+    in_root apt-get install -y -qq --no-install-recommends $MEDFAST_COMPAT_PACKAGES
+  fi
+  echo "$MEDFAST_COMPAT_PACKAGES" > "$stamp"
+fi
+
+# 3. cuda: a libcudnn.so.9 stand-in so that binaries link and load.
+cmake_extra=()
+if [ "$variant" = cuda ]; then
+  if ! in_root sh -c 'ldconfig -p | grep -q "libcudnn.so.9 "'; then
+    say "libcudnn.so.9 is absent (nvidia-cudnn downloads it): building a stub with its soname"
+    in_root bash /src/medfast/scripts/compat_cudnn_stub.sh /usr/local/lib
+    in_root ldconfig
+  fi
+  cmake_extra=(-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-13)
+fi
+
+if [ "${1:-}" = shell ]; then
+  say "shell in $root (the clone is at /src/medfast, read-only)"
+  in_root bash -l || true
+  exit 0
+fi
+
+# 4. Build (deprecated torch API is an error on 2.x) and test.
+bdir=/build/$variant
+say "configuring $bdir"
+in_root cmake -S /src/medfast -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_FLAGS=-Werror=deprecated-declarations "${cmake_extra[@]}" > /dev/null
+say "building"
+in_root cmake --build "$bdir" -j "$MEDFAST_COMPAT_JOBS"
+say "testing"
+in_root ctest --test-dir "$bdir" --output-on-failure -j "$MEDFAST_COMPAT_JOBS" "$@"
+INNER
