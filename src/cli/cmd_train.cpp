@@ -74,6 +74,15 @@ void print_epoch(const train::EpochRecord& r, int epochs) {
   std::fflush(stdout);
 }
 
+/// The run config's train.device (the trainer validates it).
+std::string train_device(const nlohmann::json& config) {
+  if (config.contains("train") && config["train"].is_object() && config["train"].contains("device") &&
+      config["train"]["device"].is_string()) {
+    return config["train"]["device"].get<std::string>();
+  }
+  return train::TrainOptions{}.device;
+}
+
 /// Builds the trainer. Under DDP rank 0 builds first and the others wait for it:
 /// building may write data.synth's dataset, which the other ranks must find
 /// complete rather than write at the same time. Every rank then says whether it
@@ -123,9 +132,12 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
 int run_train(const TrainArgs& a, Context& ctx) {
   // A multi-process run (torchrun or srun set RANK/WORLD_SIZE): join the process
   // group first, so that a missing peer is reported before any work.
-  const dist::DistOptions dist_options = dist::DistOptions::from_environment();
+  dist::DistOptions dist_options = dist::DistOptions::from(ctx.settings);
   std::shared_ptr<train::Collective> comm;
-  if (dist_options.enabled()) comm = dist::init_process_group(dist_options);
+  if (dist_options.enabled()) {
+    dist_options.cuda = train_device(run_config(a.config, a.sets)).rfind("cuda", 0) == 0;  // decides dist_backend auto
+    comm = dist::init_process_group(dist_options);
+  }
   const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
 
   std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options.local_rank);

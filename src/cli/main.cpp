@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
   std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app),
                                        cli::register_io(app), cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
-                                       cli::register_infer(app), cli::register_eval(app)};
+                                       cli::register_infer(app), cli::register_eval(app),
+                                       cli::register_launch(app)};
 
   try {
     app.parse(argc, argv);

@@ -7,6 +7,14 @@ Error& Error::add_context(const std::string& context) {
   return *this;
 }
 
+std::string message_of(const std::exception& e) {
+  std::string m = e.what();
+  const auto trace = m.find("\nException raised from ");
+  if (trace != std::string::npos) m.resize(trace);
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ' || m.back() == '\r')) m.pop_back();
+  return m;
+}
+
 void rethrow_with_context(const std::string& context) {
   try {
     throw;
@@ -14,7 +22,7 @@ void rethrow_with_context(const std::string& context) {
     e.add_context(context);
     throw;
   } catch (const std::exception& e) {
-    throw Error(context + ": " + e.what());
+    throw Error(context + ": " + message_of(e));
   }
 }
 

@@ -42,6 +42,16 @@ SettingDef choice(std::string name, std::string def, std::vector<std::string> ch
   return d;
 }
 
+SettingDef seconds(std::string name, double def, double max, std::string desc) {
+  SettingDef d;
+  d.name = std::move(name);
+  d.default_value = format_number(def);
+  d.description = std::move(desc);
+  d.kind = SettingKind::seconds;
+  d.max_seconds = max;
+  return d;
+}
+
 std::vector<SettingDef> make_defs() {
   return {
       integer("threads", kDefaultThreads, 0, 1024,
@@ -62,6 +72,12 @@ std::vector<SettingDef> make_defs() {
       bytes("io_alignment", kDefaultIoAlignment, "O_DIRECT buffer/offset/length alignment"),
       bytes("buffer_pool_bytes", kDefaultBufferPoolBytes,
             "freed large host buffers kept for reuse, so decoding skips the kernel's zero-fill (0: off)"),
+      choice("dist_backend", "auto", {"auto", "gloo", "nccl"},
+             "DDP process group (auto: nccl for CUDA training where libtorch has it, else gloo)"),
+      seconds("dist_timeout", kDefaultDistTimeoutSeconds, kMaxDistTimeoutSeconds,
+              "seconds a rank waits for its peers (rendezvous and every collective)"),
+      bytes("dist_bucket_bytes", kDefaultDistBucketBytes,
+            "gradients are all-reduced in buckets of about this size, each as soon as its gradients are ready"),
   };
 }
 
@@ -98,6 +114,13 @@ std::string validate(const SettingDef& d, const std::string& value, SettingSourc
         return value;
       case SettingKind::text:
         return value;
+      case SettingKind::seconds: {
+        const double v = parse_double(value, ctx);
+        if (!(v > 0) || v > d.max_seconds) {
+          throw ValueError(str(ctx, ": expected a number of seconds in (0, ", format_number(d.max_seconds), "]"));
+        }
+        return format_number(v);
+      }
     }
   } catch (const ValueError& e) {
     if (e.message().rfind(ctx, 0) == 0) throw;
@@ -193,6 +216,7 @@ bool parse_bool(const std::string& text, const std::string& what) {
 }
 
 bool Settings::get_bool(const std::string& name) const { return parse_bool(get(name), name); }
+double Settings::get_seconds(const std::string& name) const { return parse_double(get(name), name); }
 
 int Settings::threads() const {
   const auto t = get_int("threads");

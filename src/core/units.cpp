@@ -30,6 +30,15 @@ double parse_double(const std::string& text, const std::string& what) {
   return v;
 }
 
+std::string format_number(double v) {
+  char b[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v) break;
+  }
+  return b;
+}
+
 std::uint64_t parse_bytes(const std::string& text) {
   std::size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;

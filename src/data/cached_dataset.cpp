@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/rank_env.hpp"
 #include "medfast/core/thread_pool.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/os/file.hpp"
@@ -18,8 +19,9 @@
 namespace medfast::data {
 
 CacheConfig& CacheConfig::from_environment() {
-  if (const char* r = std::getenv("RANK")) rank = static_cast<int>(parse_int(r, "environment RANK"));
-  if (const char* w = std::getenv("WORLD_SIZE")) world_size = static_cast<int>(parse_int(w, "environment WORLD_SIZE"));
+  const RankEnvironment env = RankEnvironment::read();
+  rank = env.rank;
+  world_size = env.world_size;
   return *this;
 }
 

@@ -1,21 +1,17 @@
 #include "medfast/dist/process_group.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <limits>
-#include <optional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "c10d_compat.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 
@@ -25,62 +21,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return std::nullopt;
-  return std::string(v);
-}
-
-/// An environment variable's whole number; the message names the variable and the value.
-int env_int(const char* name, const std::string& value) {
-  std::int64_t v = 0;
-  try {
-    v = parse_int(value, name);
-  } catch (const ValueError&) {
-    throw ValueError(str("environment ", name, "='", value, "' is not a whole number"));
-  }
-  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max()) {
-    throw ValueError(str("environment ", name, "='", value, "' is out of range"));
-  }
-  return static_cast<int>(v);
-}
-
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
 }
 
-/// One line of an exception's message: c10::Error's what() carries a C++ backtrace.
+/// The first line of an exception's message (c10d's carry stack traces and
+/// multi-line transport details).
 std::string cause(const std::exception& e) {
-  std::string m;
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
-    m = c->what_without_backtrace();
-  } else {
-    m = e.what();
-  }
+  std::string m = message_of(e);
   const auto nl = m.find('\n');
   if (nl != std::string::npos) m.resize(nl);
   while (!m.empty() && (m.back() == ' ' || m.back() == '\r')) m.pop_back();
   return m;
 }
 
-/// Rethrows the current exception as medfast::Error with `context` prepended.
-[[noreturn]] void rethrow(const std::string& context) {
-  try {
-    throw;
-  } catch (Error& e) {
-    e.add_context(context);
-    throw;
-  } catch (const std::exception& e) {
-    throw Error(context + ": " + cause(e));
-  }
-}
-
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-/// Gloo reduces these dtypes natively; bfloat16 travels as float (exact for
-/// broadcast, more accurate for sums), bool as uint8 (broadcast only).
+/// Gloo and NCCL reduce these dtypes natively; bfloat16 travels as float (exact
+/// for broadcast, more accurate for sums), bool as uint8 (broadcast only).
 at::ScalarType wire_dtype(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16:
@@ -92,23 +52,22 @@ at::ScalarType wire_dtype(at::ScalarType t) {
   }
 }
 
-std::string describe(const at::Tensor& t) {
-  return str(t.scalar_type(), t.sizes(), " on ", t.device());
-}
+std::string describe(const at::Tensor& t) { return str(t.scalar_type(), t.sizes(), " on ", t.device()); }
 
-/// The buffer Gloo reads and writes: the tensor itself when it is a contiguous CPU
-/// tensor of a dtype Gloo handles, else a host copy that commit() writes back.
-/// (CUDA tensors take the host route: it works whether or not this libtorch's Gloo
-/// was built with CUDA.)
+/// The buffer the backend reads and writes: the tensor itself when it is a
+/// contiguous tensor of a wire dtype on the backend's device, else a copy there
+/// that commit() writes back. Gloo works on host memory (CUDA tensors take the
+/// host route whether or not this libtorch's Gloo was built with CUDA); NCCL on
+/// the rank's GPU (CPU tensors, e.g. loss sums, go there and back).
 struct Staged {
   at::Tensor& target;
   at::Tensor buffer;
-  explicit Staged(at::Tensor& t) : target(t) {
-    const at::ScalarType wire = wire_dtype(t.scalar_type());
-    if (t.device().is_cpu() && t.is_contiguous() && wire == t.scalar_type()) {
+  Staged(at::Tensor& t, const at::Device& wire) : target(t) {
+    const at::ScalarType dtype = wire_dtype(t.scalar_type());
+    if (t.device() == wire && t.is_contiguous() && dtype == t.scalar_type()) {
       buffer = t;
     } else {
-      buffer = t.to(at::kCPU, wire, /*non_blocking=*/false, /*copy=*/true).contiguous();
+      buffer = t.to(wire, dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
     }
   }
   void commit() {
@@ -116,117 +75,76 @@ struct Staged {
   }
 };
 
-class GlooCollective final : public train::Collective {
+/// Parameters grouped into flat buffers on the backend's device, one collective
+/// each. A bucket's layout: [grad_0 | grad_1 | ... | grad_n-1 | had_0 ... had_n-1].
+/// A parameter without a gradient contributes zeros, so every rank sends the same
+/// layout; the trailing flags count the ranks that had a gradient: a parameter
+/// gets the mean (sum / world size, as DistributedDataParallel divides) wherever
+/// any rank had one, and stays without one on every rank when none had.
+///
+/// Buckets are started strictly in index order on every rank (a bucket that is
+/// complete early waits for its predecessors), so the collectives line up across
+/// ranks whatever order backward delivers the gradients in.
+class Buckets final : public train::GradientSync {
  public:
-  GlooCollective(DistOptions options, c10::intrusive_ptr<c10d::Store> store,
-                 c10::intrusive_ptr<c10d::ProcessGroup> group)
-      : options_(std::move(options)), store_(std::move(store)), group_(std::move(group)) {}
-
-  int rank() const override { return options_.rank; }
-  int world_size() const override { return options_.world_size; }
-
-  void allreduce_sum(at::Tensor& tensor) override {
-    const std::string what = "allreduce_sum";
-    check(tensor, what);
-    MEDFAST_CHECK_T(ValueError, tensor.scalar_type() != at::kBool, where(), ": ", what,
-                    " of a bool tensor (sum it as an integer type)");
-    try {
-      at::NoGradGuard no_grad;
-      Staged s(tensor);
-      std::vector<at::Tensor> v{s.buffer};
-      group_->allreduce(v)->wait();
-      s.commit();
-    } catch (...) {
-      rethrow(str(where(), ": ", what, " of ", describe(tensor)));
-    }
-  }
-
-  void broadcast(at::Tensor& tensor, int root) override {
-    const std::string what = str("broadcast from rank ", root);
-    check(tensor, what);
-    if (root < 0 || root >= options_.world_size) {
-      throw ValueError(str(where(), ": broadcast root ", root, " is outside 0..", options_.world_size - 1));
-    }
-    try {
-      at::NoGradGuard no_grad;
-      Staged s(tensor);
-      std::vector<at::Tensor> v{s.buffer};
-      c10d::BroadcastOptions o;
-      o.rootRank = root;
-      group_->broadcast(v, o)->wait();
-      s.commit();
-    } catch (...) {
-      rethrow(str(where(), ": ", what, " of ", describe(tensor)));
-    }
-  }
-
-  /// One flat buffer per parameter dtype, in the order the parameters are given
-  /// (the same model on every rank gives the same order and sizes):
-  ///   [grad_0 | grad_1 | ... | grad_n-1 | has_grad_0 ... has_grad_n-1]
-  /// A parameter without a gradient contributes zeros, so every rank sends the
-  /// same layout and no rank waits on a collective the others skip. The trailing
-  /// flags count the ranks that had a gradient: a parameter gets the mean
-  /// (sum / world size, as DistributedDataParallel divides) wherever any rank had
-  /// a gradient for it, and stays without one on every rank when none had.
-  void allreduce_mean_gradients(const std::vector<at::Tensor>& parameters) override {
-    const std::string what = str("allreduce_mean_gradients over ", parameters.size(), " parameters");
-    struct Group {
-      at::ScalarType dtype;
-      std::vector<std::size_t> members;
-      std::int64_t numel = 0;
-      at::Tensor flat;
-      c10::intrusive_ptr<c10d::Work> work;
-    };
-    std::vector<Group> groups;
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      const at::Tensor& p = parameters[i];
-      if (!p.defined()) throw ValueError(str(where(), ": ", what, ": parameter ", i, " is undefined"));
-      const at::Tensor& g = p.grad();
-      if (g.defined() && (g.is_sparse() || g.numel() != p.numel())) {
-        throw ValueError(str(where(), ": ", what, ": parameter ", i, " ", describe(p), " has a gradient ", describe(g),
-                             (g.is_sparse() ? " that is sparse" : " of another size")));
+  Buckets(std::vector<at::Tensor> params, c10::intrusive_ptr<detail::Backend> group, at::Device wire,
+          std::size_t bucket_bytes, int world_size, std::string where, bool hooks)
+      : params_(std::move(params)), group_(std::move(group)), wire_(wire), world_(world_size), where_(std::move(where)) {
+    layout(bucket_bytes);
+    if (hooks) {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!params_[i].requires_grad()) continue;
+        hooks_.emplace_back(i, params_[i].register_hook([this, i](const at::Tensor& grad) { arrived(i, grad); }));
       }
-      auto it =
-          std::find_if(groups.begin(), groups.end(), [&](const Group& gr) { return gr.dtype == p.scalar_type(); });
-      if (it == groups.end()) it = groups.insert(groups.end(), Group{p.scalar_type(), {}, 0, {}, {}});
-      it->members.push_back(i);
-      it->numel += p.numel();
     }
+    prepare();
+  }
+  ~Buckets() override {
+    for (const auto& [i, h] : hooks_) params_[i].remove_hook(h);
+  }
+
+  void prepare() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Bucket& b : buckets_) {
+      b.pending = b.members.size();
+      b.started = false;
+      b.work.reset();
+      b.had.assign(b.members.size(), false);
+    }
+    next_ = 0;
+    started_in_backward_ = 0;
+    in_backward_ = true;
+  }
+
+  void finish() override {
     try {
-      at::NoGradGuard no_grad;
-      for (Group& gr : groups) {
-        const auto count = static_cast<std::int64_t>(gr.members.size());
-        gr.flat = at::empty({gr.numel + count}, at::TensorOptions().dtype(wire_dtype(gr.dtype)));
-        std::vector<float> has_grad;
-        std::int64_t offset = 0;
-        for (std::int64_t k = 0; k < count; ++k) {
-          const at::Tensor& p = parameters[gr.members[static_cast<std::size_t>(k)]];
-          const at::Tensor& g = p.grad();
-          at::Tensor slot = gr.flat.narrow(0, offset, p.numel());
-          if (g.defined()) {
-            slot.view(g.sizes()).copy_(g);
-          } else {
-            slot.zero_();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        in_backward_ = false;
+        for (std::size_t k = next_; k < buckets_.size(); ++k) {
+          Bucket& b = buckets_[k];
+          for (std::size_t m = 0; m < b.members.size(); ++m) {
+            if (!b.had[m]) stage(b, m, params_[b.members[m]].grad());
           }
-          has_grad.push_back(g.defined() ? 1.0F : 0.0F);
-          offset += p.numel();
+          start(b);
         }
-        gr.flat.narrow(0, gr.numel, count).copy_(at::tensor(has_grad));
-        std::vector<at::Tensor> v{gr.flat};
-        gr.work = group_->allreduce(v);  // queued: Gloo runs them in order while we set up the next
+        next_ = buckets_.size();
       }
-      for (Group& gr : groups) {
-        gr.work->wait();
-        gr.flat.narrow(0, 0, gr.numel).div_(options_.world_size);
-        const at::Tensor had =
-            gr.flat.narrow(0, gr.numel, static_cast<std::int64_t>(gr.members.size())).to(at::kDouble);
-        const double* had_any = had.data_ptr<double>();
-        std::int64_t offset = 0;
-        for (std::size_t k = 0; k < gr.members.size(); ++k) {
-          const at::Tensor& p = parameters[gr.members[k]];
-          at::Tensor slot = gr.flat.narrow(0, offset, p.numel()).view(p.sizes());
-          offset += p.numel();
-          if (had_any[k] == 0) continue;  // no rank had a gradient: none gets one
+      at::NoGradGuard no_grad;
+      std::vector<at::Tensor> flags;
+      for (Bucket& b : buckets_) {
+        b.work->wait();
+        b.flat.narrow(0, 0, b.numel).div_(world_);
+        flags.push_back(b.flat.narrow(0, b.numel, static_cast<std::int64_t>(b.members.size())));
+      }
+      // One device-to-host copy for every bucket's flags.
+      const at::Tensor had = at::cat(flags).to(at::kCPU, at::kDouble);
+      const double* had_any = had.data_ptr<double>();
+      for (Bucket& b : buckets_) {
+        for (std::size_t m = 0; m < b.members.size(); ++m, ++had_any) {
+          if (*had_any == 0) continue;  // no rank had a gradient: none gets one
+          const at::Tensor& p = params_[b.members[m]];
+          const at::Tensor slot = b.flat.narrow(0, b.offsets[m], p.numel()).view(p.sizes());
           at::Tensor& g = p.mutable_grad();
           if (g.defined()) {
             g.copy_(slot);
@@ -236,28 +154,225 @@ class GlooCollective final : public train::Collective {
         }
       }
     } catch (...) {
-      rethrow(str(where(), ": ", what));
+      rethrow_with_context(str(where_, ": gradient all-reduce over ", params_.size(), " parameters in ",
+                               buckets_.size(), " buckets"));
     }
+  }
+
+  int buckets_started_in_backward() const override { return started_in_backward_; }
+  int buckets() const override { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    at::ScalarType dtype;
+    at::Device device{at::kCPU};
+    std::vector<std::size_t> members;
+    std::vector<std::int64_t> offsets;
+    std::int64_t numel = 0;
+    at::Tensor flat;
+    std::size_t pending = 0;
+    std::vector<bool> had;
+    bool started = false;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+
+  /// Parameters in reverse order (backward meets the last layers first), a new
+  /// bucket whenever the dtype or device changes or the size would pass the
+  /// limit; the first bucket is small (1 MiB), as DDP's, to start communicating early.
+  void layout(std::size_t bucket_bytes) {
+    const std::size_t first_cap = std::min<std::size_t>(bucket_bytes, 1u << 20);
+    std::size_t bytes = 0;
+    for (std::size_t n = params_.size(); n-- > 0;) {
+      const at::Tensor& p = params_[n];
+      if (!p.defined()) throw ValueError(str(where_, ": parameter ", n, " is undefined"));
+      const std::size_t pb = static_cast<std::size_t>(p.numel()) * p.element_size();
+      const std::size_t cap = buckets_.size() <= 1 ? first_cap : bucket_bytes;
+      if (buckets_.empty() || buckets_.back().dtype != p.scalar_type() || buckets_.back().device != p.device() ||
+          (bytes > 0 && bytes + pb > cap)) {
+        Bucket b;
+        b.dtype = p.scalar_type();
+        b.device = p.device();
+        buckets_.push_back(std::move(b));
+        bytes = 0;
+      }
+      Bucket& b = buckets_.back();
+      bucket_of_.resize(params_.size());
+      bucket_of_[n] = {buckets_.size() - 1, b.members.size()};
+      b.members.push_back(n);
+      b.offsets.push_back(b.numel);
+      b.numel += p.numel();
+      bytes += pb;
+    }
+    for (Bucket& b : buckets_) {
+      const auto count = static_cast<std::int64_t>(b.members.size());
+      b.flat = at::zeros({b.numel + count}, at::TensorOptions().dtype(wire_dtype(b.dtype)).device(wire_));
+    }
+  }
+
+  /// Copies a gradient (or zeros) into its slot and sets its flag.
+  void stage(Bucket& b, std::size_t m, const at::Tensor& grad) {
+    const at::Tensor& p = params_[b.members[m]];
+    at::Tensor slot = b.flat.narrow(0, b.offsets[m], p.numel());
+    at::Tensor flag = b.flat.narrow(0, b.numel + static_cast<std::int64_t>(m), 1);
+    if (grad.defined()) {
+      if (grad.is_sparse() || grad.numel() != p.numel()) {
+        throw ValueError(str(where_, ": parameter ", b.members[m], " ", describe(p), " has a gradient ", describe(grad),
+                             (grad.is_sparse() ? " that is sparse" : " of another size")));
+      }
+      slot.view(grad.sizes()).copy_(grad);
+      flag.fill_(1);
+    } else {
+      slot.zero_();
+      flag.zero_();
+    }
+  }
+
+  void start(Bucket& b) {
+    std::vector<at::Tensor> v{b.flat};
+    b.work = group_->allreduce(v);
+    b.started = true;
+  }
+
+  /// Autograd hook: parameter i's gradient for this backward.
+  void arrived(std::size_t i, const at::Tensor& grad) {
+    at::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!in_backward_) return;  // a backward outside prepare()/finish(): not ours to reduce
+    const auto [k, m] = bucket_of_[i];
+    Bucket& b = buckets_[k];
+    if (b.had[m] || b.started) return;
+    stage(b, m, grad);
+    b.had[m] = true;
+    --b.pending;
+    while (next_ < buckets_.size() && buckets_[next_].pending == 0) {
+      start(buckets_[next_++]);
+      ++started_in_backward_;
+    }
+  }
+
+  std::vector<at::Tensor> params_;
+  c10::intrusive_ptr<detail::Backend> group_;
+  at::Device wire_;
+  int world_;
+  std::string where_;
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, member)
+  std::vector<std::pair<std::size_t, unsigned>> hooks_;
+  std::mutex mutex_;
+  std::size_t next_ = 0;
+  int started_in_backward_ = 0;
+  bool in_backward_ = false;
+};
+
+class GroupCollective final : public train::Collective {
+ public:
+  GroupCollective(DistOptions options, std::string backend, at::Device wire, c10::intrusive_ptr<c10d::Store> store,
+                  c10::intrusive_ptr<detail::Backend> group)
+      : options_(std::move(options)),
+        backend_(std::move(backend)),
+        wire_(wire),
+        store_(std::move(store)),
+        group_(std::move(group)) {}
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  const char* backend() const override { return backend_.c_str(); }
+
+  void allreduce_sum(at::Tensor& tensor) override {
+    const std::string what = "allreduce_sum";
+    check(tensor, what);
+    MEDFAST_CHECK_T(ValueError, tensor.scalar_type() != at::kBool, where(), ": ", what,
+                    " of a bool tensor (sum it as an integer type)");
+    with_context(str(where(), ": ", what, " of ", describe(tensor)), [&] {
+      at::NoGradGuard no_grad;
+      Staged s(tensor, wire_);
+      std::vector<at::Tensor> v{s.buffer};
+      group_->allreduce(v)->wait();
+      s.commit();
+    });
+  }
+
+  void broadcast(at::Tensor& tensor, int root) override {
+    const std::string what = str("broadcast from rank ", root);
+    check(tensor, what);
+    check_root(root);
+    with_context(str(where(), ": ", what, " of ", describe(tensor)), [&] {
+      at::NoGradGuard no_grad;
+      Staged s(tensor, wire_);
+      std::vector<at::Tensor> v{s.buffer};
+      c10d::BroadcastOptions o;
+      o.rootRank = root;
+      group_->broadcast(v, o)->wait();
+      s.commit();
+    });
+  }
+
+  /// One flat buffer per dtype on the backend's device, one broadcast each.
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int root) override {
+    check_root(root);
+    std::vector<at::ScalarType> dtypes;
+    for (const auto& t : tensors) {
+      check(t, "broadcast_coalesced");
+      if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) dtypes.push_back(t.scalar_type());
+    }
+    with_context(str(where(), ": broadcast from rank ", root, " of ", tensors.size(), " tensors"), [&] {
+      at::NoGradGuard no_grad;
+      for (const at::ScalarType dtype : dtypes) {
+        std::vector<at::Tensor> members;
+        for (const auto& t : tensors) {
+          if (t.scalar_type() == dtype) members.push_back(t);
+        }
+        std::vector<at::Tensor> flat_parts;
+        for (const auto& t : members) flat_parts.push_back(t.reshape({-1}).to(wire_, wire_dtype(dtype)));
+        std::vector<at::Tensor> v{at::cat(flat_parts)};
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        group_->broadcast(v, o)->wait();
+        std::int64_t offset = 0;
+        for (auto& t : members) {
+          at::Tensor target = t;
+          target.copy_(v[0].narrow(0, offset, t.numel()).view(t.sizes()));
+          offset += t.numel();
+        }
+      }
+    });
+  }
+
+  void allreduce_mean_gradients(const std::vector<at::Tensor>& parameters) override {
+    Buckets(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(), /*hooks=*/false).finish();
+  }
+
+  std::unique_ptr<train::GradientSync> gradient_sync(const std::vector<at::Tensor>& parameters) override {
+    return std::make_unique<Buckets>(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(),
+                                     /*hooks=*/true);
   }
 
  private:
   std::string where() const {
-    return str("rank ", options_.rank, " of ", options_.world_size, " (rendezvous ", options_.master_addr, ":",
-               options_.master_port, ")");
+    return str("rank ", options_.rank, " of ", options_.world_size, " (", backend_, ", rendezvous ",
+               options_.master_addr, ":", options_.master_port, ")");
   }
   void check(const at::Tensor& t, const std::string& what) const {
     if (!t.defined()) throw ValueError(str(where(), ": ", what, " of an undefined tensor"));
     if (t.is_sparse()) throw ValueError(str(where(), ": ", what, " of a sparse tensor ", describe(t)));
   }
+  void check_root(int root) const {
+    if (root < 0 || root >= options_.world_size) {
+      throw ValueError(str(where(), ": broadcast root ", root, " is outside 0..", options_.world_size - 1));
+    }
+  }
 
   DistOptions options_;
+  std::string backend_;
+  at::Device wire_;
   c10::intrusive_ptr<c10d::Store> store_;  // the group uses it; rank 0's also serves the others
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::intrusive_ptr<detail::Backend> group_;
 };
 
 std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const DistOptions& o) {
   std::vector<std::shared_ptr<::gloo::transport::Device>> devices;
-  const std::string ifnames = env("GLOO_SOCKET_IFNAME").value_or("");
+  const char* ifnames_env = std::getenv("GLOO_SOCKET_IFNAME");  // torch's own variable, read as torch reads it
+  const std::string ifnames = ifnames_env ? ifnames_env : "";
   if (!ifnames.empty()) {
     std::size_t start = 0;
     while (start <= ifnames.size()) {
@@ -274,55 +389,40 @@ std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const DistO
   return devices;
 }
 
+c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const DistOptions& o) {
+  auto go = c10d::ProcessGroupGloo::Options::create(to_ms(o.timeout_seconds));
+  go->devices = gloo_devices(o);
+  go->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, go);
+}
+
+c10::intrusive_ptr<detail::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistOptions& o) {
+#if MEDFAST_HAVE_C10D_NCCL
+  auto no = c10d::ProcessGroupNCCL::Options::create();
+  no->timeout = to_ms(o.timeout_seconds);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, no);
+#else
+  (void)store;
+  (void)o;
+  throw ValueError("backend nccl: this libtorch was built without NCCL");
+#endif
+}
+
 }  // namespace
 
-DistOptions DistOptions::from_environment() {
+bool nccl_available() { return detail::kHaveNccl && at::hasCUDA(); }
+
+DistOptions DistOptions::from(const Settings& settings, const RankEnvironment& env) {
   DistOptions o;
-  // torchrun's variables; SLURM's when RANK is absent (srun without torchrun).
-  const bool slurm = !env("RANK") && env("SLURM_PROCID");
-  const char* rank_var = slurm ? "SLURM_PROCID" : "RANK";
-  const char* world_var = slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
-  const char* local_var = slurm ? "SLURM_LOCALID" : "LOCAL_RANK";
-  const auto rank = env(rank_var), world = env(world_var), local = env(local_var);
-  if (rank) o.rank = env_int(rank_var, *rank);
-  if (world) o.world_size = env_int(world_var, *world);
-  if (local) o.local_rank = env_int(local_var, *local);
-  if (world && o.world_size < 1) throw ValueError(str("environment ", world_var, "='", *world, "' must be at least 1"));
-  if (rank && o.rank < 0) throw ValueError(str("environment ", rank_var, "='", *rank, "' must be at least 0"));
-  if (local && o.local_rank < 0) throw ValueError(str("environment ", local_var, "='", *local, "' must be at least 0"));
-  if (rank && !world)
-    throw ValueError(str("environment ", rank_var, "='", *rank, "' is set but ", world_var, " is not"));
-  if (world && !rank && o.world_size > 1) {
-    throw ValueError(str("environment ", world_var, "='", *world, "' is set but ", rank_var, " is not"));
-  }
-  if (rank && o.rank >= o.world_size) {
-    throw ValueError(str("environment ", rank_var, "='", *rank, "' is not below ", world_var, "=", o.world_size));
-  }
-  if (const auto addr = env("MASTER_ADDR")) {
-    if (addr->empty()) throw ValueError("environment MASTER_ADDR='' is empty (expected a host name or address)");
-    o.master_addr = *addr;
-  }
-  if (const auto port = env("MASTER_PORT")) {
-    o.master_port = env_int("MASTER_PORT", *port);
-    if (o.master_port < 1 || o.master_port > 65535) {
-      throw ValueError(str("environment MASTER_PORT='", *port, "' is outside 1..65535"));
-    }
-  }
-  // How long a rank waits for its peers (rendezvous and every collective): a rank that
-  // failed makes the others stop after this long.
-  if (const auto t = env("MEDFAST_DIST_TIMEOUT")) {
-    std::size_t used = 0;
-    double v = -1;
-    try {
-      v = std::stod(*t, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != t->size() || !(v > 0) || v > 1e7) {
-      throw ValueError(str("environment MEDFAST_DIST_TIMEOUT='", *t, "' is not a number of seconds in (0, 1e7]"));
-    }
-    o.timeout_seconds = v;
-  }
+  o.rank = env.rank;
+  o.world_size = env.world_size;
+  o.local_rank = env.local_rank;
+  o.master_addr = env.master_addr;
+  o.master_port = env.master_port;
+  o.timeout_seconds = settings.get_seconds("dist_timeout");
+  o.backend = settings.get("dist_backend");
+  o.bucket_bytes = settings.get_bytes("dist_bucket_bytes");
   return o;
 }
 
@@ -335,21 +435,39 @@ void DistOptions::validate() const {
   if (master_addr.empty()) throw ValueError("dist: master_addr is empty (expected a host name or address)");
   if (master_port < 1 || master_port > 65535)
     throw ValueError(str("dist: master_port ", master_port, " is outside 1..65535"));
-  if (!(timeout_seconds > 0) || !(timeout_seconds <= 1e7)) {
-    throw ValueError(str("dist: timeout_seconds ", timeout_seconds, " must be positive (and at most 1e7)"));
+  if (!(timeout_seconds > 0) || !(timeout_seconds <= kMaxDistTimeoutSeconds)) {
+    throw ValueError(str("dist: timeout_seconds ", timeout_seconds, " must be positive (and at most ",
+                         kMaxDistTimeoutSeconds, ")"));
   }
-  if (backend != "gloo" && backend != "nccl")
-    throw ValueError(str("dist: backend '", backend, "' is not gloo or nccl"));
+  if (backend != "auto" && backend != "gloo" && backend != "nccl")
+    throw ValueError(str("dist: backend '", backend, "' is not auto, gloo or nccl"));
+  if (bucket_bytes < 1) throw ValueError(str("dist: bucket_bytes ", bucket_bytes, " must be at least 1"));
+}
+
+std::string DistOptions::resolved_backend() const {
+  if (backend != "auto") return backend;
+  return cuda && nccl_available() ? "nccl" : "gloo";
 }
 
 std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
   o.validate();
   const std::string who = str("rank ", o.rank, " of ", o.world_size);
   const std::string at = str(o.master_addr, ":", o.master_port);
-  if (o.backend == "nccl") {
-    throw ValueError(str(who,
-                         ": backend nccl: this libtorch was built without NCCL (no c10d ProcessGroupNCCL); "
-                         "use backend gloo, which reduces CUDA tensors through host memory"));
+  const std::string backend = o.resolved_backend();
+  at::Device wire(at::kCPU);
+  if (backend == "nccl") {
+    if (!detail::kHaveNccl) {
+      throw ValueError(str(who,
+                           ": dist_backend nccl: this libtorch was built without NCCL (c10d has no "
+                           "ProcessGroupNCCL); use dist_backend gloo, which reduces CUDA tensors through host memory"));
+    }
+    if (!at::hasCUDA()) {
+      throw ValueError(str(who, ": dist_backend nccl needs a CUDA device, and none is available here; "
+                                "use dist_backend gloo"));
+    }
+    // One GPU per rank: LOCAL_RANK's, as torchrun's convention.
+    wire = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank));
+    c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(wire);
   }
   const auto timeout = to_ms(o.timeout_seconds);
 
@@ -366,7 +484,7 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
       so.waitWorkers = false;  // step 2 waits, with a message that says who is missing
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       so.timeout = o.rank == 0 ? timeout : std::max(left, std::chrono::milliseconds(1));
-      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
+      store = detail::make_tcp_store(o.master_addr, so);
       store->setTimeout(timeout);
       break;
     } catch (const std::exception& e) {
@@ -409,28 +527,27 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
     throw Error(str(who, ": rendezvous at ", at, " failed (did rank 0 exit?): ", cause(e)));
   }
 
-  // 3. Gloo's own connections, through the same store. With torch's
+  // 3. The backend's own connections, through the same store. With torch's
   //    TORCH_DISTRIBUTED_DEBUG=DETAIL, c10d's ProcessGroupWrapper first checks on a
-  //    second Gloo group that every rank runs the same collective with the same
-  //    shapes: ranks that diverge get an error naming both collectives, where
-  //    plain Gloo may hang or abort inside its transport thread.
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  //    second (Gloo) group that every rank runs the same collective with the same
+  //    shapes: ranks that diverge get an error naming both collectives, where the
+  //    plain backend may hang or abort inside its transport thread.
+  c10::intrusive_ptr<detail::Backend> group;
   try {
-    auto make = [&](const c10::intrusive_ptr<c10d::Store>& s) {
-      auto go = c10d::ProcessGroupGloo::Options::create(timeout);
-      go->devices = gloo_devices(o);
-      go->threads = 2;
-      return c10::make_intrusive<c10d::ProcessGroupGloo>(s, o.rank, o.world_size, go);
-    };
-    group = make(store);
-    if (env("TORCH_DISTRIBUTED_DEBUG").value_or("") == "DETAIL") {
-      auto checker = make(c10::make_intrusive<c10d::PrefixStore>("medfast/checks/", store));
+    if (backend == "nccl") {
+      group = make_nccl(store, o);
+    } else {
+      group = make_gloo(store, o);
+    }
+    const char* debug = std::getenv("TORCH_DISTRIBUTED_DEBUG");  // torch's own variable
+    if (debug && std::string(debug) == "DETAIL") {
+      auto checker = make_gloo(c10::make_intrusive<c10d::PrefixStore>("medfast/checks/", store), o);
       group = c10::make_intrusive<c10d::ProcessGroupWrapper>(group, checker);
     }
   } catch (const std::exception& e) {
-    throw Error(str(who, ": Gloo process group over the rendezvous at ", at, " failed: ", cause(e)));
+    throw Error(str(who, ": ", backend, " process group over the rendezvous at ", at, " failed: ", cause(e)));
   }
-  return std::make_shared<GlooCollective>(o, store, group);
+  return std::make_shared<GroupCollective>(o, backend, wire, store, group);
 }
 
 }  // namespace medfast::dist

@@ -323,8 +323,8 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
   Model model = build_model(c, device);
   if (comm && comm->world_size() > 1) {
     torch::NoGradGuard g;
-    for (auto& p : model.module->parameters()) comm->broadcast(p, 0);
-    for (auto& b : model.module->buffers()) comm->broadcast(b, 0);
+    comm->broadcast_coalesced(model.module->parameters(), 0);
+    comm->broadcast_coalesced(model.module->buffers(), 0);
   }
   if (val_ds) {
     // A validation window through the network now, not after the first epoch: a roi_size
@@ -357,6 +357,8 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
   std::vector<at::Tensor> params = model.module->parameters();
   std::vector<at::Tensor> buffers = model.module->buffers();
   const bool distributed = comm && comm->world_size() > 1;
+  // DDP: gradients are averaged in buckets that start while backward runs.
+  std::unique_ptr<GradientSync> grad_sync = distributed ? comm->gradient_sync(params) : nullptr;
   auto optimizer = make_optimizer(params, c.optimizer);
   GradScalerOptions so;
   so.enabled = precision == Precision::fp16;
@@ -435,7 +437,7 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
 
       if (distributed && !buffers.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
         torch::NoGradGuard g;
-        for (auto& b : buffers) comm->broadcast(b, 0);
+        comm->broadcast_coalesced(buffers, 0);
       }
       t0 = Clock::now();
       at::Tensor loss;
@@ -449,12 +451,13 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
 
       t0 = Clock::now();
       optimizer->zero_grad();
+      if (grad_sync) grad_sync->prepare();
       with_context(where, [&] { scaler.scale(loss).backward(); });
       sync();
       rec.times.backward += since(t0);
 
       t0 = Clock::now();
-      if (comm && comm->world_size() > 1) comm->allreduce_mean_gradients(params);
+      if (grad_sync) grad_sync->finish();
       const bool stepped = scaler.step(*optimizer);
       scaler.update();
       if (!stepped) ++rec.skipped_steps;

@@ -8,12 +8,16 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
+#include <signal.h>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/settings.hpp"
 #include "medfast/dist/process_group.hpp"
 #include "medfast/train/trainer.hpp"
 #include "test_util.hpp"
@@ -62,14 +67,17 @@ DistOptions local_options(int rank, int world, int port, double timeout = 30) {
 
 /// Runs body(rank, collective) on `world` threads, one rank each; every rank's
 /// exception becomes a test failure naming the rank.
-void run_ranks(int world, const std::function<void(int, train::Collective&)>& body) {
+void run_ranks(int world, const std::function<void(int, train::Collective&)>& body,
+               std::uint64_t bucket_bytes = kDefaultDistBucketBytes) {
   const int port = free_port();
   std::vector<std::string> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        const auto c = init_process_group(local_options(r, world, port));
+        DistOptions o = local_options(r, world, port);
+        o.bucket_bytes = bucket_bytes;
+        const auto c = init_process_group(o);
         EXPECT_EQ(c->rank(), r);
         EXPECT_EQ(c->world_size(), world);
         body(r, *c);
@@ -174,6 +182,75 @@ TEST_P(Collectives, AllreduceMeanGradientsAveragesMixedShapesAndDtypes) {
       expect_equal(many[static_cast<std::size_t>(i)].grad(), at::full({i % 5 + 1}, static_cast<float>(i + mean_rank)),
                    "many");
     }
+  });
+}
+
+TEST_P(Collectives, GradientsAreAveragedInBucketsThatStartDuringBackward) {
+  const int world = GetParam();
+  // A small network whose parameters (about 5 KB) fill several 1 KiB buckets.
+  auto make = [] {
+    torch::manual_seed(7);
+    return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Linear(32, 16),
+                                 torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  };
+  // What every rank's gradient must become: the mean of the ranks' own gradients.
+  std::vector<std::vector<at::Tensor>> own(static_cast<std::size_t>(world));
+  auto input = [](int r) { return at::arange(24, at::kFloat).view({3, 8}).sin() * (r + 1); };
+  for (int r = 0; r < world; ++r) {
+    auto net = make();
+    net->forward(input(r)).pow(2).sum().backward();
+    for (const auto& p : net->parameters()) own[static_cast<std::size_t>(r)].push_back(p.grad().clone());
+  }
+  run_ranks(
+      world,
+      [&](int r, train::Collective& c) {
+        auto net = make();
+        std::vector<at::Tensor> params = net->parameters();
+        const auto sync = c.gradient_sync(params);
+        EXPECT_GT(sync->buckets(), 2);
+        for (int step = 0; step < 2; ++step) {  // the hooks serve every step
+          for (auto& p : params) p.mutable_grad() = at::Tensor();
+          sync->prepare();
+          net->forward(input(r)).pow(2).sum().backward();
+          sync->finish();
+          EXPECT_EQ(sync->buckets_started_in_backward(), sync->buckets()) << "every bucket started before backward ended";
+          for (std::size_t i = 0; i < params.size(); ++i) {
+            at::Tensor want = at::zeros_like(own[0][i]);
+            for (int q = 0; q < world; ++q) want += own[static_cast<std::size_t>(q)][i];
+            expect_equal(params[i].grad(), want / world, str("parameter ", i, ", step ", step));
+          }
+        }
+        // A parameter rank 0 does not use: its bucket starts in finish(), the others' share is
+        // averaged over every rank (rank 0 counts as zero), as DistributedDataParallel does.
+        at::Tensor extra = at::ones({3}).requires_grad_();
+        std::vector<at::Tensor> with_extra = params;
+        with_extra.push_back(extra);
+        const auto sync2 = c.gradient_sync(with_extra);
+        for (auto& p : with_extra) p.mutable_grad() = at::Tensor();
+        sync2->prepare();
+        at::Tensor loss = net->forward(input(r)).pow(2).sum();
+        if (r != 0) loss = loss + (extra * 2).sum();
+        loss.backward();
+        sync2->finish();
+        if (r == 0) EXPECT_LT(sync2->buckets_started_in_backward(), sync2->buckets());
+        expect_equal(extra.grad(), at::full({3}, 2.0 * (world - 1) / world), "used on all ranks but 0");
+      },
+      /*bucket_bytes=*/1024);
+}
+
+TEST_P(Collectives, BroadcastCoalescedGivesTheRootsValuesForEveryDtype) {
+  const int world = GetParam();
+  run_ranks(world, [&](int r, train::Collective& c) {
+    std::vector<at::Tensor> ts{at::full({2, 3}, r + 0.5), at::full({4}, r, at::kLong), at::full({}, r * 2.0, at::kDouble),
+                               (at::arange(6, at::kFloat).view({2, 3}) + r).t(), at::full({5}, r + 1.0)};
+    const int root = world - 1;
+    c.broadcast_coalesced(ts, root);
+    expect_equal(ts[0], at::full({2, 3}, root + 0.5), "float");
+    expect_equal(ts[1], at::full({4}, root, at::kLong), "int64");
+    expect_equal(ts[2], at::full({}, root * 2.0, at::kDouble), "double scalar");
+    expect_equal(ts[3], (at::arange(6, at::kFloat).view({2, 3}) + root).t(), "transposed view, written in place");
+    expect_equal(ts[4], at::full({5}, root + 1.0), "second float");
+    EXPECT_STREQ(c.backend(), "gloo");
   });
 }
 
@@ -400,13 +477,22 @@ class DistEnv {
  private:
   static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
                                            "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                                           "MEDFAST_DIST_TIMEOUT"};
+                                           "MEDFAST_DIST_TIMEOUT", "MEDFAST_DIST_BACKEND",
+                                           "MEDFAST_DIST_BUCKET_BYTES"};
   std::map<std::string, std::string> saved_;
 };
 
+/// DistOptions as `medfast train` builds them: the rank environment and the settings
+/// (defaults overridden by MEDFAST_DIST_* variables).
+DistOptions from_env() {
+  Settings s;
+  s.load_env();
+  return DistOptions::from(s);
+}
+
 TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   DistEnv env;
-  DistOptions o = DistOptions::from_environment();
+  DistOptions o = from_env();
   EXPECT_EQ(o.world_size, 1);
   EXPECT_EQ(o.rank, 0);
   EXPECT_FALSE(o.enabled());
@@ -418,7 +504,7 @@ TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   env.set("LOCAL_RANK", "0");
   env.set("MASTER_ADDR", "node7");
   env.set("MASTER_PORT", "12345");
-  o = DistOptions::from_environment();
+  o = from_env();
   EXPECT_EQ(o.rank, 2);
   EXPECT_EQ(o.world_size, 4);
   EXPECT_EQ(o.local_rank, 0);
@@ -431,23 +517,40 @@ TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   env.set("SLURM_PROCID", "5");
   env.set("SLURM_NTASKS", "8");
   env.set("SLURM_LOCALID", "1");
-  EXPECT_EQ(DistOptions::from_environment().rank, 2);
+  EXPECT_EQ(from_env().rank, 2);
   env.unset("RANK");
   env.unset("WORLD_SIZE");
   env.unset("LOCAL_RANK");
-  o = DistOptions::from_environment();
+  o = from_env();
   EXPECT_EQ(o.rank, 5);
   EXPECT_EQ(o.world_size, 8);
   EXPECT_EQ(o.local_rank, 1);
 
   env.set("MEDFAST_DIST_TIMEOUT", "42.5");
-  EXPECT_DOUBLE_EQ(DistOptions::from_environment().timeout_seconds, 42.5);
+  EXPECT_DOUBLE_EQ(from_env().timeout_seconds, 42.5);
+  env.unset("MEDFAST_DIST_TIMEOUT");
+  EXPECT_DOUBLE_EQ(from_env().timeout_seconds, kDefaultDistTimeoutSeconds);
+
+  // The dist_* settings, and what auto stands for.
+  EXPECT_EQ(from_env().backend, "auto");
+  EXPECT_EQ(from_env().bucket_bytes, kDefaultDistBucketBytes);
+  EXPECT_EQ(from_env().resolved_backend(), "gloo") << "CPU training reduces through Gloo";
+  DistOptions cuda = from_env();
+  cuda.cuda = true;
+  EXPECT_EQ(cuda.resolved_backend(), dist::nccl_available() ? "nccl" : "gloo");
+  env.set("MEDFAST_DIST_BACKEND", "nccl");
+  env.set("MEDFAST_DIST_BUCKET_BYTES", "4MiB");
+  EXPECT_EQ(from_env().backend, "nccl");
+  EXPECT_EQ(from_env().resolved_backend(), "nccl");
+  EXPECT_EQ(from_env().bucket_bytes, 4u << 20);
+  env.unset("MEDFAST_DIST_BACKEND");
+  env.unset("MEDFAST_DIST_BUCKET_BYTES");
 
   // A single process under torchrun.
   env.clear();
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "1");
-  EXPECT_FALSE(DistOptions::from_environment().enabled());
+  EXPECT_FALSE(from_env().enabled());
 }
 
 TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {
@@ -456,7 +559,7 @@ TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {
     env.clear();
     for (const auto& [k, v] : vars) env.set(k.c_str(), v);
     try {
-      DistOptions::from_environment();
+      from_env();
       ADD_FAILURE() << "accepted; expected an error mentioning " << want.front();
     } catch (const ValueError& e) {
       for (const auto& w : want) EXPECT_TRUE(contains(e.what(), w)) << "'" << w << "' not in: " << e.what();
@@ -476,8 +579,10 @@ TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {
   expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "'x'"});
   expect_error({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID", "SLURM_NTASKS"});
   expect_error({{"RANK", "99999999999"}, {"WORLD_SIZE", "2"}}, {"RANK", "99999999999"});
-  expect_error({{"MEDFAST_DIST_TIMEOUT", "soon"}}, {"MEDFAST_DIST_TIMEOUT", "soon"});
+  expect_error({{"MEDFAST_DIST_TIMEOUT", "soon"}}, {"MEDFAST_DIST_TIMEOUT", "soon", "dist_timeout"});
   expect_error({{"MEDFAST_DIST_TIMEOUT", "0"}}, {"MEDFAST_DIST_TIMEOUT", "'0'"});
+  expect_error({{"MEDFAST_DIST_TIMEOUT", "1e9"}}, {"MEDFAST_DIST_TIMEOUT", "1e9"});
+  expect_error({{"MEDFAST_DIST_BACKEND", "mpi"}}, {"MEDFAST_DIST_BACKEND", "'mpi'", "gloo", "nccl"});
 }
 
 TEST(DistOptions, ValidateNamesTheFieldAndValue) {
@@ -506,14 +611,20 @@ TEST(DistOptions, ValidateNamesTheFieldAndValue) {
   o.timeout_seconds = 10;
   o.backend = "mpi";
   expect_error(o, "backend 'mpi'");
+  o.backend = "auto";
+  o.bucket_bytes = 0;
+  expect_error(o, "bucket_bytes 0");
+  o.bucket_bytes = kDefaultDistBucketBytes;
   o.backend = "nccl";
   EXPECT_NO_THROW(o.validate());
-  try {
-    init_process_group(o);
-    ADD_FAILURE() << "nccl accepted by a libtorch without NCCL";
-  } catch (const ValueError& e) {
-    EXPECT_TRUE(contains(e.what(), "nccl")) << e.what();
-    EXPECT_TRUE(contains(e.what(), "gloo")) << e.what();
+  if (!dist::nccl_available()) {  // a clear error where libtorch has no NCCL or no GPU is present
+    try {
+      init_process_group(o);
+      ADD_FAILURE() << "nccl accepted by a libtorch without NCCL or without a GPU";
+    } catch (const ValueError& e) {
+      EXPECT_TRUE(contains(e.what(), "nccl")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "gloo")) << e.what();
+    }
   }
   o.backend = "gloo";
   o.master_addr = "";
@@ -524,15 +635,13 @@ TEST(DistOptions, ValidateNamesTheFieldAndValue) {
 // End to end: `medfast train` as two processes.
 // ---------------------------------------------------------------------------
 
-TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
-  test::TempDir dir;
-  // The tiny run of tests/train/test_trainer.cpp. data.synth writes the dataset:
-  // rank 0 builds its trainer (and the dataset) before the other ranks build theirs.
+/// The tiny run of tests/train/test_trainer.cpp, for two ranks. data.synth writes the
+/// dataset: rank 0 builds its trainer (and the dataset) before the other ranks build theirs.
+nlohmann::json tiny_ddp_config(const test::TempDir& dir, int cases) {
   nlohmann::json c = train::default_run_config();
-  const int cases = 6, validation = 1;
   c["data"]["dataset"] = dir / "data/dataset.json";
   c["data"]["synth"] = {{"cases", cases}, {"size", "40,40,12"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
-  c["data"]["validation"] = {{"num", validation}};
+  c["data"]["validation"] = {{"num", 1}};
   c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
   c["model"]["channels"] = {4, 8, 16};
   c["model"]["strides"] = {2, 2};
@@ -542,6 +651,13 @@ TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
   // the same length (ranks running different step counts would deadlock Gloo).
   c["data"]["loader"]["batch_size"] = 1;
   c["model"]["norm"] = "batch";  // BatchNorm buffers: rank 0's are broadcast every step
+  return c;
+}
+
+TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
+  test::TempDir dir;
+  const int cases = 6, validation = 1;
+  const nlohmann::json c = tiny_ddp_config(dir, cases);
   test::write_file(dir / "run.json", c.dump(2));
 
   const int world = 2, port = free_port();
@@ -584,6 +700,100 @@ TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
   const int steps = drop_last ? per_rank / batch : (per_rank + batch - 1) / batch;
   EXPECT_EQ(rec["steps"].get<int>(), steps)
       << "items " << items << ", world " << world << ", batch " << batch << ": " << rec;
+}
+
+// ---------------------------------------------------------------------------
+// medfast launch
+// ---------------------------------------------------------------------------
+
+std::string launch(const std::string& args) { return "'" + test::medfast_binary() + "' " + args; }
+
+TEST(Launch, TwoRanksTrainThroughTheLauncher) {
+  test::TempDir dir;
+  test::write_file(dir / "run.json", tiny_ddp_config(dir, 6).dump(2));
+  const auto r = test::run(launch("--threads 1 launch --nproc 2 -- train --config '" + (dir / "run.json") +
+                                  "' --set train.epochs=1 --set data.loader.threads=1 --set train.run_dir='" +
+                                  (dir / "run") + "'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n') > 0, true);
+  const auto first = r.out.find("epoch 1/1");
+  EXPECT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("epoch 1/1", first + 1), std::string::npos) << "only rank 0 reports: " << r.out;
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+}
+
+TEST(Launch, SetsTheRankVariablesAndPassesSettingsOn) {
+  test::TempDir dir;
+  const auto r = test::run(launch("--dist-timeout 12 launch --nproc 3 --no-medfast -- sh -c 'echo "
+                                  "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                                  "$MEDFAST_DIST_TIMEOUT $MEDFAST_THREADS > " +
+                                  dir.path() + "/env.$RANK'"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::istringstream in(test::read_file(dir / ("env." + std::to_string(rank))));
+    std::string rk, world, local, local_world, addr, port, timeout, threads;
+    in >> rk >> world >> local >> local_world >> addr >> port >> timeout >> threads;
+    EXPECT_EQ(rk, std::to_string(rank));
+    EXPECT_EQ(local, std::to_string(rank));
+    EXPECT_EQ(world, "3");
+    EXPECT_EQ(local_world, "3");
+    EXPECT_EQ(addr, "127.0.0.1");
+    EXPECT_GT(std::stoi(port), 0);
+    ports.insert(port);
+    EXPECT_EQ(timeout, "12") << "a setting given to the launcher reaches every rank";
+    EXPECT_GE(std::stoi(threads), 1) << "each rank gets a share of the cores";
+  }
+  EXPECT_EQ(ports.size(), 1u) << "one rendezvous port for all ranks";
+}
+
+TEST(Launch, AFailedRankStopsTheOthersAtOnceAndItsCodeIsReturned) {
+  test::TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = test::run(launch("launch --nproc 3 --no-medfast -- sh -c 'echo $$ > " + dir.path() +
+                                  "/pid.$RANK; if [ $RANK = 1 ]; then sleep 0.5; exit 7; fi; exec sleep 60'"));
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  EXPECT_LT(seconds_since(start), 20.0) << "the other ranks were not stopped";
+  EXPECT_TRUE(contains(r.err, "rank 1")) << r.err;
+  for (int rank : {0, 2}) {
+    const std::string pid = test::read_file(dir / ("pid." + std::to_string(rank)));
+    ASSERT_FALSE(pid.empty());
+    EXPECT_NE(::kill(std::stoi(pid), 0), 0) << "rank " << rank << " still runs";
+  }
+}
+
+TEST(Launch, SignalsAreForwardedToEveryRank) {
+  test::TempDir dir;
+  const std::string d = dir.path();
+  test::write_file(dir / "run.sh", launch("launch --nproc 2 --no-medfast -- sh -c 'echo $$ > " + d +
+                                          "/pid.$RANK; exec sleep 60'") +
+                                       " &\nL=$!\n"
+                                       "for i in $(seq 100); do [ -s " + d + "/pid.0 ] && [ -s " + d +
+                                       "/pid.1 ] && break; sleep 0.1; done\n"
+                                       "kill -TERM $L\nwait $L\necho $? > " + d + "/rc\n");
+  const auto start = std::chrono::steady_clock::now();
+  test::run("bash '" + (dir / "run.sh") + "'");
+  EXPECT_LT(seconds_since(start), 20.0);
+  EXPECT_EQ(test::read_file(dir / "rc"), "143\n") << "128 + SIGTERM";
+  for (int rank : {0, 1}) {
+    const std::string pid = test::read_file(dir / ("pid." + std::to_string(rank)));
+    ASSERT_FALSE(pid.empty());
+    EXPECT_NE(::kill(std::stoi(pid), 0), 0) << "rank " << rank << " still runs";
+  }
+}
+
+TEST(Launch, BadArgumentsAreClearErrors) {
+  auto r = test::run(launch("launch --nproc 0 -- train"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "--nproc 0")) << r.err;
+  r = test::run(launch("launch --nproc 2"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "no command")) << r.err;
+  r = test::run(launch("launch --nproc 2 --no-medfast -- /no/such/program"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "/no/such/program")) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 0")) << r.err;
 }
 
 }  // namespace

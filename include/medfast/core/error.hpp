@@ -65,9 +65,23 @@ std::string str(Args&&... args) {
   return detail::concat(std::forward<Args>(args)...);
 }
 
+/// The message of any exception, without the C++ backtrace that libtorch's
+/// c10::Error appends to what() ("\nException raised from ...").
+std::string message_of(const std::exception& e);
+
 /// Rethrows the current medfast::Error with context prepended; other
-/// exceptions are wrapped into an Error carrying their what().
+/// exceptions (libtorch's included) become an Error with their message_of().
 [[noreturn]] void rethrow_with_context(const std::string& context);
+
+/// Runs f(); an exception leaves with `context` prepended (rethrow_with_context).
+template <typename F>
+auto with_context(const std::string& context, F&& f) {
+  try {
+    return f();
+  } catch (...) {
+    rethrow_with_context(context);
+  }
+}
 
 }  // namespace medfast
 

@@ -28,8 +28,11 @@ inline constexpr std::uint64_t kDefaultIoBlockSize = 1ull << 20;      ///< 1 MiB
 inline constexpr int kDefaultIoQueueDepth = 128;                      ///< io_uring requests in flight
 inline constexpr int kDefaultIoThreads = 0;                           ///< posix workers (0: the threads setting)
 inline constexpr std::uint64_t kDefaultIoAlignment = 4096;            ///< O_DIRECT alignment
+inline constexpr double kDefaultDistTimeoutSeconds = 300;             ///< rendezvous and collectives
+inline constexpr double kMaxDistTimeoutSeconds = 1e7;
+inline constexpr std::uint64_t kDefaultDistBucketBytes = 25ull << 20;  ///< gradient all-reduce buckets (as DDP)
 
-enum class SettingKind { integer, bytes, choice, text };
+enum class SettingKind { integer, bytes, choice, text, seconds };
 
 /// Parses on/off style values: on|off|true|false|1|0|yes|no. Throws ValueError.
 bool parse_bool(const std::string& text, const std::string& what);
@@ -41,6 +44,7 @@ struct SettingDef {
   std::string description;
   SettingKind kind = SettingKind::text;
   std::int64_t min = 0, max = 0;     ///< for integer
+  double max_seconds = 0;            ///< for seconds: valid values are in (0, max_seconds]
   std::vector<std::string> choices;  ///< for choice
   /// MEDFAST_<NAME upper-cased>.
   std::string env_var() const;
@@ -80,6 +84,7 @@ class Settings {
   std::int64_t get_int(const std::string& name) const;
   std::uint64_t get_bytes(const std::string& name) const;
   bool get_bool(const std::string& name) const;
+  double get_seconds(const std::string& name) const;
   /// threads, with 0 resolved to the number of hardware cores.
   int threads() const;
 

@@ -17,5 +17,7 @@ std::string format_bytes(std::uint64_t bytes);
 std::int64_t parse_int(const std::string& text, const std::string& what);
 /// Parses a real number; throws ValueError naming `what` and the text.
 double parse_double(const std::string& text, const std::string& what);
+/// The shortest decimal text that parses back to `v` ("300", "42.5", "0.1").
+std::string format_number(double v);
 
 }  // namespace medfast

@@ -35,7 +35,8 @@ struct CacheConfig {
   /// where each item must count once.
   bool pad_partition = false;
 
-  /// Reads RANK and WORLD_SIZE (as torchrun and SLURM wrappers set them).
+  /// This process's rank and world size as the launcher set them (RankEnvironment:
+  /// torchrun's RANK/WORLD_SIZE or SLURM's).
   CacheConfig& from_environment();
   void validate() const;
 };

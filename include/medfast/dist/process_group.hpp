@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// Distributed data parallel through torch's c10d: a TCPStore for the rendezvous
-/// and a ProcessGroupGloo for the collectives, behind train::Collective so that the
-/// trainer (and this header) never see c10d.
+/// and a Gloo or NCCL process group for the collectives, behind train::Collective
+/// so that the trainer (and this header) never see c10d. Gradients are averaged
+/// in buckets that start while backward runs (train::GradientSync).
 ///
 /// Rendezvous protocol (init_process_group):
 ///  1. rank 0 hosts a TCPStore on MASTER_PORT (all interfaces); every rank,
@@ -12,7 +13,8 @@
 ///     `timeout_seconds`, until the counter reaches world_size. A missing peer is
 ///     therefore reported as "k of N ranks joined" (with rank and address) instead
 ///     of a hang or a low-level socket message.
-///  3. ProcessGroupGloo exchanges its transport addresses through the same store.
+///  3. the backend (ProcessGroupGloo, or ProcessGroupNCCL for CUDA training where
+///     libtorch has it) exchanges its transport addresses through the same store.
 /// Gloo's transport binds to 127.0.0.1 when MASTER_ADDR is a loopback address
 /// (every rank is on this host), to the interfaces in GLOO_SOCKET_IFNAME when set
 /// (as torch does), else to the address this host's name resolves to.
@@ -23,9 +25,12 @@
 /// Ranks whose collectives diverge can make Gloo hang or abort in its transport
 /// thread; TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective first (c10d's
 /// ProcessGroupWrapper) and turns that into an error naming both collectives.
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "medfast/core/rank_env.hpp"
+#include "medfast/core/settings.hpp"
 #include "medfast/train/collective.hpp"
 
 namespace medfast::dist {
@@ -34,25 +39,34 @@ struct DistOptions {
   int rank = 0, world_size = 1, local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  /// Rendezvous and every collective give up after this long.
-  double timeout_seconds = 300;  ///< MEDFAST_DIST_TIMEOUT (seconds)
-  /// gloo (CPU and CUDA tensors; CUDA tensors travel through host memory);
-  /// nccl is refused with a clear error: Debian's libtorch has no NCCL.
-  std::string backend = "gloo";
+  /// Rendezvous and every collective give up after this long (setting dist_timeout).
+  double timeout_seconds = kDefaultDistTimeoutSeconds;
+  /// auto | gloo | nccl (setting dist_backend). auto: nccl when `cuda` and this
+  /// libtorch has NCCL and a GPU, else gloo. gloo reduces CUDA tensors through host
+  /// memory; nccl works on the rank's GPU (LOCAL_RANK), and is a clear error where
+  /// libtorch has no NCCL (Debian's CPU builds).
+  std::string backend = "auto";
+  /// The run trains on CUDA (decides backend auto).
+  bool cuda = false;
+  /// Gradients are all-reduced in buckets of about this size (setting dist_bucket_bytes).
+  std::uint64_t bucket_bytes = kDefaultDistBucketBytes;
 
-  /// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT as torchrun sets them
-  /// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID when RANK is absent). Nothing set:
-  /// a single process (world_size 1). Bad values: ValueError naming the variable
-  /// and the value.
-  static DistOptions from_environment();
+  /// The launcher's rank variables (RankEnvironment) and medfast's dist_* settings.
+  static DistOptions from(const Settings& settings, const RankEnvironment& env = RankEnvironment::read());
   bool enabled() const { return world_size > 1; }
   /// ValueError naming the field and the value.
   void validate() const;
+  /// gloo or nccl: what `backend` stands for on this machine.
+  std::string resolved_backend() const;
 };
+
+/// This libtorch has c10d's NCCL backend and a CUDA device is present.
+bool nccl_available();
 
 /// Validates `options`, rendezvouses and returns the process group as a
 /// train::Collective. Throws Error naming the rank and master address:port on a
-/// timeout (a missing peer) or a connection failure, ValueError for bad options.
+/// timeout (a missing peer) or a connection failure, ValueError for bad options
+/// (nccl asked for where there is none).
 std::shared_ptr<train::Collective> init_process_group(const DistOptions& options);
 
 }  // namespace medfast::dist

@@ -1,0 +1,48 @@
+#pragma once
+/// \file
+/// Processes: the system calls `medfast launch` needs (fork/exec, waitpid, kill,
+/// signal handlers, a free TCP port), with EINTR handled and errors as OsError
+/// naming the call and its arguments.
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace medfast::os {
+
+/// How a child ended.
+struct ChildExit {
+  pid_t pid = -1;
+  int exit_code = 0;  ///< its exit status, or 128 + signal when a signal ended it (as shells report)
+  int signal = 0;     ///< the signal that ended it, 0 if it exited
+  bool ok() const { return signal == 0 && exit_code == 0; }
+};
+
+/// Starts argv[0] (searched on PATH when it has no '/') with argv, this
+/// process's environment plus `env` (which wins), and the same stdin, stdout and
+/// stderr. Throws OsError naming the program when it cannot be started (the
+/// exec failure is reported back from the child, not as an exit code).
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+
+/// A child that has ended, if any: waits up to `timeout_ms` (0: do not wait).
+std::optional<ChildExit> wait_child(int timeout_ms);
+
+/// Sends `signal` to `pid`; a process that has already gone is not an error.
+void send_signal(pid_t pid, int signal);
+
+/// Catches SIGINT, SIGTERM and SIGHUP for this process from now on: they no
+/// longer end it; pending_signal() returns the last one caught (and clears it).
+void catch_termination_signals();
+int pending_signal();
+
+/// A TCP port on `address` that nobody listens on now (the kernel's choice for
+/// port 0). Another process may take it before it is used, as with torchrun's.
+int free_tcp_port(const std::string& address = "127.0.0.1");
+
+/// This program's own executable (/proc/self/exe).
+std::string self_executable();
+
+}  // namespace medfast::os

@@ -1,0 +1,158 @@
+// medfast launch: a single-node launcher for distributed training, as torchrun's
+// standalone mode, so that multi-GPU training needs no Python.
+//
+// It starts N copies of `medfast ARGS...` (or, with --no-medfast, of any program:
+// `medfast launch --nproc 2 --no-medfast -- python3 train.py`) with RANK,
+// WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (a
+// free port unless one is given): with train.device cuda each rank trains on GPU
+// LOCAL_RANK. Settings given to the launcher as flags reach every rank as their
+// MEDFAST_* variables, and each rank gets an equal share of the cores (the threads
+// setting) unless threads was set. SIGINT, SIGTERM and SIGHUP are forwarded to
+// every rank. When a rank fails, the others are stopped at once (SIGTERM, then
+// SIGKILL after a grace period) and the launcher exits with the failed rank's
+// code; when all succeed, with 0.
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "commands.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/os/process.hpp"
+
+namespace medfast::cli {
+
+namespace {
+
+struct LaunchArgs {
+  int nproc = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  double grace_seconds = 5;
+  bool no_medfast = false;
+  std::vector<std::string> command;
+};
+
+constexpr int kPollMs = 50;
+
+/// Waits up to `seconds` for every child in `alive` to end; records their exits.
+void reap(std::map<pid_t, int>& alive, std::map<int, os::ChildExit>& exits, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!alive.empty() && std::chrono::steady_clock::now() < deadline) {
+    if (auto e = os::wait_child(kPollMs)) {
+      auto it = alive.find(e->pid);
+      if (it != alive.end()) {
+        exits[it->second] = *e;
+        alive.erase(it);
+      }
+    }
+  }
+}
+
+/// Ends every child still running: `first` now, SIGKILL after the grace period.
+void stop_all(std::map<pid_t, int>& alive, std::map<int, os::ChildExit>& exits, int first, double grace) {
+  for (const auto& [pid, rank] : alive) os::send_signal(pid, first);
+  reap(alive, exits, grace);
+  for (const auto& [pid, rank] : alive) os::send_signal(pid, SIGKILL);
+  reap(alive, exits, 60);
+}
+
+int run_launch(const LaunchArgs& a, Context& ctx) {
+  if (a.nproc < 1) throw ValueError(str("launch: --nproc ", a.nproc, " must be at least 1"));
+  if (a.command.empty()) {
+    throw ValueError("launch: no command: give the medfast subcommand after --, e.g. `medfast launch --nproc 2 -- train`");
+  }
+  if (a.master_port < 0 || a.master_port > 65535) {
+    throw ValueError(str("launch: --master-port ", a.master_port, " is outside 0..65535 (0: a free port)"));
+  }
+  const int port = a.master_port > 0 ? a.master_port : os::free_tcp_port(a.master_addr);
+
+  std::map<std::string, std::string> common{{"WORLD_SIZE", std::to_string(a.nproc)},
+                                            {"LOCAL_WORLD_SIZE", std::to_string(a.nproc)},
+                                            {"MASTER_ADDR", a.master_addr},
+                                            {"MASTER_PORT", std::to_string(port)}};
+  // Settings given on the launcher's command line reach every rank.
+  for (const auto& d : setting_defs()) {
+    const auto& e = ctx.settings.entry(d.name);
+    if (e.source == SettingSource::flag) common[d.env_var()] = e.value;
+  }
+  // N ranks on one machine share its cores, unless the user chose.
+  if (ctx.settings.entry("threads").source == SettingSource::default_value && a.nproc > 1) {
+    common["MEDFAST_THREADS"] = std::to_string(std::max(1, ctx.settings.threads() / a.nproc));
+  }
+  std::vector<std::string> argv;
+  if (!a.no_medfast) argv.push_back(os::self_executable());
+  argv.insert(argv.end(), a.command.begin(), a.command.end());
+
+  os::catch_termination_signals();
+  std::map<pid_t, int> alive;  // pid -> rank
+  std::map<int, os::ChildExit> exits;
+  for (int r = 0; r < a.nproc; ++r) {
+    auto env = common;
+    env["RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(r);
+    try {
+      alive[os::spawn(argv, env)] = r;
+    } catch (...) {
+      stop_all(alive, exits, SIGTERM, a.grace_seconds);
+      rethrow_with_context(str("launch: rank ", r));
+    }
+  }
+
+  int failed_rank = -1, interrupted = 0;
+  while (!alive.empty()) {
+    if (const int sig = os::pending_signal()) {
+      interrupted = sig;
+      std::fprintf(stderr, "medfast launch: %s: forwarding it to %zu ranks\n", ::strsignal(sig), alive.size());
+      stop_all(alive, exits, sig, a.grace_seconds);
+      break;
+    }
+    const auto e = os::wait_child(kPollMs);
+    if (!e) continue;
+    auto it = alive.find(e->pid);
+    if (it == alive.end()) continue;
+    const int rank = it->second;
+    exits[rank] = *e;
+    alive.erase(it);
+    if (!e->ok()) {
+      failed_rank = rank;
+      if (!alive.empty()) {
+        std::fprintf(stderr, "medfast launch: rank %d %s %d: stopping the other %zu ranks\n", rank,
+                     e->signal ? "was killed by signal" : "exited with code", e->signal ? e->signal : e->exit_code,
+                     alive.size());
+        stop_all(alive, exits, SIGTERM, a.grace_seconds);
+      }
+      break;
+    }
+  }
+  if (interrupted) return 128 + interrupted;
+  if (failed_rank >= 0) {
+    const os::ChildExit& e = exits.at(failed_rank);
+    std::fprintf(stderr, "medfast launch: failed: rank %d %s %d\n", failed_rank,
+                 e.signal ? "was killed by signal" : "exited with code", e.signal ? e.signal : e.exit_code);
+    return e.exit_code;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command register_launch(CLI::App& root) {
+  auto a = std::make_shared<LaunchArgs>();
+  auto* app = root.add_subcommand(
+      "launch", "Start N ranks of a medfast command on this machine (torchrun's variables, one GPU per rank)");
+  app->add_option("--nproc", a->nproc, "Ranks (processes) to start")->capture_default_str();
+  app->add_option("--master-addr", a->master_addr, "Address rank 0 hosts the rendezvous on")->capture_default_str();
+  app->add_option("--master-port", a->master_port, "Port of the rendezvous (0: a free one)")->capture_default_str();
+  app->add_option("--grace", a->grace_seconds, "Seconds the other ranks get to stop before SIGKILL")
+      ->capture_default_str();
+  app->add_flag("--no-medfast", a->no_medfast, "The command is a program of its own, not a medfast subcommand");
+  app->add_option("command", a->command, "After --: the medfast subcommand and its arguments (e.g. train --config X)");
+  app->footer("Example: medfast launch --nproc 2 -- train --config examples/spleen.yaml --set train.device=cuda");
+  return {app, [a](Context& ctx) { return run_launch(*a, ctx); }};
+}
+
+}  // namespace medfast::cli

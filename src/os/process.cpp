@@ -1,0 +1,162 @@
+#include "medfast/os/process.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "medfast/core/error.hpp"
+
+extern char** environ;
+
+namespace medfast::os {
+
+namespace {
+
+std::atomic<int> g_signal{0};
+
+void on_signal(int sig) { g_signal.store(sig); }
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+/// Closes a descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+  if (argv.empty()) throw ValueError("spawn: no program given");
+  // Everything the child needs is built before fork: after it, only
+  // async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    if (env.count(name) == 0) env_strings.push_back(kv);
+  }
+  for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& s : argv_copy) args.push_back(s.data());
+  args.push_back(nullptr);
+
+  // A close-on-exec pipe carries exec's errno back: an empty read means exec worked.
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw OsError(str("pipe2 for starting ", argv[0], ": ", errno_text(errno)), errno);
+  Fd read_end{fds[0]}, write_end{fds[1]};
+  const pid_t pid = ::fork();
+  if (pid < 0) throw OsError(str("fork for starting ", argv[0], ": ", errno_text(errno)), errno);
+  if (pid == 0) {
+    ::close(fds[0]);
+    // The child starts with default signal handling whatever its parent caught.
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGHUP, SIG_DFL);
+    ::execvpe(args[0], args.data(), envp.data());
+    const int e = errno;
+    ssize_t unused = ::write(fds[1], &e, sizeof e);
+    (void)unused;
+    ::_exit(127);
+  }
+  ::close(write_end.fd);
+  write_end.fd = -1;
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(read_end.fd, &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof child_errno)) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    throw OsError(str("cannot start ", argv[0], ": ", errno_text(child_errno)), child_errno);
+  }
+  return pid;
+}
+
+std::optional<ChildExit> wait_child(int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ECHILD) return std::nullopt;
+      throw OsError(str("waitpid: ", errno_text(errno)), errno);
+    }
+    if (pid > 0) {
+      ChildExit e;
+      e.pid = pid;
+      if (WIFSIGNALED(status)) {
+        e.signal = WTERMSIG(status);
+        e.exit_code = 128 + e.signal;
+      } else {
+        e.exit_code = WEXITSTATUS(status);
+      }
+      return e;
+    }
+    if (std::chrono::steady_clock::now() >= deadline || g_signal.load() != 0) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+void send_signal(pid_t pid, int signal) {
+  if (::kill(pid, signal) != 0 && errno != ESRCH) {
+    throw OsError(str("kill(", pid, ", ", ::strsignal(signal), "): ", errno_text(errno)), errno);
+  }
+}
+
+void catch_termination_signals() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+    if (::sigaction(s, &sa, nullptr) != 0) throw OsError(str("sigaction(", ::strsignal(s), "): ", errno_text(errno)), errno);
+  }
+}
+
+int pending_signal() { return g_signal.exchange(0); }
+
+int free_tcp_port(const std::string& address) {
+  Fd s{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (s.fd < 0) throw OsError(str("socket: ", errno_text(errno)), errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  if (::inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof a;
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    throw OsError(str("bind(", address, ":0) to find a free port: ", errno_text(errno)), errno);
+  }
+  if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw OsError(str("getsockname: ", errno_text(errno)), errno);
+  }
+  return ntohs(a.sin_port);
+}
+
+std::string self_executable() {
+  std::string buf(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) throw OsError(str("readlink(/proc/self/exe): ", errno_text(errno)), errno);
+  buf.resize(static_cast<std::size_t>(n));
+  return buf;
+}
+
+}  // namespace medfast::os
