@@ -92,6 +92,13 @@ std::string value_error_of(F&& f) {
   return "(no exception)";
 }
 
+/// Skips a test that needs a GPU, saying why. Tests that use it have "Gpu" in their
+/// suite name: tests/CMakeLists.txt gives those the ctest label gpu.
+#define MEDFAST_REQUIRE_CUDA()                                                                       \
+  do {                                                                                               \
+    if (!at::hasCUDA()) GTEST_SKIP() << "needs a CUDA device: libtorch without CUDA, or no GPU here"; \
+  } while (0)
+
 inline std::string golden_dir() { return MEDFAST_TEST_GOLDEN_DIR; }
 inline std::string python() { return MEDFAST_TEST_PYTHON; }
 inline std::string source_dir() { return MEDFAST_TEST_SOURCE_DIR; }

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
@@ -226,7 +227,7 @@ nlohmann::json read_entry_meta(const std::string& path) {
 }
 
 Sample read_entry(const std::string& path, const std::string& expected_key, const io::IoOptions& io,
-                  const std::string& device) {
+                  const std::string& device, bool verify_payloads) {
   io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io);
   const Parsed head = read_head(f);
   const auto& meta = head.meta;
@@ -246,19 +247,35 @@ Sample read_entry(const std::string& path, const std::string& expected_key, cons
       const at::ScalarType stored = parse_dtype(p.at("stored_dtype"), "cache entry");
       const at::ScalarType logical = parse_dtype(p.at("dtype"), "cache entry");
       const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
-      at::Tensor raw = io::empty_aligned(static_cast<std::size_t>(length));
-      f.read_exact(raw.data_ptr(), static_cast<std::size_t>(length), offset);
-      if (xxh3(raw.data_ptr(), static_cast<std::size_t>(length)) != p.at("xxh3").get<std::uint64_t>()) {
-        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " checksum mismatch"));
-      }
       std::int64_t numel = 1;
-      for (auto d : shape) numel *= d;
+      for (auto d : shape) {
+        if (d < 0) throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " has a negative size"));
+        numel *= d;
+      }
       if (numel * static_cast<std::int64_t>(c10::elementSize(stored)) != static_cast<std::int64_t>(length)) {
         throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " size does not match its shape"));
       }
+      // Host payloads land in O_DIRECT-aligned memory; device payloads straight in GPU memory.
+      at::Tensor raw = dev.is_cpu() ? io::empty_aligned(static_cast<std::size_t>(length))
+                                    : at::empty({static_cast<std::int64_t>(length)},
+                                                at::TensorOptions().dtype(at::kByte).device(dev));
+      XXH3_state_t* state = XXH3_createState();
+      if (!state) throw std::bad_alloc();
+      std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> owned(state, &XXH3_freeState);
+      XXH3_64bits_reset(state);
+      const bool verify = verify_payloads || dev.is_cpu();
+      io::HostBytes observe;
+      if (verify) observe = [state](const void* d, std::size_t n) { XXH3_64bits_update(state, d, n); };
+      const std::size_t got = length == 0 ? 0 : io::read_into(f, raw, offset, observe);
+      if (got != length) {
+        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " is cut short (", got, " of ",
+                               length, " bytes)"));
+      }
+      if (verify && XXH3_64bits_digest(state) != p.at("xxh3").get<std::uint64_t>()) {
+        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " checksum mismatch"));
+      }
       at::Tensor t = raw.view(stored).view(shape);
       if (stored != logical) t = t.to(logical);
-      if (!dev.is_cpu()) t = t.to(dev, /*non_blocking=*/false);
       const std::string name = p.at("name");
       if (p.at("kind") == "volume") {
         Volume v;

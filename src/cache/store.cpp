@@ -90,7 +90,14 @@ class DiskStore final : public Store {
       return std::nullopt;
     }
     try {
-      Sample s = read_entry(path, key, io_, device_);
+      // Device entries: checksums verified on the first read in this process (through
+      // host memory); later reads may go GPU-direct (entries never change once written).
+      const bool verify = device_ == "cpu" || !verified(key);
+      Sample s = read_entry(path, key, io_, device_, verify);
+      if (verify && device_ != "cpu") {
+        std::lock_guard<std::mutex> lock(mutex_);
+        verified_.insert(key);
+      }
       ++hits_;
       return s;
     } catch (const CorruptEntry& e) {
@@ -100,6 +107,10 @@ class DiskStore final : public Store {
     }
   }
   void put(const std::string& key, const Sample& sample, const nlohmann::json& extra) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      verified_.erase(key);  // a new file under this key
+    }
     const std::uint64_t n = write_entry(entry_path(dir_, key), key, sample, extra);
     bytes_ += n;
     ++writes_;
@@ -136,8 +147,14 @@ class DiskStore final : public Store {
   io::IoOptions io_;
   std::string device_;
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, corrupt_{0}, writes_{0}, bytes_{0};
+  bool verified(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return verified_.count(key) > 0;
+  }
+
   std::mutex mutex_;
   std::set<std::string> warned_;
+  std::set<std::string> verified_;  // device entries whose checksums this process has checked
 };
 
 at::Device cuda_device(const StoreOptions& o) {

@@ -103,7 +103,10 @@ LoadResult load(const std::string& file, const io::IoOptions& options, const at:
   LoadResult r;
   r.bytes = f.size();
   r.engine = engine_json(f, options);
-  if (!device.is_cpu()) r.engine["device_path"] = io::device_path(f);
+  if (!device.is_cpu()) {
+    r.engine["device_path"] = io::device_path(f);
+    r.engine["device_transfers"] = io::device_transfers();
+  }
   at::Tensor buf = make_buffer(static_cast<std::size_t>(r.bytes), device);
   buf.zero_();  // fault the destination in before timing, as DeepNVMe's scripts preallocate theirs
   for (int i = 0; i < loops; ++i) {
@@ -181,7 +184,10 @@ int run_store(const StoreArgs& a, Context& ctx) {
     io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::write, options);
     if (i == 0) {
       r.engine = engine_json(f, options);
-      if (!device.is_cpu()) r.engine["device_path"] = io::device_path(f);
+      if (!device.is_cpu()) {
+    r.engine["device_path"] = io::device_path(f);
+    r.engine["device_transfers"] = io::device_transfers();
+  }
     }
     const auto t0 = std::chrono::steady_clock::now();
     io::write_from(f, src, 0);

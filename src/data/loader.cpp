@@ -123,6 +123,17 @@ Batch Loader::build(std::size_t b) {
   Batch batch;
   batch.index = b;
   batch.epoch = epoch_;
+  const at::Device device(options_.device);
+  // Device batches are made on a side stream: the random transforms of samples
+  // that already live on the GPU (device and disk_device caches), the stacking,
+  // and the host-to-device copies of host samples. An event recorded at the end
+  // orders all of it before the consumer's work (next()).
+  std::optional<c10::impl::VirtualGuardImpl> guard;
+  std::optional<c10::StreamGuard> on_side_stream;
+  if (!device.is_cpu()) {
+    guard.emplace(device.type());
+    on_side_stream.emplace(guard->getStreamFromGlobalPool(device));
+  }
   std::map<std::string, std::vector<at::Tensor>> parts;
   for (std::size_t p = first; p < last; ++p) {
     const std::size_t item = order_[p];
@@ -132,6 +143,13 @@ Batch Loader::build(std::size_t b) {
       input = source_(item);
     } catch (...) {
       rethrow_with_context(str("loader: item ", item));
+    }
+    if (on_side_stream) {
+      // Cached GPU tensors are read on the side stream: should the cache drop one
+      // (the smart cache's replacements), its memory must wait for this work.
+      for (auto& [k, v] : input.volumes) {
+        if (v.data.is_cuda()) v.data.record_stream(on_side_stream->current_stream());
+      }
     }
     std::vector<Sample> samples;
     try {
@@ -143,33 +161,30 @@ Batch Loader::build(std::size_t b) {
       for (auto& [k, v] : s.volumes) parts[k].push_back(v.data);
     }
   }
-  const at::Device device(options_.device);
-  std::optional<c10::impl::VirtualGuardImpl> guard;
-  std::optional<c10::StreamGuard> on_side_stream;
-  if (!device.is_cpu()) {
-    guard.emplace(device.type());
-    on_side_stream.emplace(guard->getStreamFromGlobalPool(device));  // copies go to a side stream
-  }
   for (auto& [k, list] : parts) {
     for (const auto& t : list) {
-      if (t.sizes() != list.front().sizes()) {
-        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes (", t.sizes(),
-                             " vs ", list.front().sizes(),
+      if (t.sizes() != list.front().sizes() || t.device() != list.front().device()) {
+        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes or devices (",
+                             t.sizes(), " on ", t.device(), " vs ", list.front().sizes(), " on ", list.front().device(),
                              "); crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
       }
     }
+    const bool on_host = list.front().is_cpu();
     at::Tensor stacked;
-    if (options_.pin_memory || !device.is_cpu()) {
+    if (on_host && (options_.pin_memory || !device.is_cpu())) {
+      // Host samples bound for a GPU: stacked into pinned memory, so that the copy
+      // below is asynchronous (pin_memory needs a CUDA-capable libtorch).
       auto shape = list.front().sizes().vec();
       shape.insert(shape.begin(), static_cast<std::int64_t>(list.size()));
       stacked = at::empty(shape, list.front().options().pinned_memory(at::hasCUDA()));
       at::stack_out(stacked, list);
     } else {
-      stacked = at::stack(list);
+      stacked = at::stack(list);  // on the samples' device (the side stream for GPU samples)
     }
-    // The copy to the device is queued here, on the worker's side stream,
-    // from pinned memory, so it overlaps the consumer's compute.
-    if (!device.is_cpu()) stacked = stacked.to(device, /*non_blocking=*/true);
+    // Queued here, on the side stream, so it overlaps the consumer's compute.
+    const bool there = stacked.device().type() == device.type() &&
+                       (!device.has_index() || stacked.device().index() == device.index());
+    if (!there) stacked = stacked.to(device, /*non_blocking=*/!device.is_cpu());
     batch.tensors[k] = stacked;
   }
   if (on_side_stream) {

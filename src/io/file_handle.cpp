@@ -118,11 +118,8 @@ const IoProbe& probe() {
     } else {
       r.io_uring_detail = str("io_uring_queue_init: ", std::strerror(-e));
     }
-    r.cufile = shim::cufile(&r.cufile_detail) != nullptr;
     log::info("io: host backend ", r.io_uring ? "io_uring" : "posix",
-              r.io_uring ? "" : str(" (io_uring unavailable: ", r.io_uring_detail, ")"), "; device reads ",
-              r.cufile ? "use cuFile (GPUDirect Storage)"
-                       : str("bounce through pinned host memory (", r.cufile_detail, ")"));
+              r.io_uring ? "" : str(" (io_uring unavailable: ", r.io_uring_detail, ")"));
     return r;
   }();
   return p;
@@ -232,6 +229,22 @@ struct FileHandle::Impl {
   std::vector<std::unique_ptr<Ring>> rings;
   std::once_flag cufile_once;
   void* cufile = nullptr;
+  os::File cufile_file;  // the O_DIRECT descriptor registered with cuFile, if the file system allows it
+
+  /// An O_DIRECT descriptor of the file; a closed File where the file system
+  /// refuses O_DIRECT (said once per process).
+  os::File open_direct_file() const {
+    try {
+      return os::File::open(path, mode == Mode::read ? os::File::Mode::read : os::File::Mode::read_write, O_DIRECT);
+    } catch (const OsError& e) {
+      if (e.errno_value() != EINVAL) throw;
+      static std::once_flag once;
+      std::call_once(once, [&] {
+        log::warn("io: the file system of ", path, " refuses O_DIRECT; using buffered I/O there");
+      });
+      return os::File();
+    }
+  }
 
   ~Impl() {
     if (cufile) shim::cufile()->handle_deregister(cufile);
@@ -659,22 +672,9 @@ FileHandle FileHandle::open(const std::string& path, Mode mode, const IoOptions&
   const auto fmode = mode == Mode::read ? os::File::Mode::read : os::File::Mode::read_write;
   impl->file = os::File::open(path, fmode);
   if (mode == Mode::write) impl->file.truncate(0);
-  // cuFile's GPUDirect mode needs an O_DIRECT descriptor too.
-  const bool wants_direct = (options.direct && (impl->backend == Backend::odirect ||
-                                                impl->backend == Backend::io_uring)) ||
-                            (impl->backend == Backend::cufile && probe().cufile);
-  if (wants_direct) {
-    try {
-      impl->dfile = os::File::open(path, mode == Mode::read ? os::File::Mode::read : os::File::Mode::read_write,
-                                   O_DIRECT);
-      impl->direct = true;
-    } catch (const OsError& e) {
-      if (e.errno_value() != EINVAL) throw;
-      static std::once_flag once;
-      std::call_once(once, [&] {
-        log::warn("io: the file system of ", path, " refuses O_DIRECT; using buffered I/O there");
-      });
-    }
+  if (options.direct && (impl->backend == Backend::odirect || impl->backend == Backend::io_uring)) {
+    impl->dfile = impl->open_direct_file();
+    impl->direct = impl->dfile.is_open();
   }
   return FileHandle(std::move(impl));
 }
@@ -716,9 +716,11 @@ void* FileHandle::cufile_handle() {
   std::call_once(impl_->cufile_once, [this] {
     const shim::CuFileApi* api = shim::cufile();
     if (!api) return;
+    // GPUDirect needs an O_DIRECT descriptor; compatibility mode takes any.
+    impl_->cufile_file = impl_->open_direct_file();
     shim::CUfileDescr d{};
     d.type = shim::kCuFileHandleTypeOpaqueFd;
-    d.handle.fd = impl_->direct ? impl_->dfile.fd() : impl_->file.fd();
+    d.handle.fd = impl_->cufile_file.is_open() ? impl_->cufile_file.fd() : impl_->file.fd();
     shim::CUfileHandle h = nullptr;
     const shim::CUfileError e = api->handle_register(&h, &d);
     if (e.err == 0) {

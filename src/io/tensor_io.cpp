@@ -1,6 +1,7 @@
 #include "medfast/io/tensor_io.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
 #include "medfast/os/memory.hpp"
 #include "medfast/shim/cufile.hpp"
 
@@ -34,10 +36,53 @@ void wait(const c10::Event& e) {
   while (!e.query()) std::this_thread::yield();
 }
 
-bool use_cufile(FileHandle& f) { return f.backend() == Backend::cufile && f.cufile_handle() != nullptr; }
+/// How device memory is reached, decided once per process on the first device
+/// transfer (so that CPU-only runs never load libcufile) and logged once.
+struct DevicePath {
+  bool cufile = false;       ///< cuFile usable at all
+  bool gpudirect = false;    ///< ... and not in compatibility mode
+  std::string description;
+};
+const DevicePath& device_probe() {
+  static const DevicePath p = [] {
+    DevicePath d;
+    std::string why;
+    const shim::CuFileApi* api = shim::cufile(&why);
+    d.cufile = api != nullptr;
+    d.gpudirect = api && !api->compat_mode;
+    d.description = shim::cufile_description();
+    log::info("io: device transfers: ",
+              d.gpudirect ? "cuFile (GPUDirect Storage)"
+                          : str("pinned host buffers, double-buffered (", d.description,
+                                d.cufile ? "; io_backend=cufile uses it anyway" : "", ")"));
+    return d;
+  }();
+  return p;
+}
 
-// Device transfers through two pinned host buffers, double-buffered.
-std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
+/// cuFile for this handle: with GPUDirect under io_backend auto or cufile, and in
+/// compatibility mode only when cufile was asked for by name (medfast's own
+/// bounce is as fast there and keeps the host backend's threads and queue depth).
+bool use_cufile(FileHandle& f) {
+  const bool forced = f.options().backend == "cufile";
+  if (!forced && f.options().backend != "auto") return false;
+  const DevicePath& d = device_probe();
+  if (!(d.gpudirect || (forced && d.cufile))) return false;
+  return f.cufile_handle() != nullptr;
+}
+
+/// The caching allocator may hand out memory that kernels queued on the current
+/// stream still use (freed by an earlier owner), and a fresh tensor may still be
+/// being computed: cuFile moves bytes outside any stream, so the stream must be
+/// idle before it starts.
+void wait_for_stream(const at::Tensor& t) {
+  c10::impl::VirtualGuardImpl guard(t.device().type());
+  guard.getStream(t.device()).synchronize();
+}
+
+// Device transfers through two pinned host buffers, double-buffered. `observe`
+// sees each chunk's host bytes in file order (for checksums).
+std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
   const std::size_t total = nbytes(dst);
   const at::Tensor flat = dst.view({-1}).view(at::kByte);
   const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
@@ -54,6 +99,7 @@ std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offs
     const std::size_t len = std::min(chunk, total - pos);
     const std::size_t got = f.read(host[b].data_ptr(), len, offset + pos);
     if (got > 0) {
+      if (observe) observe(host[b].data_ptr(), got);
       flat.narrow(0, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(got))
           .copy_(host[b].narrow(0, 0, static_cast<std::int64_t>(got)), /*non_blocking=*/true);
       done[b].record(stream);
@@ -122,16 +168,31 @@ at::Tensor empty_aligned(std::size_t bytes) {
       at::TensorOptions().dtype(at::kByte));
 }
 
-std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset) {
+std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
   check_tensor(dst, "read_into");
-  if (dst.is_cpu()) return file.read(dst.data_ptr(), nbytes(dst), offset);
-  return use_cufile(file) ? cufile_read(file, dst, offset) : bounce_read(file, dst, offset);
+  if (dst.is_cpu()) {
+    const std::size_t got = file.read(dst.data_ptr(), nbytes(dst), offset);
+    if (observe && got > 0) observe(dst.data_ptr(), got);
+    return got;
+  }
+  // This thread talks to dst's GPU (cuFile needs its context current; the engine's
+  // async calls run on threads of their own).
+  const c10::DeviceGuard on_device(dst.device());
+  if (!observe && use_cufile(file)) {
+    wait_for_stream(dst);
+    return cufile_read(file, dst, offset);
+  }
+  return bounce_read(file, dst, offset, observe);
 }
 
 void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   check_tensor(src, "write_from");
   if (src.is_cpu()) return file.write(src.data_ptr(), nbytes(src), offset);
-  if (use_cufile(file)) return cufile_write(file, src, offset);
+  const c10::DeviceGuard on_device(src.device());
+  if (use_cufile(file)) {
+    wait_for_stream(src);  // the tensor's producers have finished
+    return cufile_write(file, src, offset);
+  }
   bounce_write(file, src, offset);
 }
 
@@ -146,7 +207,10 @@ std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std:
 }
 
 std::string device_path(FileHandle& file) {
-  return use_cufile(file) ? "cufile" : "bounce (pinned host buffers)";
+  return use_cufile(file) ? (device_probe().gpudirect ? "cufile" : "cufile (compatibility mode)")
+                          : "bounce (pinned host buffers)";
 }
+
+std::string device_transfers() { return device_probe().description; }
 
 }  // namespace medfast::io

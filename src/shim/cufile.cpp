@@ -7,11 +7,18 @@
 
 #include "medfast/core/error.hpp"
 
+#include <cstdlib>
+
 #if MEDFAST_HAVE_CUDA_TOOLKIT
 #include <cuda.h>
 // The declarations in cufile.hpp mirror cufile.h; these are the CUDA types they stand for.
 static_assert(sizeof(CUresult) == sizeof(int), "CUfileError_t.cu_err is a CUresult");
 static_assert(sizeof(CUdeviceptr) == sizeof(void*), "cuFile takes device pointers as void*");
+#if __has_include(<cufile.h>)
+// Where NVIDIA's header is installed (libcufile-dev), check the mirror against it.
+#include <cufile.h>
+#define MEDFAST_CHECKED_AGAINST_CUFILE_H 1
+#endif
 #endif
 
 namespace medfast::shim {
@@ -19,6 +26,17 @@ namespace medfast::shim {
 static_assert(sizeof(CUfileError) == 2 * sizeof(int), "CUfileError_t is {CUfileOpError, CUresult}");
 static_assert(offsetof(CUfileDescr, handle) == sizeof(void*), "CUfileDescr_t: the handle union follows the type");
 static_assert(sizeof(CUfileDescr) == 3 * sizeof(void*), "CUfileDescr_t is {type, handle union, fs_ops}");
+#if MEDFAST_CHECKED_AGAINST_CUFILE_H
+static_assert(sizeof(CUfileError) == sizeof(CUfileError_t), "CUfileError_t");
+static_assert(sizeof(CUfileDescr) == sizeof(CUfileDescr_t), "CUfileDescr_t");
+static_assert(offsetof(CUfileDescr, handle) == offsetof(CUfileDescr_t, handle), "CUfileDescr_t.handle");
+static_assert(offsetof(CUfileDescr, fs_ops) == offsetof(CUfileDescr_t, fs_ops), "CUfileDescr_t.fs_ops");
+static_assert(sizeof(CUfileDrvProps) == sizeof(CUfileDrvProps_t), "CUfileDrvProps_t");
+static_assert(offsetof(CUfileDrvProps, nvfs) == offsetof(CUfileDrvProps_t, nvfs), "CUfileDrvProps_t.nvfs");
+static_assert(offsetof(CUfileDrvProps, fflags) == offsetof(CUfileDrvProps_t, fflags), "CUfileDrvProps_t.fflags");
+static_assert(CU_FILE_HANDLE_TYPE_OPAQUE_FD == kCuFileHandleTypeOpaqueFd, "CU_FILE_HANDLE_TYPE_OPAQUE_FD");
+static_assert(CU_FILE_SUCCESS == 0, "CU_FILE_SUCCESS");
+#endif
 
 namespace {
 
@@ -51,7 +69,8 @@ Loaded load() {
       !bind(lib, "cuFileHandleRegister", a.handle_register, l.why) ||
       !bind(lib, "cuFileHandleDeregister", a.handle_deregister, l.why) || !bind(lib, "cuFileRead", a.read, l.why) ||
       !bind(lib, "cuFileWrite", a.write, l.why) || !bind(lib, "cuFileBufRegister", a.buf_register, l.why) ||
-      !bind(lib, "cuFileBufDeregister", a.buf_deregister, l.why)) {
+      !bind(lib, "cuFileBufDeregister", a.buf_deregister, l.why) ||
+      !bind(lib, "cuFileDriverGetProperties", a.driver_get_properties, l.why)) {
     return l;
   }
   const CUfileError e = a.driver_open();
@@ -59,16 +78,39 @@ Loaded load() {
     l.why = str("cuFileDriverOpen failed (cuFile error ", e.err, ", CUDA error ", e.cu_err, ")");
     return l;
   }
+  CUfileDrvProps props{};
+  const CUfileError pe = a.driver_get_properties(&props);
+  // nvidia-fs 0.0: the kernel driver is not loaded and cuFile runs in compatibility mode.
+  a.compat_mode = pe.err != 0 || (props.nvfs.major_version == 0 && props.nvfs.minor_version == 0);
   l.ok = true;
+  return l;
+}
+
+const Loaded& loaded() {
+  static const Loaded l = [] {
+    Loaded r = load();
+    // Close the driver before the CUDA runtime tears down (atexit handlers run in
+    // reverse order, and the runtime registered its own when CUDA started, before this).
+    if (r.ok) std::atexit([] { loaded().api.driver_close(); });
+    return r;
+  }();
   return l;
 }
 
 }  // namespace
 
 const CuFileApi* cufile(std::string* why) {
-  static const Loaded loaded = load();
-  if (why) *why = loaded.why;
-  return loaded.ok ? &loaded.api : nullptr;
+  const Loaded& l = loaded();
+  if (why) *why = l.why;
+  return l.ok ? &l.api : nullptr;
+}
+
+std::string cufile_description() {
+  std::string why;
+  const CuFileApi* api = cufile(&why);
+  if (!api) return str("no cuFile: ", why);
+  if (api->compat_mode) return "cuFile in compatibility mode (the nvidia-fs driver is not loaded: no GPUDirect)";
+  return "cuFile (GPUDirect Storage)";
 }
 
 }  // namespace medfast::shim

@@ -6,14 +6,10 @@
 
 #include "medfast/data/loader.hpp"
 #include "medfast/transforms/spatial.hpp"
+#include "test_util.hpp"
 
 namespace medfast::data {
 namespace {
-
-#define MEDFAST_REQUIRE_CUDA()                                                                    \
-  do {                                                                                            \
-    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: libtorch built without CUDA or no GPU"; \
-  } while (0)
 
 Sample item(std::size_t i) {
   Sample s;
@@ -47,6 +43,49 @@ TEST(GpuLoader, DeviceBatchesEqualHostBatches) {
       EXPECT_TRUE(y->tensors.at(k).is_cuda());
       EXPECT_TRUE(at::equal(y->tensors.at(k).cpu(), t));
     }
+  }
+}
+
+// Samples that live on the GPU (device and disk_device caches): the random chain runs
+// on the loader's side stream, the batch is stacked there (no pinned memory), and the
+// consumer sees the same batches as from host samples.
+TEST(GpuLoader, CudaSamplesGiveTheSameBatchesAsHostSamples) {
+  MEDFAST_REQUIRE_CUDA();
+  const auto chain = transforms::make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [8, 8, 8], "num_samples": 2},
+      {"name": "RandFlip", "keys": ["image", "label"], "prob": 0.5, "spatial_axis": 0},
+      {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.5},
+      {"name": "RandShiftIntensity", "keys": ["image"], "offsets": 0.1, "prob": 0.5}])"),
+                                                   3);
+  auto on_gpu = [](std::size_t i) {
+    Sample s = item(i);
+    for (auto& [k, v] : s.volumes) v.data = v.data.cuda();
+    return s;
+  };
+  LoaderOptions host;
+  host.batch_size = 3;
+  host.threads = 2;
+  LoaderOptions dev = host;
+  dev.device = "cuda";
+  dev.pin_memory = true;  // asked for, but GPU samples are never pinned
+  Loader a(7, item, chain, host), b(7, on_gpu, chain, dev);
+  for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    a.start(epoch);
+    b.start(epoch);
+    int batches = 0;
+    while (auto x = a.next()) {
+      auto y = b.next();
+      ASSERT_TRUE(y.has_value());
+      ++batches;
+      for (const auto& [k, t] : x->tensors) {
+        const at::Tensor& g = y->tensors.at(k);
+        EXPECT_TRUE(g.is_cuda());
+        // Used on the consumer's stream right away, as the trainer does.
+        EXPECT_TRUE(at::allclose((g * 2).cpu(), t * 2, 1e-6, 1e-6)) << k << " epoch " << epoch;
+      }
+    }
+    EXPECT_FALSE(b.next().has_value());
+    EXPECT_EQ(batches, 3);
   }
 }
 

@@ -12,11 +12,6 @@
 namespace medfast::io {
 namespace {
 
-#define MEDFAST_REQUIRE_CUDA()                                                                    \
-  do {                                                                                            \
-    if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: libtorch built without CUDA or no GPU"; \
-  } while (0)
-
 std::string random_bytes(std::size_t n) {
   Rng rng(99);
   std::string s(n, '\0');
@@ -24,10 +19,17 @@ std::string random_bytes(std::size_t n) {
   return s;
 }
 
-class GpuTensorIo : public ::testing::TestWithParam<std::string> {};
+class GpuTensorIo : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    MEDFAST_REQUIRE_CUDA();
+    if (GetParam() == "io_uring" && !probe().io_uring) {
+      GTEST_SKIP() << "io_uring is unavailable here (" << probe().io_uring_detail << ")";
+    }
+  }
+};
 
 TEST_P(GpuTensorIo, ReadIntoCudaTensorMatchesTheFile) {
-  MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;
   const std::string data = random_bytes((40u << 20) + 4097);  // several bounce chunks, unaligned tail
   test::write_file(dir / "f", data);
@@ -40,7 +42,6 @@ TEST_P(GpuTensorIo, ReadIntoCudaTensorMatchesTheFile) {
 }
 
 TEST_P(GpuTensorIo, WriteFromCudaTensorRoundTrips) {
-  MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;
   const at::Tensor src = at::arange(0, 5'000'001, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
   {
@@ -54,16 +55,52 @@ TEST_P(GpuTensorIo, WriteFromCudaTensorRoundTrips) {
   EXPECT_EQ(std::memcmp(bytes.data(), host.data_ptr(), bytes.size()), 0);
 }
 
-TEST(GpuTensorIoPath, CufileBackendReportsItsDevicePath) {
+// Stream ordering: a tensor still being computed when it is written, and a read into
+// memory the caching allocator takes back from a tensor whose kernels are still queued,
+// give exactly the tensor's bytes, whichever way the bytes travel (cuFile or the bounce).
+TEST_P(GpuTensorIo, FreshlyComputedTensorsRoundTripExactly) {
+  test::TempDir dir;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  const std::int64_t n = 12'000'001;
+  // Queue enough work that the write starts while the tensor is still being computed.
+  at::Tensor fresh = at::arange(n, cuda.dtype(at::kFloat));
+  for (int i = 0; i < 20; ++i) fresh = fresh * 1.0001F + 0.5F;
+  const at::Tensor expected = fresh.cpu();
+  {
+    FileHandle w = FileHandle::open(dir / "fresh", FileHandle::Mode::write, IoOptions().set_backend(GetParam()));
+    write_from(w, fresh, 0);
+    w.sync();
+  }
+  FileHandle r = FileHandle::open(dir / "fresh", FileHandle::Mode::read, IoOptions().set_backend(GetParam()));
+  for (int round = 0; round < 3; ++round) {
+    {
+      at::Tensor busy = at::zeros({n}, cuda.dtype(at::kFloat));
+      for (int i = 0; i < 20; ++i) busy.add_(1.0F);  // queued; its memory goes back to the allocator below
+    }
+    at::Tensor dst = at::empty({n}, cuda.dtype(at::kFloat));  // likely the same block
+    EXPECT_EQ(read_into(r, dst, 0), static_cast<std::size_t>(n) * 4);
+    EXPECT_TRUE(at::equal(dst.cpu(), expected)) << "round " << round << " via " << device_path(r);
+  }
+}
+
+TEST(GpuTensorIoPath, DevicePathIsReported) {
   MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;
   test::write_file(dir / "f", "0123456789");
-  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, IoOptions().set_backend("cufile"));
-  const std::string path = device_path(f);
-  EXPECT_EQ(path, probe().cufile ? "cufile" : "bounce (pinned host buffers)");
+  FileHandle forced = FileHandle::open(dir / "f", FileHandle::Mode::read, IoOptions().set_backend("cufile"));
+  const std::string path = device_path(forced);
+  const std::string what = device_transfers();
+  RecordProperty("device_transfers", what);
+  if (what.rfind("no cuFile", 0) == 0) {
+    EXPECT_EQ(path, "bounce (pinned host buffers)");
+  } else {
+    EXPECT_EQ(path.rfind("cufile", 0), 0u) << path;
+  }
+  FileHandle host = FileHandle::open(dir / "f", FileHandle::Mode::read, IoOptions().set_backend("posix"));
+  EXPECT_EQ(device_path(host), "bounce (pinned host buffers)") << "a host backend named by the user bounces";
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, GpuTensorIo, ::testing::Values("posix", "odirect", "io_uring", "cufile"));
+INSTANTIATE_TEST_SUITE_P(Backends, GpuTensorIo, ::testing::Values("auto", "posix", "odirect", "io_uring", "cufile"));
 
 }  // namespace
 }  // namespace medfast::io

@@ -249,8 +249,8 @@ TEST(SlidingWindow, FromJsonReadsEveryKeyAndRejectsUnknownOnes) {
                "val.sw: sliding window: argument overlap 1.5 is outside [0, 1)");
 }
 
-TEST(SlidingWindow, CudaWindowsAccumulateOnTheRequestedDevice) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+TEST(SlidingWindowGpu, CudaWindowsAccumulateOnTheRequestedDevice) {
+  MEDFAST_REQUIRE_CUDA();
   const at::Tensor input = at::randn({2, 1, 20, 17, 13});
   SlidingWindowOptions o;
   o.roi_size = {8, 8, 8};

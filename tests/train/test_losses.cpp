@@ -113,8 +113,10 @@ TEST_F(LossGolden, ReducedPrecisionInputsAreComputedInFloat32) {
   EXPECT_NEAR(value.item<double>(), loss(x.to(at::kFloat), tensor(c["target"])).item<double>(), 1e-6);
 }
 
-TEST_F(LossGolden, CudaMatchesTheReference) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+class LossGoldenGpu : public LossGolden {};
+
+TEST_F(LossGoldenGpu, CudaMatchesTheReference) {
+  MEDFAST_REQUIRE_CUDA();
   for (const auto& c : manifest_["cases"]) {
     SCOPED_TRACE(c["options"].dump() + " on " + c["input"].get<std::string>());
     const auto [value, grad] = evaluate(c, at::kFloat, at::kCUDA);

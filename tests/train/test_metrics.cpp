@@ -83,8 +83,10 @@ TEST_F(MetricGolden, MasksOfAnyDtypeGiveTheSameValues) {
   }
 }
 
-TEST_F(MetricGolden, CudaMatchesTheReference) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+class MetricGoldenGpu : public MetricGolden {};
+
+TEST_F(MetricGoldenGpu, CudaMatchesTheReference) {
+  MEDFAST_REQUIRE_CUDA();
   for (const auto& c : manifest_["cases"]) {
     const at::Tensor pred = tensor(c["pred"]).to(at::kCUDA), gt = tensor(c["target"]).to(at::kCUDA);
     const bool background = c["include_background"];

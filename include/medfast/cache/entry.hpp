@@ -46,10 +46,15 @@ class CorruptEntry : public FormatError {
 std::uint64_t write_entry(const std::string& path, const std::string& key, const Sample& sample,
                           const nlohmann::json& extra = {});
 
-/// Reads an entry; `expected_key` (if not empty) must match. Tensors go to
-/// `device` (CPU or CUDA) through the engine. Throws CorruptEntry or OsError.
+/// Reads an entry; `expected_key` (if not empty) must match. Payloads go
+/// straight into tensors on `device` (CPU or CUDA) through the tensor file engine
+/// (read_into: cuFile or the pinned bounce for CUDA). Payload checksums are
+/// verified as the bytes pass through host memory; with verify_payloads false
+/// (an entry this process has already verified: entries are immutable once
+/// renamed into place) a CUDA read may take cuFile, which never touches the host.
+/// Throws CorruptEntry or OsError.
 Sample read_entry(const std::string& path, const std::string& expected_key = "",
-                  const io::IoOptions& io = {}, const std::string& device = "cpu");
+                  const io::IoOptions& io = {}, const std::string& device = "cpu", bool verify_payloads = true);
 
 /// The entry's JSON metadata after verifying the header (payloads unread).
 nlohmann::json read_entry_meta(const std::string& path);

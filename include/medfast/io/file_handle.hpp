@@ -59,8 +59,6 @@ struct IoOptions {
 struct IoProbe {
   bool io_uring = false;
   std::string io_uring_detail;  ///< why not, if not
-  bool cufile = false;
-  std::string cufile_detail;
 };
 const IoProbe& probe();
 

@@ -3,15 +3,23 @@
 /// Tensors in and out of files through the engine (file_handle.hpp).
 ///
 /// CPU tensors (pageable or pinned) are read and written in place. CUDA
-/// tensors use cuFile (GPUDirect Storage, loaded with dlopen) when it is
-/// there; otherwise bytes bounce through two pinned host buffers: while one
-/// is copied to the device asynchronously on the current stream, the next
+/// tensors go through cuFile (GPUDirect Storage, loaded with dlopen on the
+/// first device transfer) when the nvidia-fs driver is loaded and io_backend is
+/// auto or cufile; otherwise bytes bounce through two pinned host buffers: while
+/// one is copied to the device asynchronously on the current stream, the next
 /// chunk is read into the other (an event per buffer orders reuse, no
 /// device-wide sync). The copies are libtorch ops, so ROCm works the same.
+///
+/// cuFile moves bytes outside any CUDA stream, so before it reads into a tensor
+/// (whose memory the caching allocator may have taken from work still queued)
+/// or writes one out (which may still be being computed), the tensor's current
+/// stream is synchronised. Every device transfer makes the tensor's GPU current
+/// on the calling thread (cuFile needs its context there).
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <string>
 
@@ -22,16 +30,26 @@ namespace medfast::io {
 /// A CPU uint8 tensor of `bytes` whose memory is aligned for O_DIRECT.
 at::Tensor empty_aligned(std::size_t bytes);
 
+/// Sees bytes read, in file order, while they are in host memory.
+using HostBytes = std::function<void(const void* data, std::size_t size)>;
+
 /// Reads dst.nbytes() bytes at `offset` into a contiguous tensor (CPU or
-/// CUDA); returns the bytes read (fewer only at end of file).
-std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset = 0);
+/// CUDA); returns the bytes read (fewer only at end of file). With `observe`,
+/// every byte passes through host memory and is shown to it (a CUDA tensor then
+/// takes the pinned bounce, not cuFile): checksums without a second pass.
+std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset = 0,
+                      const HostBytes& observe = {});
 /// Writes src's bytes (a contiguous tensor, CPU or CUDA) at `offset`.
 void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset = 0);
 
 std::future<std::size_t> read_into_async(FileHandle& file, const at::Tensor& dst, std::uint64_t offset = 0);
 std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std::uint64_t offset = 0);
 
-/// How device memory is reached: "cufile" or "bounce (pinned host buffers)".
+/// How device memory is reached for `file`: "cufile", "cufile (compatibility
+/// mode)" or "bounce (pinned host buffers)".
 std::string device_path(FileHandle& file);
+
+/// What cuFile offers on this machine, in one line (loads it on first use).
+std::string device_transfers();
 
 }  // namespace medfast::io
