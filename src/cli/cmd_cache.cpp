@@ -1,6 +1,4 @@
 // medfast cache build|verify|info|prune: the persistent disk cache.
-#include <dirent.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +10,7 @@
 
 #include "commands.hpp"
 #include "medfast/cache/entry.hpp"
+#include "medfast/cache/folder.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -20,26 +19,6 @@
 namespace medfast::cli {
 
 namespace {
-
-struct DirListing {
-  std::vector<std::string> entries;  ///< *.mfc
-  std::vector<std::string> temps;    ///< *.tmp-* left by interrupted writers
-};
-
-DirListing list_dir(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) throw OsError(str("cannot list cache folder ", dir, ": ", std::strerror(errno)), errno);
-  DirListing l;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.find(".tmp-") != std::string::npos) l.temps.push_back(dir + "/" + name);
-    else if (name.size() > 4 && name.compare(name.size() - 4, 4, cache::kEntrySuffix) == 0) l.entries.push_back(dir + "/" + name);
-  }
-  ::closedir(d);
-  std::sort(l.entries.begin(), l.entries.end());
-  std::sort(l.temps.begin(), l.temps.end());
-  return l;
-}
 
 struct BuildArgs {
   std::string config;
@@ -85,115 +64,65 @@ struct DirArgs {
 };
 
 int run_verify(const DirArgs& a, Context& ctx) {
-  const DirListing l = list_dir(a.dir);
-  const auto io = io::IoOptions::from(ctx.settings);
-  std::size_t valid = 0;
-  nlohmann::json bad = nlohmann::json::array();
-  for (const auto& path : l.entries) {
-    try {
-      const auto meta = cache::read_entry_meta(path);
-      cache::read_entry(path, meta.value("key", ""), io);  // every payload checksum
-      ++valid;
-    } catch (const Error& e) {
-      bad.push_back({{"path", path}, {"error", e.what()}});
-    }
-  }
+  const cache::VerifyReport r = cache::verify_folder(a.dir, io::IoOptions::from(ctx.settings));
   if (a.json) {
-    print_json(nlohmann::json{{"dir", a.dir}, {"entries", l.entries.size()}, {"valid", valid}, {"corrupt", bad},
-                              {"temporary_files", l.temps.size()}}
+    nlohmann::json bad = nlohmann::json::array();
+    for (const auto& [path, error] : r.corrupt) bad.push_back({{"path", path}, {"error", error}});
+    print_json(nlohmann::json{{"dir", a.dir}, {"entries", r.entries}, {"valid", r.valid}, {"corrupt", bad},
+                              {"temporary_files", r.temporary_files}}
                    .dump(2));
   } else {
     std::printf("cache verify %s: %zu entries, %zu valid, %zu corrupt, %zu temporary files\n", a.dir.c_str(),
-                l.entries.size(), valid, bad.size(), l.temps.size());
-    for (const auto& b : bad) std::printf("  corrupt: %s\n", b["error"].get<std::string>().c_str());
+                r.entries, r.valid, r.corrupt.size(), r.temporary_files);
+    for (const auto& [path, error] : r.corrupt) std::printf("  corrupt: %s\n", error.c_str());
   }
-  if (!bad.empty()) {
+  if (!r.corrupt.empty()) {
     std::fprintf(stderr, "medfast: error: %zu corrupt cache entries in %s (medfast cache prune --dir %s removes them)\n",
-                 bad.size(), a.dir.c_str(), a.dir.c_str());
+                 r.corrupt.size(), a.dir.c_str(), a.dir.c_str());
     return 1;
   }
   return 0;
 }
 
 int run_info(const DirArgs& a) {
-  const DirListing l = list_dir(a.dir);
-  std::map<std::string, std::pair<std::size_t, std::uint64_t>> chains;
-  std::uint64_t total = 0;
-  std::size_t unreadable = 0;
-  for (const auto& path : l.entries) {
-    const std::uint64_t size = os::stat(path).size;
-    total += size;
-    try {
-      const auto meta = cache::read_entry_meta(path);
-      auto& c = chains[meta.value("chain", "?")];
-      ++c.first;
-      c.second += size;
-    } catch (const Error&) {
-      ++unreadable;
-    }
-  }
+  const cache::FolderInfo info = cache::folder_info(a.dir);
   if (a.json) {
     nlohmann::json cj = nlohmann::json::object();
-    for (const auto& [h, c] : chains) cj[h] = {{"entries", c.first}, {"bytes", c.second}};
-    print_json(nlohmann::json{{"dir", a.dir}, {"entries", l.entries.size()}, {"bytes", total}, {"chains", cj},
-                              {"unreadable", unreadable}, {"temporary_files", l.temps.size()}}
+    for (const auto& [h, c] : info.chains) cj[h] = {{"entries", c.first}, {"bytes", c.second}};
+    print_json(nlohmann::json{{"dir", a.dir}, {"entries", info.entries}, {"bytes", info.bytes}, {"chains", cj},
+                              {"unreadable", info.unreadable}, {"temporary_files", info.temporary_files}}
                    .dump(2));
     return 0;
   }
-  std::printf("cache %s: %zu entries, %s", a.dir.c_str(), l.entries.size(), format_bytes(total).c_str());
-  if (!l.entries.empty()) std::printf(" (%s per entry)", format_bytes(total / l.entries.size()).c_str());
+  std::printf("cache %s: %zu entries, %s", a.dir.c_str(), info.entries, format_bytes(info.bytes).c_str());
+  if (info.entries) std::printf(" (%s per entry)", format_bytes(info.bytes / info.entries).c_str());
   std::printf(", format version %u\n", cache::kEntryFormatVersion);
-  for (const auto& [h, c] : chains) {
+  for (const auto& [h, c] : info.chains) {
     std::printf("  chain %s: %zu entries, %s\n", h.c_str(), c.first, format_bytes(c.second).c_str());
   }
-  if (unreadable) std::printf("  %zu entries are unreadable (run cache verify)\n", unreadable);
-  if (!l.temps.empty()) std::printf("  %zu temporary files from interrupted writes (cache prune removes them)\n", l.temps.size());
+  if (info.unreadable) std::printf("  %zu entries are unreadable (run cache verify)\n", info.unreadable);
+  if (info.temporary_files) {
+    std::printf("  %zu temporary files from interrupted writes (cache prune removes them)\n", info.temporary_files);
+  }
   return 0;
 }
 
 int run_prune(const DirArgs& a, Context& ctx) {
-  const DirListing l = list_dir(a.dir);
   std::set<std::string> keep;  // with --config: the keys it would use
   if (!a.config.empty()) {
     const data::PipelineConfig cfg = data::load_pipeline(a.config, ctx.settings);
     data::CachedDataset ds = data::make_cached_dataset(cfg);
     for (std::size_t i = 0; i < ds.size(); ++i) keep.insert(ds.key(i));
   }
-  std::size_t temps = 0, corrupt = 0, stale = 0;
-  std::uint64_t freed = 0;
-  // Temporary files: only those whose writer is gone (pid not running).
-  for (const auto& t : l.temps) {
-    const auto pos = t.rfind(".tmp-");
-    const int pid = std::atoi(t.c_str() + pos + 5);
-    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) == 0) continue;  // a live writer
-    freed += os::stat(t).size;
-    os::remove_file(t);
-    ++temps;
-  }
-  for (const auto& path : l.entries) {
-    bool remove = false;
-    try {
-      const auto meta = cache::read_entry_meta(path);
-      if (!keep.empty() && !keep.count(meta.value("key", ""))) {
-        remove = true;
-        ++stale;
-      }
-    } catch (const Error&) {
-      remove = true;
-      ++corrupt;
-    }
-    if (remove) {
-      freed += os::stat(path).size;
-      os::remove_file(path);
-    }
-  }
+  const cache::PruneReport r = cache::prune_folder(a.dir, keep);
   if (a.json) {
-    print_json(nlohmann::json{{"dir", a.dir}, {"temporary_removed", temps}, {"corrupt_removed", corrupt},
-                              {"stale_removed", stale}, {"bytes_freed", freed}}
+    print_json(nlohmann::json{{"dir", a.dir}, {"temporary_removed", r.temporary_removed},
+                              {"corrupt_removed", r.corrupt_removed}, {"stale_removed", r.stale_removed},
+                              {"bytes_freed", r.bytes_freed}}
                    .dump(2));
   } else {
     std::printf("cache prune %s: removed %zu temporary, %zu corrupt, %zu stale entries; freed %s\n", a.dir.c_str(),
-                temps, corrupt, stale, format_bytes(freed).c_str());
+                r.temporary_removed, r.corrupt_removed, r.stale_removed, format_bytes(r.bytes_freed).c_str());
   }
   return 0;
 }

@@ -21,6 +21,7 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/os/net.hpp"
 #include "medfast/os/process.hpp"
 
 namespace medfast::cli {

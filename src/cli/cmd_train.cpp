@@ -129,6 +129,9 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
   return trainer;
 }
 
+int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Collective>& comm,
+               const dist::DistOptions& dist_options);
+
 int run_train(const TrainArgs& a, Context& ctx) {
   // A multi-process run (torchrun or srun set RANK/WORLD_SIZE): join the process
   // group first, so that a missing peer is reported before any work.
@@ -138,8 +141,19 @@ int run_train(const TrainArgs& a, Context& ctx) {
     dist_options.cuda = train_device(run_config(a.config, a.sets)).rfind("cuda", 0) == 0;  // decides dist_backend auto
     comm = dist::init_process_group(dist_options);
   }
-  const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
 
+  try {
+    return train_with(a, ctx, comm, dist_options);
+  } catch (const std::exception& e) {
+    // The other ranks are waiting in a collective this rank will never join: tell them why.
+    if (comm) comm->announce_failure(message_of(e));
+    throw;
+  }
+}
+
+int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Collective>& comm,
+               const dist::DistOptions& dist_options) {
+  const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
   std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options.local_rank);
   if (comm) trainer->set_collective(comm);
   train::TrainCallbacks cb;

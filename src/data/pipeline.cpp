@@ -114,6 +114,8 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     throw fail("data", "missing (expected a mapping with dataset, deterministic, cache)");
   }
   const auto& d = root["data"];
+  // Transforms check the outputs they allocate against the same limit as volumes read from files.
+  transforms::set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
   PipelineConfig c;
   c.path = path;
   if (!d.contains("dataset") || !d["dataset"].is_string()) throw fail("data.dataset", "expected the path of a dataset list");

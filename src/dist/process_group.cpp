@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "c10d_compat.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
+#include "medfast/os/net.hpp"
 
 namespace medfast::dist {
 
@@ -75,6 +77,107 @@ struct Staged {
   }
 };
 
+/// Liveness of the ranks, through the rendezvous store: each rank counts up its
+/// key medfast/heartbeat/<rank> every kBeat from a thread of its own, and a rank
+/// that fails with an error leaves the error under medfast/failed/<rank>. After a
+/// collective fails, diagnose() says which peers failed or stopped (their count
+/// no longer moves), so that the survivors' message names the rank that died
+/// rather than a socket that closed.
+class Heartbeat {
+ public:
+  static constexpr std::chrono::milliseconds kBeat{500};
+
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, int world)
+      : store_(std::move(store)), rank_(rank), world_(world), thread_([this] { run(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void announce_failure(const std::string& message) {
+    try {
+      const std::string m = message.substr(0, 2000);
+      store_->set(failed_key(rank_), std::vector<std::uint8_t>(m.begin(), m.end()));
+    } catch (const std::exception&) {
+      // best effort: the store may be gone too
+    }
+  }
+
+  /// "rank 1 failed: ...", "rank 2 stopped responding (...)"; empty if every peer is alive.
+  std::string diagnose() {
+    std::vector<std::string> found;
+    try {
+      std::vector<std::int64_t> before(static_cast<std::size_t>(world_), 0);
+      std::vector<bool> reported(static_cast<std::size_t>(world_), false);
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_) continue;
+        if (store_->check({failed_key(r)})) {
+          const auto bytes = store_->get(failed_key(r));
+          found.push_back(str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end())));
+          reported[static_cast<std::size_t>(r)] = true;
+        }
+        before[static_cast<std::size_t>(r)] = store_->add(beat_key(r), 0);
+      }
+      std::this_thread::sleep_for(3 * kBeat);
+      for (int r = 0; r < world_; ++r) {
+        if (r == rank_ || reported[static_cast<std::size_t>(r)]) continue;
+        if (store_->add(beat_key(r), 0) == before[static_cast<std::size_t>(r)]) {
+          found.push_back(str("rank ", r, " stopped responding (no heartbeat for ",
+                              std::chrono::duration<double>(3 * kBeat).count(), " s: it exited or hangs)"));
+        }
+      }
+    } catch (const std::exception&) {
+      if (rank_ != 0) return "rank 0, which hosts the rendezvous store, is unreachable: it exited";
+      return "";
+    }
+    std::string out;
+    for (const auto& f : found) out += (out.empty() ? "" : "; ") + f;
+    return out;
+  }
+
+ private:
+  static std::string beat_key(int r) { return str("medfast/heartbeat/", r); }
+  static std::string failed_key(int r) { return str("medfast/failed/", r); }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      lock.unlock();
+      try {
+        store_->add(beat_key(rank_), 1);
+      } catch (const std::exception&) {
+        // the store's host is gone; diagnose() says so when a collective fails
+      }
+      lock.lock();
+      cv_.wait_for(lock, kBeat, [this] { return stop_; });
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_, world_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+/// Runs f(); an error gains `what` as context and, unless it is a ValueError of
+/// medfast's own checks, what the heartbeat says about the peers.
+template <typename F>
+void guarded(const std::string& what, Heartbeat* heartbeat, F&& f) {
+  try {
+    f();
+  } catch (const ValueError&) {
+    rethrow_with_context(what);
+  } catch (...) {
+    const std::string peers = heartbeat ? heartbeat->diagnose() : "";
+    rethrow_with_context(peers.empty() ? what : str(what, " (", peers, ")"));
+  }
+}
+
 /// Parameters grouped into flat buffers on the backend's device, one collective
 /// each. A bucket's layout: [grad_0 | grad_1 | ... | grad_n-1 | had_0 ... had_n-1].
 /// A parameter without a gradient contributes zeros, so every rank sends the same
@@ -88,8 +191,13 @@ struct Staged {
 class Buckets final : public train::GradientSync {
  public:
   Buckets(std::vector<at::Tensor> params, c10::intrusive_ptr<detail::Backend> group, at::Device wire,
-          std::size_t bucket_bytes, int world_size, std::string where, bool hooks)
-      : params_(std::move(params)), group_(std::move(group)), wire_(wire), world_(world_size), where_(std::move(where)) {
+          std::size_t bucket_bytes, int world_size, std::string where, bool hooks, Heartbeat* heartbeat)
+      : params_(std::move(params)),
+        group_(std::move(group)),
+        wire_(wire),
+        world_(world_size),
+        where_(std::move(where)),
+        heartbeat_(heartbeat) {
     layout(bucket_bytes);
     if (hooks) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -117,7 +225,8 @@ class Buckets final : public train::GradientSync {
   }
 
   void finish() override {
-    try {
+    guarded(str(where_, ": gradient all-reduce over ", params_.size(), " parameters in ", buckets_.size(), " buckets"),
+            heartbeat_, [&] {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         in_backward_ = false;
@@ -153,10 +262,7 @@ class Buckets final : public train::GradientSync {
           }
         }
       }
-    } catch (...) {
-      rethrow_with_context(str(where_, ": gradient all-reduce over ", params_.size(), " parameters in ",
-                               buckets_.size(), " buckets"));
-    }
+    });
   }
 
   int buckets_started_in_backward() const override { return started_in_backward_; }
@@ -255,6 +361,7 @@ class Buckets final : public train::GradientSync {
   at::Device wire_;
   int world_;
   std::string where_;
+  Heartbeat* heartbeat_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, member)
   std::vector<std::pair<std::size_t, unsigned>> hooks_;
@@ -272,7 +379,10 @@ class GroupCollective final : public train::Collective {
         backend_(std::move(backend)),
         wire_(wire),
         store_(std::move(store)),
-        group_(std::move(group)) {}
+        group_(std::move(group)),
+        heartbeat_(std::make_unique<Heartbeat>(store_, options_.rank, options_.world_size)) {}
+
+  void announce_failure(const std::string& message) override { heartbeat_->announce_failure(message); }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -283,7 +393,7 @@ class GroupCollective final : public train::Collective {
     check(tensor, what);
     MEDFAST_CHECK_T(ValueError, tensor.scalar_type() != at::kBool, where(), ": ", what,
                     " of a bool tensor (sum it as an integer type)");
-    with_context(str(where(), ": ", what, " of ", describe(tensor)), [&] {
+    guarded(str(where(), ": ", what, " of ", describe(tensor)), heartbeat_.get(), [&] {
       at::NoGradGuard no_grad;
       Staged s(tensor, wire_);
       std::vector<at::Tensor> v{s.buffer};
@@ -296,7 +406,7 @@ class GroupCollective final : public train::Collective {
     const std::string what = str("broadcast from rank ", root);
     check(tensor, what);
     check_root(root);
-    with_context(str(where(), ": ", what, " of ", describe(tensor)), [&] {
+    guarded(str(where(), ": ", what, " of ", describe(tensor)), heartbeat_.get(), [&] {
       at::NoGradGuard no_grad;
       Staged s(tensor, wire_);
       std::vector<at::Tensor> v{s.buffer};
@@ -315,7 +425,7 @@ class GroupCollective final : public train::Collective {
       check(t, "broadcast_coalesced");
       if (std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) == dtypes.end()) dtypes.push_back(t.scalar_type());
     }
-    with_context(str(where(), ": broadcast from rank ", root, " of ", tensors.size(), " tensors"), [&] {
+    guarded(str(where(), ": broadcast from rank ", root, " of ", tensors.size(), " tensors"), heartbeat_.get(), [&] {
       at::NoGradGuard no_grad;
       for (const at::ScalarType dtype : dtypes) {
         std::vector<at::Tensor> members;
@@ -339,12 +449,14 @@ class GroupCollective final : public train::Collective {
   }
 
   void allreduce_mean_gradients(const std::vector<at::Tensor>& parameters) override {
-    Buckets(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(), /*hooks=*/false).finish();
+    Buckets(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(), /*hooks=*/false,
+            heartbeat_.get())
+        .finish();
   }
 
   std::unique_ptr<train::GradientSync> gradient_sync(const std::vector<at::Tensor>& parameters) override {
     return std::make_unique<Buckets>(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(),
-                                     /*hooks=*/true);
+                                     /*hooks=*/true, heartbeat_.get());
   }
 
  private:
@@ -367,6 +479,7 @@ class GroupCollective final : public train::Collective {
   at::Device wire_;
   c10::intrusive_ptr<c10d::Store> store_;  // the group uses it; rank 0's also serves the others
   c10::intrusive_ptr<detail::Backend> group_;
+  std::unique_ptr<Heartbeat> heartbeat_;
 };
 
 std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const DistOptions& o) {
@@ -474,6 +587,20 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
   // 1. The store: rank 0 hosts it. A client retries until the deadline (rank 0 may
   //    start later); c10d's own connect retries give up early on short timeouts.
   const auto deadline = Clock::now() + timeout;
+  // Plain-socket checks first: c10d would log lines of its own for a taken port
+  // and for every attempt to reach a store that is not up yet.
+  if (o.rank == 0 && os::tcp_port_in_use(o.master_port)) {
+    throw Error(str(who, ": cannot host the rendezvous store on port ", o.master_port,
+                    ": the port is in use (another run on this machine? choose another MASTER_PORT)"));
+  }
+  while (o.rank != 0 && !os::tcp_connectable(o.master_addr, o.master_port, 250)) {
+    if (Clock::now() + std::chrono::milliseconds(250) >= deadline) {
+      throw Error(str(who, ": cannot reach the rendezvous store at ", at, " (hosted by rank 0) within ",
+                      o.timeout_seconds, " s: nothing accepts connections there (is rank 0 running, with the same "
+                      "MASTER_ADDR and MASTER_PORT?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
   c10::intrusive_ptr<c10d::TCPStore> store;
   for (;;) {
     try {

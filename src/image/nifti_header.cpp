@@ -405,6 +405,29 @@ Header parse_header(const void* data, std::size_t size, const std::string& name)
   if (h.pixdim[0] != 1 && h.pixdim[0] != -1) h.pixdim[0] = 1;
   h.qform_code = valid_xform_code(h.qform_code);
   h.sform_code = valid_xform_code(h.sform_code);
+  // Geometry fields that feed the affine must be numbers: a NaN or infinity there
+  // would otherwise surface later as a NaN spacing or a "zero column" far from its cause.
+  auto finite = [&](double v, const std::string& field, const char* role) {
+    if (!std::isfinite(v)) {
+      throw FormatError(str(name, ": field ", field, " is ", v, "; expected a finite ", role));
+    }
+  };
+  for (int i = 1; i <= 3; ++i) finite(h.pixdim[i], str("pixdim[", i, "]"), "voxel size");
+  if (h.sform_code > 0) {
+    const char* rows[3] = {"srow_x", "srow_y", "srow_z"};
+    const std::array<double, 4>* values[3] = {&h.srow_x, &h.srow_y, &h.srow_z};
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 4; ++c) finite((*values[r])[static_cast<std::size_t>(c)], str(rows[r], "[", c, "]"), "affine entry (sform_code > 0)");
+    }
+  }
+  if (h.qform_code > 0) {
+    finite(h.quatern_b, "quatern_b", "quaternion component (qform_code > 0)");
+    finite(h.quatern_c, "quatern_c", "quaternion component (qform_code > 0)");
+    finite(h.quatern_d, "quatern_d", "quaternion component (qform_code > 0)");
+    finite(h.qoffset_x, "qoffset_x", "offset (qform_code > 0)");
+    finite(h.qoffset_y, "qoffset_y", "offset (qform_code > 0)");
+    finite(h.qoffset_z, "qoffset_z", "offset (qform_code > 0)");
+  }
   h.bitpix = static_cast<int>(datatype_size(h.datatype) * 8);
   return h;
 }

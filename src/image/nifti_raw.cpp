@@ -33,6 +33,11 @@ std::string describe(const Header& h) {
 std::uint64_t gzip_capacity(std::uint64_t compressed) { return compressed * io::kMaxDeflateRatio + (1u << 20); }
 
 void check_gzip_capacity(const Header& h, const std::string& name, std::uint64_t compressed) {
+  if (static_cast<std::uint64_t>(h.vox_offset) > gzip_capacity(compressed)) {
+    throw FormatError(str(name, ": field vox_offset is ", h.vox_offset, ", past the end of anything a gzip file of ",
+                          compressed, " bytes can hold (at most ", gzip_capacity(compressed),
+                          " bytes): corrupt header"));
+  }
   const std::uint64_t needed = static_cast<std::uint64_t>(h.vox_offset) + h.data_bytes();
   if (needed > gzip_capacity(compressed)) {
     throw FormatError(str(name, ": field dim: the header announces ", describe(h), " (", h.data_bytes(),
@@ -118,6 +123,7 @@ RawImage read_gzip_stream(const os::File& file, const NiftiReadOptions& options)
   const std::size_t head = std::min(got, total);
   std::memcpy(img.storage.data(), prefix, head);
   const std::size_t rest = stream.read(static_cast<char*>(img.storage.data()) + head, total - head);
+  stream.finish_member();  // the CRC-32 and ISIZE of the member the data ends in
   finish_gzip_image(img, head + rest, file.path());
   return img;
 }

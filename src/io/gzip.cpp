@@ -111,11 +111,22 @@ GzipReader::~GzipReader() {
 
 std::uint64_t GzipReader::position() const { return state_->produced; }
 
-std::size_t GzipReader::read(void* out, std::size_t size) {
+std::size_t GzipReader::read(void* out, std::size_t size) { return inflate_some(out, size, false); }
+
+void GzipReader::finish_member() {
+  State& s = *state_;
+  if (s.finished || s.member_done || (s.produced == 0 && s.consumed() == 0)) return;
+  // The rest of the member is decompressed and dropped: zlib checks the trailer's
+  // CRC-32 and ISIZE when it reaches the member's end.
+  std::vector<std::uint8_t> scratch(kFirstChunk);
+  while (!s.member_done && !s.finished) inflate_some(scratch.data(), scratch.size(), true);
+}
+
+std::size_t GzipReader::inflate_some(void* out, std::size_t size, bool stop_at_member_end) {
   State& s = *state_;
   auto* dst = static_cast<std::uint8_t*>(out);
   std::size_t done = 0;
-  while (done < size && !s.finished) {
+  while (done < size && !s.finished && !(stop_at_member_end && s.member_done)) {
     if (s.zs.avail_in == 0) {
       if (s.file == nullptr) {
         // Memory mode: expose the next piece of the span, if any.
@@ -168,8 +179,10 @@ std::size_t GzipReader::read(void* out, std::size_t size) {
       if (s.zs.avail_in == 0) continue;  // needs more input: next loop refills or reports truncation
       throw FormatError(str(s.name, ": gzip stream makes no progress at compressed offset ", s.consumed()));
     } else if (ret == Z_DATA_ERROR || ret == Z_NEED_DICT) {
+      // zlib's "incorrect data check" / "incorrect length check" are the trailer's CRC-32 / ISIZE.
       throw FormatError(str(s.name, ": corrupt gzip data at compressed offset ", s.consumed(), ": ",
-                            s.zs.msg ? s.zs.msg : "invalid deflate stream"));
+                            s.zs.msg ? s.zs.msg : "invalid deflate stream",
+                            " (the file is damaged: gzip -t reports the same)"));
     } else {
       throw Error(str(s.name, ": zlib inflate failed with code ", ret));
     }
@@ -206,8 +219,16 @@ std::size_t gunzip_into(const void* in, std::size_t in_size, void* out, std::siz
     GzipReader stream(src + in_pos, in_size - in_pos, name);
     const std::size_t got = stream.read(dst + out_pos, out_size - out_pos);
     out_pos += got;
+    // Stopping early must not skip the member's CRC-32 and ISIZE: bytes flipped
+    // in a deflate stream often still inflate, into other values.
+    stream.finish_member();
     if (r != LIBDEFLATE_INSUFFICIENT_SPACE && out_pos < out_size) {
       throw FormatError(str(name, ": corrupt gzip data in the member at compressed offset ", in_pos));
+    }
+    if (r != LIBDEFLATE_INSUFFICIENT_SPACE) {
+      // libdeflate refused the member and zlib found nothing wrong in it: trust neither.
+      throw FormatError(str(name, ": corrupt gzip data in the member at compressed offset ", in_pos,
+                            " (libdeflate: ", r == LIBDEFLATE_BAD_DATA ? "bad data or checksum" : "short output", ")"));
     }
     break;
   }

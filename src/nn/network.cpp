@@ -53,6 +53,10 @@ auto construct(const std::string& where, F&& f) {
   }
 }
 
+UNet network_for(const UNetOptions& o) { return UNet(o); }
+SegResNet network_for(const SegResNetOptions& o) { return SegResNet(o); }
+SwinUNETR network_for(const SwinUNETROptions& o) { return SwinUNETR(o); }
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -60,7 +64,7 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where) {
+NetworkOptions parse_network(const nlohmann::json& spec, const std::string& where) {
   if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
     throw ValueError(str(where, ": expected a mapping with a 'name' (UNet, SegResNet or SwinUNETR)"));
   }
@@ -81,7 +85,8 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
       o.norm = lower(o.norm);
       a.get("dropout", o.dropout);
       a.done();
-      return torch::nn::AnyModule(construct(where, [&] { return UNet(o); }));
+      construct(where, [&] { o.validate(); });
+      return o;
     }
     if (name == "SegResNet") {
       SegResNetOptions o;
@@ -100,7 +105,8 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
       a.get("upsample_mode", o.upsample_mode);
       o.upsample_mode = lower(o.upsample_mode);
       a.done();
-      return torch::nn::AnyModule(construct(where, [&] { return SegResNet(o); }));
+      construct(where, [&] { o.validate(); });
+      return o;
     }
     if (name == "SwinUNETR") {
       SwinUNETROptions o;
@@ -127,10 +133,18 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
       o.downsample = lower(o.downsample);
       a.get("use_v2", o.use_v2);
       a.done();
-      return torch::nn::AnyModule(construct(where, [&] { return SwinUNETR(o); }));
+      construct(where, [&] { o.validate(); });
+      return o;
     }
   }
   throw ValueError(str(where, ".name: unknown network '", name, "' (expected UNet, SegResNet or SwinUNETR)"));
+}
+
+torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where) {
+  const NetworkOptions options = parse_network(spec, where);
+  return construct(where, [&] {
+    return std::visit([](const auto& o) { return torch::nn::AnyModule(network_for(o)); }, options);
+  });
 }
 
 }  // namespace medfast::nn

@@ -1,5 +1,6 @@
 #include "medfast/os/file.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <mutex>
 
 #include "medfast/core/error.hpp"
+#include "medfast/os/process.hpp"
 
 namespace medfast::os {
 
@@ -314,12 +316,56 @@ std::string read_text_file(const std::string& path) {
   return text;
 }
 
+std::vector<std::string> list_directory(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) throw_os(str("cannot list folder ", dir), errno);
+  std::vector<std::string> names;
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  const int err = errno;
+  ::closedir(d);
+  if (err != 0) throw_os(str("cannot list folder ", dir), err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 namespace {
 std::atomic<std::uint64_t> g_temp_counter{0};
+constexpr const char* kTempMarker = ".tmp-";
+}  // namespace
+
+std::optional<int> temporary_writer_pid(const std::string& name) {
+  const auto pos = name.rfind(kTempMarker);
+  if (pos == std::string::npos) return std::nullopt;
+  const std::string rest = name.substr(pos + std::strlen(kTempMarker));  // <pid>-<n>
+  const auto dash = rest.find('-');
+  if (dash == 0 || dash == std::string::npos || dash + 1 == rest.size()) return std::nullopt;
+  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c == '-' || (c >= '0' && c <= '9'); })) {
+    return std::nullopt;
+  }
+  return std::atoi(rest.substr(0, dash).c_str());
+}
+
+Removed remove_stale_temporaries(const std::string& dir) {
+  Removed r;
+  if (!exists(dir)) return r;
+  for (const auto& name : list_directory(dir)) {
+    const auto pid = temporary_writer_pid(name);
+    if (!pid || *pid <= 0) continue;
+    if (*pid == ::getpid() || process_alive(*pid)) continue;  // a writer at work
+    const std::string path = dir + "/" + name;
+    r.bytes += stat(path).size;
+    remove_file(path);
+    r.paths.push_back(path);
+  }
+  return r;
 }
 
 AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
-  temp_path_ = str(path_, ".tmp-", ::getpid(), "-", g_temp_counter.fetch_add(1));
+  temp_path_ = str(path_, kTempMarker, ::getpid(), "-", g_temp_counter.fetch_add(1));
   file_ = File::open(temp_path_, File::Mode::create_new);
 }
 

@@ -1,11 +1,7 @@
 #include "medfast/os/process.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -117,6 +113,8 @@ std::optional<ChildExit> wait_child(int timeout_ms) {
   }
 }
 
+bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
 void send_signal(pid_t pid, int signal) {
   if (::kill(pid, signal) != 0 && errno != ESRCH) {
     throw OsError(str("kill(", pid, ", ", ::strsignal(signal), "): ", errno_text(errno)), errno);
@@ -133,23 +131,6 @@ void catch_termination_signals() {
 }
 
 int pending_signal() { return g_signal.exchange(0); }
-
-int free_tcp_port(const std::string& address) {
-  Fd s{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
-  if (s.fd < 0) throw OsError(str("socket: ", errno_text(errno)), errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = 0;
-  if (::inet_pton(AF_INET, address.c_str(), &a.sin_addr) != 1) a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    throw OsError(str("bind(", address, ":0) to find a free port: ", errno_text(errno)), errno);
-  }
-  if (::getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    throw OsError(str("getsockname: ", errno_text(errno)), errno);
-  }
-  return ntohs(a.sin_port);
-}
 
 std::string self_executable() {
   std::string buf(4096, '\0');

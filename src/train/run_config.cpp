@@ -7,6 +7,7 @@
 #include <set>
 
 #include "medfast/core/error.hpp"
+#include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/train/amp.hpp"
 
@@ -134,7 +135,8 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   for (const char* required : {"data", "model", "optimizer"}) {
     if (!root.contains(required)) throw fail(required, "missing");
   }
-  c.data = data::load_pipeline(root, c.path, base, settings);
+  // Every section but data first: data may write a synthetic dataset (data.synth),
+  // and a typo anywhere must be reported before any data is prepared.
   c.model = root["model"];
   if (!c.model.is_object()) throw fail("model", "expected a mapping with a name (UNet, SegResNet, SwinUNETR)");
 
@@ -152,6 +154,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
       throw fail(name, e.what());
     }
   };
+  wrap("model", [&] { nn::parse_network(c.model, "model"); });
   wrap("loss", [&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
   wrap("optimizer", [&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
   if (root.contains("schedule")) {  // absent: a constant learning rate
@@ -207,6 +210,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   } catch (const Error& e) {
     throw FormatError(str(c.path, ": ", e.what()));
   }
+  c.data = data::load_pipeline(root, c.path, base, settings);
   if (t.target_dice > 0 && c.data.validation.items.empty()) {
     throw fail("train.target_dice", "needs validation items (set data.validation: {num: N} or {section: NAME})");
   }

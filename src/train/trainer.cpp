@@ -6,14 +6,17 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
+#include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/unet.hpp"
@@ -262,6 +265,14 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
                            " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
     }
   }
+  if (rank0) {
+    // Temporaries of a writer that was killed (last.ckpt.tmp-<pid>-<n>, config.json.tmp-...).
+    const os::Removed stale = os::remove_stale_temporaries(t.run_dir);
+    if (!stale.paths.empty()) {
+      say(str("removed ", stale.paths.size(), " temporary files of an interrupted run from ", t.run_dir, " (",
+              format_bytes(stale.bytes), ")"));
+    }
+  }
   const int resume_epoch = resume ? resume_meta.at("epoch").get<int>() : 0;
   const c10::Device device = detail::usable_device(t.device, c.path + ": train.device");
   const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
@@ -330,13 +341,22 @@ TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) 
     // A validation window through the network now, not after the first epoch: a roi_size
     // the network cannot take (SegResNet: multiples of 8, SwinUNETR: of 32) or a channel
     // mismatch is reported before any training.
+    // roi_size entries <= 0 mean the image's own size (MONAI): the first validation
+    // image's window stands for them.
     std::vector<std::int64_t> shape{1, c.model.value("in_channels", std::int64_t{1})};
     bool fixed = true;
-    for (auto r : c.sliding_window.roi_size) {
-      fixed = fixed && r > 0;
-      shape.push_back(r);
+    for (auto r : c.sliding_window.roi_size) fixed = fixed && r > 0;
+    std::optional<std::vector<std::int64_t>> image_shape;
+    if (!fixed && val_ds->size() > 0) {
+      const Sample first = val_ds->get(0);
+      const auto it = first.volumes.find(t.image_key);
+      if (it != first.volumes.end()) image_shape = it->second.data.sizes().vec();
     }
-    if (fixed) {
+    for (std::size_t d = 0; d < c.sliding_window.roi_size.size(); ++d) {
+      const std::int64_t r = c.sliding_window.roi_size[d];
+      shape.push_back(r > 0 || !image_shape || image_shape->size() <= d + 1 ? r : (*image_shape)[d + 1]);
+    }
+    if (std::all_of(shape.begin() + 2, shape.end(), [](std::int64_t n) { return n > 0; })) {
       torch::NoGradGuard g;
       model.module->eval();
       const std::string what = str(c.path, ": the network cannot take a validation window of ", at::IntArrayRef(shape),

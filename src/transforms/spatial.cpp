@@ -84,6 +84,10 @@ Shape3 spatial_shape(const at::Tensor& data, const std::string& what) {
   return {data.size(1), data.size(2), data.size(3)};
 }
 
+namespace {
+constexpr double kHugeExtent = 1e15;  // voxels per axis; far above any memory
+}  // namespace
+
 Geometry spacing_geometry(const Shape3& shape, const Affine& affine, const std::array<double, 3>& pixdim) {
   // zoom_affine(affine, pixdim, diagonal=False): keep the rotation, set the scales.
   const Mat3 rzs = upper3(affine);
@@ -120,8 +124,11 @@ Geometry spacing_geometry(const Shape3& shape, const Affine& affine, const std::
   }
   Geometry g;
   for (int i = 0; i < 3; ++i) {
-    g.shape[i] = static_cast<std::int64_t>(std::nearbyint(hi[i] - lo[i] + 1.0));  // numpy round: half to even
-    if (g.shape[i] < 1) g.shape[i] = 1;
+    const double extent = std::nearbyint(hi[i] - lo[i] + 1.0);  // numpy round: half to even
+    // A broken affine (huge, tiny or non-finite spacings) must not overflow the cast:
+    // saturate, and let the caller's size check name the cause.
+    g.shape[i] = !(extent < kHugeExtent) ? static_cast<std::int64_t>(kHugeExtent)
+                                         : std::max<std::int64_t>(1, static_cast<std::int64_t>(extent));
   }
   const bool same = same_orientation(affine, out);
   for (int i = 0; i < 3; ++i) out(i, 3) = same ? affine(i, 3) : wlo[i];
@@ -405,7 +412,9 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
 
 at::Tensor resample_index_affine(const at::Tensor& data, const Affine& m, const Shape3& shape, bool nearest,
                                  bool zeros_outside, const Shape3& box_lo, const Shape3& box_hi) {
-  spatial_shape(data, "resample");
+  const Shape3 in = spatial_shape(data, "resample");
+  check_output_size("resample", "", data.size(0), shape, std::max<std::size_t>(data.element_size(), 4),
+                    str("resampling a ", in[0], "x", in[1], "x", in[2], " volume"));
   if (!use_native_kernels(data)) {
     // Device tensors: the sampling-grid path, then the masks as tensor ops.
     Geometry g;
@@ -454,7 +463,11 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
       pad.push_back(after);
       any_pad = any_pad || before > 0 || after > 0;
     }
-    if (any_pad) x = at::constant_pad_nd(x, pad, value);
+    if (any_pad) {
+      check_output_size("pad", key, x.size(0), {end[0] - start[0], end[1] - start[1], end[2] - start[2]},
+                        x.element_size(), str("padding a ", n[0], "x", n[1], "x", n[2], " volume"));
+      x = at::constant_pad_nd(x, pad, value);
+    }
     for (int axis = 0; axis < 3; ++axis) {
       const std::int64_t offset = std::max<std::int64_t>(0, -start[axis]);
       x = x.narrow(axis + 1, start[axis] + offset, end[axis] - start[axis]);
@@ -582,6 +595,9 @@ class Orientation final : public Transform {
   OrientationOptions o_;
 };
 
+/// An axis of at least this many voxels that Spacing maps to one voxel is an error.
+constexpr std::int64_t kCollapseVoxels = 8;
+
 class Spacing final : public Transform {
  public:
   explicit Spacing(SpacingOptions o) : o_(std::move(o)) {
@@ -607,7 +623,22 @@ class Spacing final : public Transform {
   void apply(Sample& s) const override {
     for (std::size_t i = 0; i < o_.keys.size(); ++i) {
       Volume& v = s.volume(o_.keys[i]);
-      const Geometry g = spacing_geometry(spatial_shape(v.data, o_.keys[i]), v.affine, o_.pixdim);
+      const Shape3 in = spatial_shape(v.data, o_.keys[i]);
+      const Geometry g = spacing_geometry(in, v.affine, o_.pixdim);
+      const auto sp = v.affine.spacing();
+      const std::string why = str("input spacing (", sp[0], ", ", sp[1], ", ", sp[2], ") mm on a ", in[0], "x", in[1],
+                                  "x", in[2], " grid resampled to pixdim (", o_.pixdim[0], ", ", o_.pixdim[1], ", ",
+                                  o_.pixdim[2], ")");
+      check_output_size(name(), o_.keys[i], v.data.size(0), g.shape, std::max<std::size_t>(v.data.element_size(), 4),
+                        why);
+      for (int a = 0; a < 3; ++a) {
+        // Many voxels into one: the file's spacing (pixdim, srow) is almost surely wrong.
+        if (in[a] >= kCollapseVoxels && g.shape[a] == 1) {
+          throw ValueError(str(name(), ": key ", o_.keys[i], ": ", why, " collapses axis ", a, "'s ", in[a],
+                               " voxels into 1 (output shape [", g.shape[0], ", ", g.shape[1], ", ", g.shape[2],
+                               "]): check the image's spacing (pixdim/srow) or the transform's pixdim"));
+        }
+      }
       v.data = resample(v.data, v.affine, g, o_.mode[i] == "nearest");
       v.affine = g.affine;
     }

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <sstream>
 #include <chrono>
 #include <cstdio>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/core/settings.hpp"
 #include "medfast/core/log.hpp"
 
 namespace medfast::transforms {
@@ -74,6 +77,27 @@ std::atomic<bool> g_native{true};
 
 bool use_native_kernels(const at::Tensor& t) { return g_native.load(std::memory_order_relaxed) && t.is_cpu(); }
 void set_native_kernels_enabled(bool enabled) { g_native = enabled; }
+
+namespace {
+std::atomic<std::uint64_t> g_max_output_bytes{kDefaultMaxVolumeBytes};
+}  // namespace
+
+std::uint64_t max_output_bytes() { return g_max_output_bytes.load(std::memory_order_relaxed); }
+void set_max_output_bytes(std::uint64_t bytes) { g_max_output_bytes = bytes; }
+
+void check_output_size(const std::string& transform, const std::string& key, std::int64_t channels,
+                       const std::array<std::int64_t, 3>& shape, std::size_t element_size, const std::string& why) {
+  // In long double: a broken affine gives shapes whose product overflows 64 bits.
+  long double bytes = static_cast<long double>(std::max<std::int64_t>(channels, 1)) * element_size;
+  for (auto n : shape) bytes *= static_cast<long double>(n);
+  if (bytes <= static_cast<long double>(max_output_bytes())) return;
+  std::ostringstream b;
+  b.precision(3);
+  b << bytes;
+  throw ValueError(str(transform, key.empty() ? "" : ": key " + key, ": ", why, " gives an output of shape [", channels, ", ", shape[0],
+                       ", ", shape[1], ", ", shape[2], "] = ", b.str(), " bytes, more than max_volume_bytes (",
+                       format_bytes(max_output_bytes()), ")"));
+}
 
 void require_keys(const std::vector<std::string>& keys, const std::string& transform) {
   if (keys.empty()) throw ValueError(str(transform, ": argument keys: at least one key is required"));

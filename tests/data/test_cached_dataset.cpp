@@ -14,6 +14,7 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/data/smart_cache.hpp"
 #include "medfast/data/synth.hpp"
+#include "medfast/io/gzip.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
@@ -321,6 +322,29 @@ class CacheCli : public CachedDatasetTest {
     return static_cast<std::size_t>(std::atoi(r.out.c_str()));
   }
 };
+
+// A .nii.gz whose deflate data still decodes after bytes were flipped in it (stored
+// blocks): cache build must fail naming the file, not store other voxel values.
+TEST_F(CacheCli, ACorruptGzipImageFailsTheBuildNamingTheFile) {
+  ASSERT_EQ(test::run("cp -r '" + dir_->path() + "/ds' '" + (tmp / "ds") + "'").exit_code, 0);
+  const std::string victim = tmp / "ds/imagesTr/spleen_1.nii.gz";
+  const std::string gz = test::read_file(victim);
+  io::GzipReader r(gz.data(), gz.size(), victim);
+  std::string raw, chunk(1 << 20, '\0');
+  while (const std::size_t n = r.read(chunk.data(), chunk.size())) raw.append(chunk.data(), n);
+  raw += std::string(4096, '\0');  // bytes after the voxels: the reader stops before the member's trailer
+  const auto stored = io::gzip_compress(raw.data(), raw.size(), 0);
+  std::string bad(stored.begin(), stored.end());
+  for (std::size_t i = bad.size() / 2; i < bad.size() / 2 + 8; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+  test::write_file(victim, bad);
+  const std::string cfg = write_config(tmp / "ds/dataset.json", tmp / "c");
+  const auto b = medfast("cache build --config " + cfg);
+  EXPECT_NE(b.exit_code, 0) << b.out;
+  EXPECT_NE(b.err.find("spleen_1.nii.gz"), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find("corrupt"), std::string::npos) << b.err;
+  // The damaged item has no entry; the verified ones are intact.
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
+}
 
 TEST_F(CacheCli, BuildInfoVerifyPrune) {
   const std::string cfg = write_config(dataset_json(), tmp / "c");

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <signal.h>
 #include <sstream>
@@ -188,7 +189,10 @@ TEST_P(Collectives, AllreduceMeanGradientsAveragesMixedShapesAndDtypes) {
 TEST_P(Collectives, GradientsAreAveragedInBucketsThatStartDuringBackward) {
   const int world = GetParam();
   // A small network whose parameters (about 5 KB) fill several 1 KiB buckets.
+  // Ranks are threads sharing torch's global generator: seed and initialise one network at a time.
+  static std::mutex init;
   auto make = [] {
+    std::lock_guard<std::mutex> lock(init);
     torch::manual_seed(7);
     return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Linear(32, 16),
                                  torch::nn::ReLU(), torch::nn::Linear(16, 4));
@@ -406,8 +410,35 @@ TEST(Rendezvous, APeerThatLeavesMakesCollectivesFailWithContext) {
   if (leaver.joinable()) leaver.join();
   EXPECT_TRUE(contains(error, "rank 0 of 2")) << error;
   EXPECT_TRUE(contains(error, "allreduce_sum")) << error;
+  EXPECT_TRUE(contains(error, "rank 1 stopped responding")) << "the message names the rank that died: " << error;
   EXPECT_LT(seconds_since(start), 30.0);
 }
+
+// A rank that fails with an error leaves it for its peers: their message names it.
+TEST(Rendezvous, APeerThatFailsIsNamedWithItsError) {
+  const int port = free_port();
+  std::string error;
+  std::thread failing([&] {
+    try {
+      auto c = init_process_group(local_options(1, 2, port, 5));
+      c->announce_failure("rank 1: CUDA out of memory (simulated)");
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank 1: " << e.what();
+    }
+  });
+  try {
+    auto c = init_process_group(local_options(0, 2, port, 5));
+    failing.join();
+    at::Tensor t = at::ones({1000});
+    c->allreduce_sum(t);
+    ADD_FAILURE() << "allreduce without the peer succeeded";
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  if (failing.joinable()) failing.join();
+  EXPECT_TRUE(contains(error, "rank 1 failed: rank 1: CUDA out of memory (simulated)")) << error;
+}
+
 
 TEST(Rendezvous, DivergingCollectivesAreReportedUnderDebugDetail) {
   const char* old = std::getenv("TORCH_DISTRIBUTED_DEBUG");
@@ -700,6 +731,20 @@ TEST(DistCli, TwoRanksTrainAndOnlyRankZeroReports) {
   const int steps = drop_last ? per_rank / batch : (per_rank + batch - 1) / batch;
   EXPECT_EQ(rec["steps"].get<int>(), steps)
       << "items " << items << ", world " << world << ", batch " << batch << ": " << rec;
+}
+
+// A lone rank: one line from medfast on stderr, none from c10d.
+TEST(DistCli, ALoneRankSaysOneClearLine) {
+  test::TempDir dir;
+  test::write_file(dir / "run.json", tiny_ddp_config(dir, 4).dump(2));
+  for (const int rank : {0, 1}) {
+    const auto r = test::run("RANK=" + std::to_string(rank) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                             std::to_string(free_port()) + " MEDFAST_DIST_TIMEOUT=2 '" + test::medfast_binary() +
+                             "' train --config '" + (dir / "run.json") + "'");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "rank " << rank << ":\n" << r.err;
+    EXPECT_EQ(r.err.rfind("medfast: error: rank " + std::to_string(rank) + " of 2", 0), 0u) << r.err;
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "medfast/core/error.hpp"
@@ -98,6 +99,73 @@ TEST(Gzip, CrcMismatchIsCorruption) {
   gz[gz.size() - 8] ^= 1;  // CRC32 in the trailer
   std::vector<std::uint8_t> out(data.size());
   EXPECT_THROW(gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "m"), FormatError);
+}
+
+// Bytes flipped inside a stored (level 0) deflate block still inflate, into other
+// values: only the member's CRC-32 tells. Every path that stops early or falls back to
+// zlib must still check it.
+std::vector<std::uint8_t> flipped_stored_member(const std::vector<std::uint8_t>& data) {
+  auto gz = gzip_compress(data.data(), data.size(), 0);
+  for (std::size_t i = gz.size() / 2; i < gz.size() / 2 + 8; ++i) gz[i] ^= 0x5a;  // mid-stream, not the trailer
+  return gz;
+}
+
+void expect_damage_reported(const std::function<void()>& f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": damaged data accepted";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("case.gz"), std::string::npos) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << what << ": " << e.what();
+  }
+}
+
+TEST(Gzip, FlippedBytesMidStreamAreCaughtByTheCrcOnEveryPath) {
+  const auto data = sample(200000);
+  const auto gz = flipped_stored_member(data);
+  // Whole buffer, the full output asked for (libdeflate refuses it; zlib must not accept it).
+  expect_damage_reported(
+      [&] {
+        std::vector<std::uint8_t> out(data.size());
+        gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "case.gz");
+      },
+      "whole buffer");
+  // Whole buffer, only a prefix asked for (past the damage): the rest of the member is
+  // decompressed to reach its CRC.
+  expect_damage_reported(
+      [&] {
+        std::vector<std::uint8_t> out(data.size() * 3 / 4);
+        gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "case.gz");
+      },
+      "whole buffer, prefix");
+  // Streaming from memory and from a file, stopping early, then finishing the member.
+  expect_damage_reported(
+      [&] {
+        GzipReader r(gz.data(), gz.size(), "case.gz");
+        std::vector<std::uint8_t> out(data.size() * 3 / 4);
+        r.read(out.data(), out.size());
+        r.finish_member();
+      },
+      "streaming from memory");
+  test::TempDir dir;
+  test::write_file(dir / "case.gz", std::string(gz.begin(), gz.end()));
+  expect_damage_reported(
+      [&] {
+        const os::File f = os::File::open(dir / "case.gz", os::File::Mode::read);
+        GzipReader r(f);
+        std::vector<std::uint8_t> out(data.size() * 3 / 4);
+        r.read(out.data(), out.size());
+        r.finish_member();
+      },
+      "streaming from a file");
+  // gzip(1) agrees that the file is damaged.
+  EXPECT_NE(test::run("gzip -t '" + (dir / "case.gz") + "'").exit_code, 0);
+  // An undamaged member read in part and finished is fine.
+  const auto good = gzip_compress(data.data(), data.size(), 0);
+  GzipReader r(good.data(), good.size(), "good.gz");
+  std::vector<std::uint8_t> out(1000);
+  EXPECT_EQ(r.read(out.data(), out.size()), out.size());
+  EXPECT_NO_THROW(r.finish_member());
 }
 
 TEST(Gzip, TrailingGarbageIsAnError) {

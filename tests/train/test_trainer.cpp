@@ -1,9 +1,11 @@
 // The trainer: config handling, checkpoints, resume equality, one step against
 // python3-torch, and the CLI's train / eval / infer end to end.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -449,6 +451,34 @@ TEST(Trainer, SigmoidModelsAreScoredAndInferredPerChannel) {
   const Volume out = read_nifti(files[0]);
   EXPECT_EQ(out.shape(), in.shape());
   EXPECT_LE(out.data.max().item<int>(), 1);
+}
+
+// A run killed while writing leaves last.ckpt.tmp-<pid>-<n> and config.json.tmp-...: the
+// next start removes those of dead writers (and only those).
+TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  os::make_directories(dir / "run");
+  const std::string dead_pid = test::run("sh -c 'echo $$'").out;  // that shell has exited
+  const int dead = std::stoi(dead_pid);
+  ASSERT_NE(dead, ::getpid());
+  const std::string dead_ckpt = dir / ("run/last.ckpt.tmp-" + std::to_string(dead) + "-0");
+  const std::string dead_config = dir / ("run/config.json.tmp-" + std::to_string(dead) + "-7");
+  const std::string live = dir / ("run/notes.tmp-" + std::to_string(::getppid()) + "-1");  // a live process's
+  const std::string not_a_temp = dir / "run/my.tmp-notes";
+  for (const auto& p : {dead_ckpt, dead_config, live, not_a_temp}) test::write_file(p, "partial");
+  std::vector<std::string> messages;
+  TrainCallbacks cb;
+  cb.message = [&](const std::string& m) { messages.push_back(m); };
+  Trainer(c, "", one_thread()).run(false, cb);
+  EXPECT_FALSE(os::exists(dead_ckpt));
+  EXPECT_FALSE(os::exists(dead_config));
+  EXPECT_TRUE(os::exists(live)) << "a live writer's temporary was removed";
+  EXPECT_TRUE(os::exists(not_a_temp));
+  EXPECT_TRUE(std::any_of(messages.begin(), messages.end(), [](const std::string& m) {
+    return m.find("removed 2 temporary files") != std::string::npos;
+  }));
 }
 
 // On a GPU: fp16 with loss scaling, batches copied on the loader's side stream, and

@@ -182,6 +182,41 @@ TEST(Transforms, ObliqueSpacingUsesTheGeneralResamplerConsistently) {
   EXPECT_TRUE(at::equal(resample(labels, affine, g, true), labels));
 }
 
+// An affine with absurd spacings: the output size is checked against max_volume_bytes
+// before anything is allocated, and many voxels collapsing into one is refused; both
+// errors name the transform, the input spacing and the output shape.
+TEST(Transforms, SpacingChecksItsOutputSizeBeforeAllocating) {
+  auto sample_with_spacing = [](double mm) {
+    Sample s;
+    Volume v;
+    v.data = at::rand({1, 20, 20, 10});
+    v.affine.m = {{{mm, 0, 0, 0}, {0, mm, 0, 0}, {0, 0, mm, 0}, {0, 0, 0, 1}}};
+    s.volumes["image"] = v;
+    return s;
+  };
+  const auto spacing = make_spacing({{"image"}, {1.5, 1.5, 2.0}, {"bilinear"}});
+  Sample huge = sample_with_spacing(1e9);
+  const std::string big = test::value_error_of([&] { spacing->apply(huge); });
+  for (const char* part : {"Spacing", "key image", "input spacing (1e+09, 1e+09, 1e+09)", "output of shape",
+                           "max_volume_bytes"}) {
+    EXPECT_NE(big.find(part), std::string::npos) << "'" << part << "' missing in: " << big;
+  }
+  Sample tiny = sample_with_spacing(1e-6);
+  const std::string small = test::value_error_of([&] { spacing->apply(tiny); });
+  for (const char* part : {"Spacing", "input spacing (1e-06, 1e-06, 1e-06)", "collapses axis 0's 20 voxels into 1",
+                           "output shape [1, 1, 1]"}) {
+    EXPECT_NE(small.find(part), std::string::npos) << "'" << part << "' missing in: " << small;
+  }
+  // The limit is the max_volume_bytes setting: a plausible output over a small limit is refused too.
+  const std::uint64_t saved = max_output_bytes();
+  set_max_output_bytes(1000);
+  Sample normal = sample_with_spacing(1.0);
+  EXPECT_THROW(spacing->apply(normal), ValueError);
+  EXPECT_THROW(make_resize_with_pad_or_crop({{"image"}, {64, 64, 64}, 0.0})->apply(normal), ValueError);
+  set_max_output_bytes(saved);
+  EXPECT_NO_THROW(spacing->apply(normal));
+}
+
 TEST(Transforms, ResizeWithPadOrCropCentresLikeMonai) {
   Sample s;
   Volume v;

@@ -52,8 +52,13 @@ class GzipReader {
   std::size_t read(void* out, std::size_t size);
   /// Decompressed bytes returned so far.
   std::uint64_t position() const;
+  /// A reader that stops before the end of a member has not seen its trailer:
+  /// this decompresses (and drops) the rest of the current member so that its
+  /// CRC-32 and ISIZE are checked. FormatError naming the file on a mismatch.
+  void finish_member();
 
  private:
+  std::size_t inflate_some(void* out, std::size_t size, bool stop_at_member_end);
   struct State;
   std::unique_ptr<State> state_;
 };

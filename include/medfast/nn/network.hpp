@@ -11,8 +11,20 @@
 #include <torch/nn/modules/container/any.h>
 
 #include <nlohmann/json.hpp>
+#include <variant>
+
+#include "medfast/nn/segresnet.hpp"
+#include "medfast/nn/swin_unetr.hpp"
+#include "medfast/nn/unet.hpp"
 
 namespace medfast::nn {
+
+using NetworkOptions = std::variant<UNetOptions, SegResNetOptions, SwinUNETROptions>;
+
+/// The validated options a `model` section describes, without building the
+/// network (cheap: a run config is checked whole before any data is prepared).
+/// Throws ValueError naming the key, as make_network does.
+NetworkOptions parse_network(const nlohmann::json& spec, const std::string& where = "model");
 
 /// The network a `model` section describes. Throws ValueError naming the key
 /// (with `where`, e.g. the config file, in the message).

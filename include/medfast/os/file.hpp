@@ -18,7 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace medfast::os {
 
@@ -127,6 +129,20 @@ void make_directories(const std::string& path);
 void sync_directory(const std::string& path);
 std::string parent_directory(const std::string& path);
 std::string read_text_file(const std::string& path);
+/// The names in a directory (without . and ..), sorted. OsError naming it.
+std::vector<std::string> list_directory(const std::string& dir);
+
+/// The writer's pid if `name` (a file name or path) is an AtomicWriter temporary
+/// ("<target>.tmp-<pid>-<n>").
+std::optional<int> temporary_writer_pid(const std::string& name);
+/// Files removed, and their bytes.
+struct Removed {
+  std::vector<std::string> paths;
+  std::uint64_t bytes = 0;
+};
+/// Removes the AtomicWriter temporaries in `dir` whose writer is no longer
+/// running (killed mid-write); those of live writers stay.
+Removed remove_stale_temporaries(const std::string& dir);
 
 /// Writes a file atomically: data goes to "<path>.tmp-<pid>-<n>" in the same
 /// directory; commit() fsyncs it, renames it over `path` and fsyncs the

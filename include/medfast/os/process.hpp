@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Processes: the system calls `medfast launch` needs (fork/exec, waitpid, kill,
-/// signal handlers, a free TCP port), with EINTR handled and errors as OsError
+/// signal handlers), with EINTR handled and errors as OsError
 /// naming the call and its arguments.
 #include <sys/types.h>
 
@@ -30,6 +30,9 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 /// A child that has ended, if any: waits up to `timeout_ms` (0: do not wait).
 std::optional<ChildExit> wait_child(int timeout_ms);
 
+/// Whether a process with this pid exists (kill(pid, 0); one owned by another user counts).
+bool process_alive(pid_t pid);
+
 /// Sends `signal` to `pid`; a process that has already gone is not an error.
 void send_signal(pid_t pid, int signal);
 
@@ -37,10 +40,6 @@ void send_signal(pid_t pid, int signal);
 /// longer end it; pending_signal() returns the last one caught (and clears it).
 void catch_termination_signals();
 int pending_signal();
-
-/// A TCP port on `address` that nobody listens on now (the kernel's choice for
-/// port 0). Another process may take it before it is used, as with torchrun's.
-int free_tcp_port(const std::string& address = "127.0.0.1");
 
 /// This program's own executable (/proc/self/exe).
 std::string self_executable();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace medfast::train {
@@ -51,6 +52,9 @@ class Collective {
   virtual void broadcast_coalesced(const std::vector<at::Tensor>& tensors, int root) = 0;
   /// The process group's backend: "gloo" or "nccl".
   virtual const char* backend() const = 0;
+  /// Leaves this rank's error where its peers find it, so that their own failure
+  /// (a collective this rank never joins) names this rank and its error. Best effort.
+  virtual void announce_failure(const std::string& message) = 0;
 };
 
 }  // namespace medfast::train

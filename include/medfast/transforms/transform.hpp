@@ -9,6 +9,8 @@
 /// JSON; a chain's hash covers them all, so a changed argument changes every
 /// cache key built from the chain (MONAI's transform hash, but always on).
 
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -66,6 +68,17 @@ std::vector<std::string> names();
 bool use_native_kernels(const at::Tensor& t);
 /// Tests only: disable native kernels so the libtorch-op paths run on CPU.
 void set_native_kernels_enabled(bool enabled);
+
+/// The largest output a transform may allocate (the max_volume_bytes setting;
+/// process-wide, set where the pipeline is configured). Checked before every
+/// resampling, resize or crop allocates, so that a broken affine or argument
+/// is an error naming the transform instead of an allocator failure.
+std::uint64_t max_output_bytes();
+void set_max_output_bytes(std::uint64_t bytes);
+/// ValueError "<transform>: key <key>: <why>: output shape [C, X, Y, Z] = N bytes is more
+/// than max_volume_bytes (...)" if `channels` x `shape` of `element_size` exceeds it.
+void check_output_size(const std::string& transform, const std::string& key, std::int64_t channels,
+                       const std::array<std::int64_t, 3>& shape, std::size_t element_size, const std::string& why);
 
 /// Throws ValueError("<transform>: argument keys: ...") if `keys` is empty.
 void require_keys(const std::vector<std::string>& keys, const std::string& transform);
