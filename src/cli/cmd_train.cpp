@@ -13,6 +13,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
+#include "medfast/train/evaluate.hpp"
 #include "medfast/train/trainer.hpp"
 
 namespace medfast::cli {

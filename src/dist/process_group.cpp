@@ -562,31 +562,13 @@ std::string DistOptions::resolved_backend() const {
   return cuda && nccl_available() ? "nccl" : "gloo";
 }
 
-std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
-  o.validate();
-  const std::string who = str("rank ", o.rank, " of ", o.world_size);
-  const std::string at = str(o.master_addr, ":", o.master_port);
-  const std::string backend = o.resolved_backend();
-  at::Device wire(at::kCPU);
-  if (backend == "nccl") {
-    if (!detail::kHaveNccl) {
-      throw ValueError(str(who,
-                           ": dist_backend nccl: this libtorch was built without NCCL (c10d has no "
-                           "ProcessGroupNCCL); use dist_backend gloo, which reduces CUDA tensors through host memory"));
-    }
-    if (!at::hasCUDA()) {
-      throw ValueError(str(who, ": dist_backend nccl needs a CUDA device, and none is available here; "
-                                "use dist_backend gloo"));
-    }
-    // One GPU per rank: LOCAL_RANK's, as torchrun's convention.
-    wire = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank));
-    c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(wire);
-  }
-  const auto timeout = to_ms(o.timeout_seconds);
+namespace {
 
-  // 1. The store: rank 0 hosts it. A client retries until the deadline (rank 0 may
-  //    start later); c10d's own connect retries give up early on short timeouts.
-  const auto deadline = Clock::now() + timeout;
+/// Step 1 of the rendezvous: rank 0 hosts the TCPStore; every rank connects to it
+/// as a client, retrying until the deadline (rank 0 may start later).
+c10::intrusive_ptr<c10d::TCPStore> connect_store(const DistOptions& o, const std::string& who, const std::string& at,
+                                                 Clock::time_point deadline) {
+  const auto timeout = to_ms(o.timeout_seconds);
   // Plain-socket checks first: c10d would log lines of its own for a taken port
   // and for every attempt to reach a store that is not up yet.
   if (o.rank == 0 && os::tcp_port_in_use(o.master_port)) {
@@ -623,17 +605,21 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
         throw Error(str(who, ": cannot reach the rendezvous store at ", at, " (hosted by rank 0) within ",
                         o.timeout_seconds, " s: ", cause(e)));
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));  // c10d's own retries give up early
     }
   }
+  return store;
+}
 
-  // 2. Wait until every rank has joined.
+/// Step 2: every rank adds itself to a join counter and waits until all have.
+void wait_for_ranks(c10d::Store& store, const DistOptions& o, const std::string& who, const std::string& at,
+                    Clock::time_point deadline) {
   try {
-    if (store->add(str("medfast/rank/", o.rank), 1) > 1) {
+    if (store.add(str("medfast/rank/", o.rank), 1) > 1) {
       throw ValueError(
           str(who, ": another process already joined the rendezvous at ", at, " as rank ", o.rank, " (check RANK)"));
     }
-    std::int64_t joined = store->add("medfast/joined", 1);
+    std::int64_t joined = store.add("medfast/joined", 1);
     while (joined < o.world_size) {
       if (Clock::now() >= deadline) {
         throw Error(str(who, ": rendezvous at ", at, " timed out after ", o.timeout_seconds, " s: ", joined, " of ",
@@ -642,7 +628,7 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
                         "MASTER_PORT and WORLD_SIZE?)"));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      joined = store->add("medfast/joined", 0);
+      joined = store.add("medfast/joined", 0);
     }
     if (joined > o.world_size) {
       throw ValueError(
@@ -653,6 +639,36 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
   } catch (const std::exception& e) {
     throw Error(str(who, ": rendezvous at ", at, " failed (did rank 0 exit?): ", cause(e)));
   }
+}
+
+}  // namespace
+
+std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
+  o.validate();
+  const std::string who = str("rank ", o.rank, " of ", o.world_size);
+  const std::string at = str(o.master_addr, ":", o.master_port);
+  const std::string backend = o.resolved_backend();
+  at::Device wire(at::kCPU);
+  if (backend == "nccl") {
+    if (!detail::kHaveNccl) {
+      throw ValueError(str(who,
+                           ": dist_backend nccl: this libtorch was built without NCCL (c10d has no "
+                           "ProcessGroupNCCL); use dist_backend gloo, which reduces CUDA tensors through host memory"));
+    }
+    if (!at::hasCUDA()) {
+      throw ValueError(str(who, ": dist_backend nccl needs a CUDA device, and none is available here; "
+                                "use dist_backend gloo"));
+    }
+    // One GPU per rank: LOCAL_RANK's, as torchrun's convention.
+    wire = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank));
+    c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(wire);
+  }
+  const auto timeout = to_ms(o.timeout_seconds);
+
+  // 1-2: the store and the join counter (see process_group.hpp).
+  const auto deadline = Clock::now() + timeout;
+  const c10::intrusive_ptr<c10d::TCPStore> store = connect_store(o, who, at, deadline);
+  wait_for_ranks(*store, o, who, at, deadline);
 
   // 3. The backend's own connections, through the same store. With torch's
   //    TORCH_DISTRIBUTED_DEBUG=DETAIL, c10d's ProcessGroupWrapper first checks on a

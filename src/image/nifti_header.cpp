@@ -234,133 +234,113 @@ void Header::set_affine(const Affine& affine, int sform, int qform) {
   qform_code = qform;
 }
 
-Header parse_header(const void* data, std::size_t size, const std::string& name) {
-  const auto* p = static_cast<const std::uint8_t*>(data);
-  if (size < kNifti1HeaderSize) {
-    throw FormatError(str(name, ": file is truncated: ", size, " bytes cannot hold a NIfTI header (",
-                          kNifti1HeaderSize, " bytes or more)"));
-  }
-  std::int32_t sizeof_hdr;
-  std::memcpy(&sizeof_hdr, p, 4);
-  bool swap = false;
-  if (sizeof_hdr != 348 && sizeof_hdr != 540) {
-    const std::int32_t swapped = byteswap(sizeof_hdr);
-    if (swapped != 348 && swapped != 540) {
-      throw FormatError(str(name, ": field sizeof_hdr is ", sizeof_hdr, " (", swapped,
-                            " byte-swapped); expected 348 (NIfTI-1) or 540 (NIfTI-2): not a NIfTI file"));
-    }
-    swap = true;
-    sizeof_hdr = swapped;
-  }
-  Header h;
-  h.version = sizeof_hdr == 348 ? 1 : 2;
-  h.big_endian = swap;  // medfast only runs on little-endian hosts
-  if (h.version == 2 && size < kNifti2HeaderSize) {
-    throw FormatError(str(name, ": file is truncated: ", size, " bytes cannot hold a NIfTI-2 header (",
-                          kNifti2HeaderSize, " bytes)"));
-  }
-  const FieldReader f{p, swap};
+namespace {
 
-  if (h.version == 1) {
-    if (std::memcmp(p + 344, "ni1\0", 4) == 0) {
-      throw FormatError(str(name, ": field magic is 'ni1': two-file NIfTI (.hdr/.img) is not supported; "
-                                  "convert it to a single .nii or .nii.gz"));
-    }
-    if (std::memcmp(p + 344, "n+1\0", 4) != 0) {
-      throw FormatError(str(name, ": field magic is '", printable(p + 344, 4),
-                            "'; expected 'n+1' (single-file NIfTI-1; ANALYZE 7.5 is not supported)"));
-    }
-    h.dim_info = p[39];
-    for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int16_t>(40 + 2 * i);
-    h.intent_p1 = f.get<float>(56);
-    h.intent_p2 = f.get<float>(60);
-    h.intent_p3 = f.get<float>(64);
-    h.intent_code = f.get<std::int16_t>(68);
-    h.datatype = f.get<std::int16_t>(70);
-    h.bitpix = f.get<std::int16_t>(72);
-    h.slice_start = f.get<std::int16_t>(74);
-    for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<float>(76 + 4 * i);
-    const double vox = f.get<float>(108);
-    if (!std::isfinite(vox) || vox < 0 || vox != std::floor(vox) || vox > 9.0e15) {
-      throw FormatError(str(name, ": field vox_offset is ", vox, "; expected a whole, non-negative byte offset"));
-    }
-    h.vox_offset = static_cast<std::int64_t>(vox);
-    h.scl_slope = f.get<float>(112);
-    h.scl_inter = f.get<float>(116);
-    h.slice_end = f.get<std::int16_t>(120);
-    h.slice_code = p[122];
-    h.xyzt_units = p[123];
-    h.cal_max = f.get<float>(124);
-    h.cal_min = f.get<float>(128);
-    h.slice_duration = f.get<float>(132);
-    h.toffset = f.get<float>(136);
-    h.descrip = f.text(148, 80);
-    h.aux_file = f.text(228, 24);
-    h.qform_code = f.get<std::int16_t>(252);
-    h.sform_code = f.get<std::int16_t>(254);
-    h.quatern_b = f.get<float>(256);
-    h.quatern_c = f.get<float>(260);
-    h.quatern_d = f.get<float>(264);
-    h.qoffset_x = f.get<float>(268);
-    h.qoffset_y = f.get<float>(272);
-    h.qoffset_z = f.get<float>(276);
-    for (int i = 0; i < 4; ++i) {
-      h.srow_x[i] = f.get<float>(280 + 4 * i);
-      h.srow_y[i] = f.get<float>(296 + 4 * i);
-      h.srow_z[i] = f.get<float>(312 + 4 * i);
-    }
-    h.intent_name = f.text(328, 16);
-  } else {
-    if (std::memcmp(p + 4, "n+2\0", 4) != 0) {
-      throw FormatError(str(name, ": field magic is '", printable(p + 4, 4),
-                            "'; expected 'n+2' (single-file NIfTI-2; two-file 'ni2' is not supported)"));
-    }
-    if (std::memcmp(p + 8, "\r\n\032\n", 4) != 0) {
-      throw FormatError(str(name, ": field magic bytes 4..7 are '", printable(p + 8, 4),
-                            "'; expected \\r\\n\\x1a\\n (was the file transferred in text mode?)"));
-    }
-    h.datatype = f.get<std::int16_t>(12);
-    h.bitpix = f.get<std::int16_t>(14);
-    for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int64_t>(16 + 8 * i);
-    h.intent_p1 = f.get<double>(80);
-    h.intent_p2 = f.get<double>(88);
-    h.intent_p3 = f.get<double>(96);
-    for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<double>(104 + 8 * i);
-    h.vox_offset = f.get<std::int64_t>(168);
-    if (h.vox_offset < 0) {
-      throw FormatError(str(name, ": field vox_offset is ", h.vox_offset, "; expected a non-negative byte offset"));
-    }
-    h.scl_slope = f.get<double>(176);
-    h.scl_inter = f.get<double>(184);
-    h.cal_max = f.get<double>(192);
-    h.cal_min = f.get<double>(200);
-    h.slice_duration = f.get<double>(208);
-    h.toffset = f.get<double>(216);
-    h.slice_start = f.get<std::int64_t>(224);
-    h.slice_end = f.get<std::int64_t>(232);
-    h.descrip = f.text(240, 80);
-    h.aux_file = f.text(320, 24);
-    h.qform_code = f.get<std::int32_t>(344);
-    h.sform_code = f.get<std::int32_t>(348);
-    h.quatern_b = f.get<double>(352);
-    h.quatern_c = f.get<double>(360);
-    h.quatern_d = f.get<double>(368);
-    h.qoffset_x = f.get<double>(376);
-    h.qoffset_y = f.get<double>(384);
-    h.qoffset_z = f.get<double>(392);
-    for (int i = 0; i < 4; ++i) {
-      h.srow_x[i] = f.get<double>(400 + 8 * i);
-      h.srow_y[i] = f.get<double>(432 + 8 * i);
-      h.srow_z[i] = f.get<double>(464 + 8 * i);
-    }
-    h.slice_code = f.get<std::int32_t>(496);
-    h.xyzt_units = f.get<std::int32_t>(500);
-    h.intent_code = f.get<std::int32_t>(504);
-    h.intent_name = f.text(508, 16);
-    h.dim_info = p[524];
+/// The NIfTI-1 fields (348-byte header) into `h`.
+void read_nifti1_fields(const std::uint8_t* p, const FieldReader& f, Header& h, const std::string& name) {
+  if (std::memcmp(p + 344, "ni1\0", 4) == 0) {
+    throw FormatError(str(name, ": field magic is 'ni1': two-file NIfTI (.hdr/.img) is not supported; "
+                                "convert it to a single .nii or .nii.gz"));
   }
+  if (std::memcmp(p + 344, "n+1\0", 4) != 0) {
+    throw FormatError(str(name, ": field magic is '", printable(p + 344, 4),
+                          "'; expected 'n+1' (single-file NIfTI-1; ANALYZE 7.5 is not supported)"));
+  }
+  h.dim_info = p[39];
+  for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int16_t>(40 + 2 * i);
+  h.intent_p1 = f.get<float>(56);
+  h.intent_p2 = f.get<float>(60);
+  h.intent_p3 = f.get<float>(64);
+  h.intent_code = f.get<std::int16_t>(68);
+  h.datatype = f.get<std::int16_t>(70);
+  h.bitpix = f.get<std::int16_t>(72);
+  h.slice_start = f.get<std::int16_t>(74);
+  for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<float>(76 + 4 * i);
+  const double vox = f.get<float>(108);
+  if (!std::isfinite(vox) || vox < 0 || vox != std::floor(vox) || vox > 9.0e15) {
+    throw FormatError(str(name, ": field vox_offset is ", vox, "; expected a whole, non-negative byte offset"));
+  }
+  h.vox_offset = static_cast<std::int64_t>(vox);
+  h.scl_slope = f.get<float>(112);
+  h.scl_inter = f.get<float>(116);
+  h.slice_end = f.get<std::int16_t>(120);
+  h.slice_code = p[122];
+  h.xyzt_units = p[123];
+  h.cal_max = f.get<float>(124);
+  h.cal_min = f.get<float>(128);
+  h.slice_duration = f.get<float>(132);
+  h.toffset = f.get<float>(136);
+  h.descrip = f.text(148, 80);
+  h.aux_file = f.text(228, 24);
+  h.qform_code = f.get<std::int16_t>(252);
+  h.sform_code = f.get<std::int16_t>(254);
+  h.quatern_b = f.get<float>(256);
+  h.quatern_c = f.get<float>(260);
+  h.quatern_d = f.get<float>(264);
+  h.qoffset_x = f.get<float>(268);
+  h.qoffset_y = f.get<float>(272);
+  h.qoffset_z = f.get<float>(276);
+  for (int i = 0; i < 4; ++i) {
+    h.srow_x[i] = f.get<float>(280 + 4 * i);
+    h.srow_y[i] = f.get<float>(296 + 4 * i);
+    h.srow_z[i] = f.get<float>(312 + 4 * i);
+  }
+  h.intent_name = f.text(328, 16);
+}
 
-  // Geometry and type checks, each naming the field.
+/// The NIfTI-2 fields (540-byte header) into `h`.
+void read_nifti2_fields(const std::uint8_t* p, const FieldReader& f, Header& h, const std::string& name) {
+  if (std::memcmp(p + 4, "n+2\0", 4) != 0) {
+    throw FormatError(str(name, ": field magic is '", printable(p + 4, 4),
+                          "'; expected 'n+2' (single-file NIfTI-2; two-file 'ni2' is not supported)"));
+  }
+  if (std::memcmp(p + 8, "\r\n\032\n", 4) != 0) {
+    throw FormatError(str(name, ": field magic bytes 4..7 are '", printable(p + 8, 4),
+                          "'; expected \\r\\n\\x1a\\n (was the file transferred in text mode?)"));
+  }
+  h.datatype = f.get<std::int16_t>(12);
+  h.bitpix = f.get<std::int16_t>(14);
+  for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int64_t>(16 + 8 * i);
+  h.intent_p1 = f.get<double>(80);
+  h.intent_p2 = f.get<double>(88);
+  h.intent_p3 = f.get<double>(96);
+  for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<double>(104 + 8 * i);
+  h.vox_offset = f.get<std::int64_t>(168);
+  if (h.vox_offset < 0) {
+    throw FormatError(str(name, ": field vox_offset is ", h.vox_offset, "; expected a non-negative byte offset"));
+  }
+  h.scl_slope = f.get<double>(176);
+  h.scl_inter = f.get<double>(184);
+  h.cal_max = f.get<double>(192);
+  h.cal_min = f.get<double>(200);
+  h.slice_duration = f.get<double>(208);
+  h.toffset = f.get<double>(216);
+  h.slice_start = f.get<std::int64_t>(224);
+  h.slice_end = f.get<std::int64_t>(232);
+  h.descrip = f.text(240, 80);
+  h.aux_file = f.text(320, 24);
+  h.qform_code = f.get<std::int32_t>(344);
+  h.sform_code = f.get<std::int32_t>(348);
+  h.quatern_b = f.get<double>(352);
+  h.quatern_c = f.get<double>(360);
+  h.quatern_d = f.get<double>(368);
+  h.qoffset_x = f.get<double>(376);
+  h.qoffset_y = f.get<double>(384);
+  h.qoffset_z = f.get<double>(392);
+  for (int i = 0; i < 4; ++i) {
+    h.srow_x[i] = f.get<double>(400 + 8 * i);
+    h.srow_y[i] = f.get<double>(432 + 8 * i);
+    h.srow_z[i] = f.get<double>(464 + 8 * i);
+  }
+  h.slice_code = f.get<std::int32_t>(496);
+  h.xyzt_units = f.get<std::int32_t>(500);
+  h.intent_code = f.get<std::int32_t>(504);
+  h.intent_name = f.text(508, 16);
+  h.dim_info = p[524];
+}
+
+/// Sizes, type and data offset, each naming the field.
+void check_layout(Header& h, const std::string& name) {
   if (h.dim[0] < 1 || h.dim[0] > 7) {
     throw FormatError(str(name, ": field dim[0] is ", h.dim[0], "; expected the number of dimensions, 1..7"));
   }
@@ -395,6 +375,10 @@ Header parse_header(const void* data, std::size_t size, const std::string& name)
     throw FormatError(str(name, ": field scl_inter is ", h.scl_inter, " while scl_slope is ", h.scl_slope,
                           "; expected a finite intercept"));
   }
+}
+
+/// nibabel's repairs, then the geometry fields the affine is made of.
+void repair_and_check_geometry(Header& h, const std::string& name) {
   // The repairs nibabel applies when it loads a header (check_fix), so that
   // both compute the same affine: pixdim[1..3] zero -> 1 and negative -> abs,
   // qfac other than +-1 -> 1, unknown xform codes -> 0.
@@ -428,6 +412,44 @@ Header parse_header(const void* data, std::size_t size, const std::string& name)
     finite(h.qoffset_y, "qoffset_y", "offset (qform_code > 0)");
     finite(h.qoffset_z, "qoffset_z", "offset (qform_code > 0)");
   }
+}
+
+}  // namespace
+
+Header parse_header(const void* data, std::size_t size, const std::string& name) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  if (size < kNifti1HeaderSize) {
+    throw FormatError(str(name, ": file is truncated: ", size, " bytes cannot hold a NIfTI header (",
+                          kNifti1HeaderSize, " bytes or more)"));
+  }
+  std::int32_t sizeof_hdr;
+  std::memcpy(&sizeof_hdr, p, 4);
+  bool swap = false;
+  if (sizeof_hdr != 348 && sizeof_hdr != 540) {
+    const std::int32_t swapped = byteswap(sizeof_hdr);
+    if (swapped != 348 && swapped != 540) {
+      throw FormatError(str(name, ": field sizeof_hdr is ", sizeof_hdr, " (", swapped,
+                            " byte-swapped); expected 348 (NIfTI-1) or 540 (NIfTI-2): not a NIfTI file"));
+    }
+    swap = true;
+    sizeof_hdr = swapped;
+  }
+  Header h;
+  h.version = sizeof_hdr == 348 ? 1 : 2;
+  h.big_endian = swap;  // medfast only runs on little-endian hosts
+  if (h.version == 2 && size < kNifti2HeaderSize) {
+    throw FormatError(str(name, ": file is truncated: ", size, " bytes cannot hold a NIfTI-2 header (",
+                          kNifti2HeaderSize, " bytes)"));
+  }
+  const FieldReader f{p, swap};
+
+  if (h.version == 1) {
+    read_nifti1_fields(p, f, h, name);
+  } else {
+    read_nifti2_fields(p, f, h, name);
+  }
+  check_layout(h, name);
+  repair_and_check_geometry(h, name);
   h.bitpix = static_cast<int>(datatype_size(h.datatype) * 8);
   return h;
 }

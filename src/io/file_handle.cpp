@@ -392,59 +392,72 @@ struct FileHandle::Impl {
     std::size_t done = 0;    // caller bytes completed
   };
 
-  // Runs ops through a ring, keeping up to queue_depth in flight. For
-  // writes, bounce ops are pre-filled by the caller-supplied fill().
+  // Runs ops through a ring, keeping up to queue_depth in flight (UringRun).
   void run_uring(std::vector<UringOp>& ops, bool is_write, const os::File& fd) {
     if (ops.empty()) return;
     std::unique_ptr<Ring> ring = take_ring();
-    Ring& r = *ring;
     const bool any_bounce = std::any_of(ops.begin(), ops.end(), [](const UringOp& o) { return o.bounce; });
-    if (any_bounce) ensure_bounce(r);
+    if (any_bounce) ensure_bounce(*ring);
+    UringRun run{*ring, ops, is_write, fd, path, /*fixed_index=*/&fd == &dfile ? 1 : 0};
+    run.run();
+    give_ring(std::move(ring));
+    if (run.error != 0) {
+      throw OsError(str(is_write ? "write" : "read", " at offset ", run.error_offset, " ", is_write ? "to " : "from ",
+                        path, " failed (io_uring): ", std::strerror(run.error)),
+                    run.error);
+    }
+  }
+
+  /// One batch of ops through a ring: the queue kept full, completions reaped as
+  /// they come, EINTR/EAGAIN completions resubmitted, bounce buffers recycled,
+  /// the first error remembered (with its offset) while in-flight ops drain.
+  struct UringRun {
+    Ring& r;
+    std::vector<UringOp>& ops;
+    bool is_write;
+    const os::File& fd;
+    const std::string& path;
+    int fixed_index;
     std::vector<int> free_buffers;
-    for (int i = static_cast<int>(r.bounce.size()) - 1; i >= 0; --i) free_buffers.push_back(i);
     std::size_t next = 0, inflight = 0;
     std::deque<std::size_t> retry;
     int error = 0;
     std::uint64_t error_offset = 0;
 
-    auto submit_op = [&](std::size_t i) -> bool {
-      UringOp& op = ops[i];
-      if (op.bounce && op.buffer < 0) {
-        if (free_buffers.empty()) return false;
-        op.buffer = free_buffers.back();
-        free_buffers.pop_back();
-        if (is_write) {
-          std::memcpy(r.bounce[op.buffer].as<char>() + (op.user_off - op.file_off), op.user,
-                      op.user_len);
+    void run() {
+      for (int i = static_cast<int>(r.bounce.size()) - 1; i >= 0; --i) free_buffers.push_back(i);
+      while (next < ops.size() || inflight > 0 || !retry.empty()) {
+        if (fill_queue()) {
+          const int s = io_uring_submit(&r.ring);
+          if (s < 0 && s != -EINTR && s != -EAGAIN) {
+            error = -s;
+            error_offset = ops[std::min(next, ops.size() - 1)].file_off;
+          }
         }
-      }
-      io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
-      if (!sqe) return false;
-      void* buf = op.bounce ? r.bounce[op.buffer].data() : static_cast<void*>(op.user);
-      if (is_write) {
-        if (op.bounce && r.registered) {
-          io_uring_prep_write_fixed(sqe, fd.fd(), buf, static_cast<unsigned>(op.len), op.file_off, op.buffer);
-        } else {
-          io_uring_prep_write(sqe, fd.fd(), buf, static_cast<unsigned>(op.len), op.file_off);
+        if (inflight == 0) {
+          if (error != 0 || (next >= ops.size() && retry.empty())) break;
+          continue;
         }
-      } else {
-        if (op.bounce && r.registered) {
-          io_uring_prep_read_fixed(sqe, fd.fd(), buf, static_cast<unsigned>(op.len), op.file_off, op.buffer);
-        } else {
-          io_uring_prep_read(sqe, fd.fd(), buf, static_cast<unsigned>(op.len), op.file_off);
+        io_uring_cqe* cqe = nullptr;
+        const int w = io_uring_wait_cqe(&r.ring, &cqe);
+        if (w == -EINTR) continue;
+        if (w < 0) {
+          error = -w;
+          break;
         }
+        // Reap everything that is ready.
+        unsigned head;
+        unsigned seen = 0;
+        io_uring_for_each_cqe(&r.ring, head, cqe) {
+          ++seen;
+          complete(*cqe);
+        }
+        io_uring_cq_advance(&r.ring, seen);
       }
-      if (r.files_registered) {
-        sqe->fd = &fd == &dfile ? 1 : 0;
-        sqe->flags |= IOSQE_FIXED_FILE;
-      }
-      io_uring_sqe_set_data64(sqe, i);
-      ++inflight;
-      return true;
-    };
+    }
 
-    while (next < ops.size() || inflight > 0 || !retry.empty()) {
-      // Keep the queue full.
+    /// Submits retries first, then new ops, while the ring has room; true if any went in.
+    bool fill_queue() {
       bool submitted = false;
       while (error == 0 && inflight < r.entries) {
         std::size_t i;
@@ -455,81 +468,85 @@ struct FileHandle::Impl {
         } else {
           break;
         }
-        if (!submit_op(i)) break;
+        if (!submit(i)) break;
         if (!retry.empty() && retry.front() == i) retry.pop_front();
         else ++next;
         submitted = true;
       }
-      if (submitted) {
-        const int s = io_uring_submit(&r.ring);
-        if (s < 0 && s != -EINTR && s != -EAGAIN) {
-          error = -s;
-          error_offset = ops[std::min(next, ops.size() - 1)].file_off;
-        }
-      }
-      if (inflight == 0) {
-        if (error != 0 || (next >= ops.size() && retry.empty())) break;
-        continue;
-      }
-      io_uring_cqe* cqe = nullptr;
-      int w = io_uring_wait_cqe(&r.ring, &cqe);
-      if (w == -EINTR) continue;
-      if (w < 0) {
-        error = -w;
-        break;
-      }
-      // Reap everything that is ready.
-      unsigned head;
-      unsigned seen = 0;
-      io_uring_for_each_cqe(&r.ring, head, cqe) {
-        ++seen;
-        --inflight;
-        const std::size_t i = static_cast<std::size_t>(io_uring_cqe_get_data64(cqe));
-        UringOp& op = ops[i];
-        int res = cqe->res;
-        std::size_t got = res > 0 ? static_cast<std::size_t>(res) : 0;
-        if (res >= 0) {
-          // The OS layer's fault hooks apply to ring transfers as to pread/pwrite.
-          if (int herr = os::testing::apply_hook(is_write ? os::Op::write : os::Op::read, path, op.file_off, got)) {
-            res = -herr;
-          }
-        }
-        if (res == -EINTR || res == -EAGAIN) {
-          retry.push_back(i);
-          continue;
-        }
-        if (res < 0) {
-          if (error == 0) {
-            error = -res;
-            error_offset = op.file_off;
-          }
-        } else if (op.bounce) {
-          // Caller bytes that arrived in this transfer.
-          const std::uint64_t avail_end = op.file_off + got;
-          const std::uint64_t user_end = op.user_off + op.user_len;
-          const std::uint64_t stop = std::min(avail_end, user_end);
-          if (!is_write && stop > op.user_off) {
-            std::memcpy(op.user, r.bounce[op.buffer].as<char>() + (op.user_off - op.file_off),
-                        static_cast<std::size_t>(stop - op.user_off));
-          }
-          op.done = stop > op.user_off ? static_cast<std::size_t>(stop - op.user_off) : 0;
-        } else {
-          op.done = std::min(got, op.user_len);
-        }
-        if (op.buffer >= 0) {
-          free_buffers.push_back(op.buffer);
-          op.buffer = -1;
-        }
-      }
-      io_uring_cq_advance(&r.ring, seen);
+      return submitted;
     }
-    give_ring(std::move(ring));
-    if (error != 0) {
-      throw OsError(str(is_write ? "write" : "read", " at offset ", error_offset, " ", is_write ? "to " : "from ",
-                        path, " failed (io_uring): ", std::strerror(error)),
-                    error);
+
+    bool submit(std::size_t i) {
+      UringOp& op = ops[i];
+      if (op.bounce && op.buffer < 0) {
+        if (free_buffers.empty()) return false;
+        op.buffer = free_buffers.back();
+        free_buffers.pop_back();
+        if (is_write) {
+          std::memcpy(r.bounce[op.buffer].as<char>() + (op.user_off - op.file_off), op.user, op.user_len);
+        }
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(&r.ring);
+      if (!sqe) return false;
+      void* buf = op.bounce ? r.bounce[op.buffer].data() : static_cast<void*>(op.user);
+      const auto len = static_cast<unsigned>(op.len);
+      const bool fixed = op.bounce && r.registered;
+      if (is_write) {
+        if (fixed) io_uring_prep_write_fixed(sqe, fd.fd(), buf, len, op.file_off, op.buffer);
+        else io_uring_prep_write(sqe, fd.fd(), buf, len, op.file_off);
+      } else {
+        if (fixed) io_uring_prep_read_fixed(sqe, fd.fd(), buf, len, op.file_off, op.buffer);
+        else io_uring_prep_read(sqe, fd.fd(), buf, len, op.file_off);
+      }
+      if (r.files_registered) {
+        sqe->fd = fixed_index;
+        sqe->flags |= IOSQE_FIXED_FILE;
+      }
+      io_uring_sqe_set_data64(sqe, i);
+      ++inflight;
+      return true;
     }
-  }
+
+    void complete(const io_uring_cqe& cqe) {
+      --inflight;
+      const std::size_t i = static_cast<std::size_t>(io_uring_cqe_get_data64(&cqe));
+      UringOp& op = ops[i];
+      int res = cqe.res;
+      std::size_t got = res > 0 ? static_cast<std::size_t>(res) : 0;
+      if (res >= 0) {
+        // The OS layer's fault hooks apply to ring transfers as to pread/pwrite.
+        if (int herr = os::testing::apply_hook(is_write ? os::Op::write : os::Op::read, path, op.file_off, got)) {
+          res = -herr;
+        }
+      }
+      if (res == -EINTR || res == -EAGAIN) {
+        retry.push_back(i);
+        return;
+      }
+      if (res < 0) {
+        if (error == 0) {
+          error = -res;
+          error_offset = op.file_off;
+        }
+      } else if (op.bounce) {
+        // Caller bytes that arrived in this transfer.
+        const std::uint64_t avail_end = op.file_off + got;
+        const std::uint64_t user_end = op.user_off + op.user_len;
+        const std::uint64_t stop = std::min(avail_end, user_end);
+        if (!is_write && stop > op.user_off) {
+          std::memcpy(op.user, r.bounce[op.buffer].as<char>() + (op.user_off - op.file_off),
+                      static_cast<std::size_t>(stop - op.user_off));
+        }
+        op.done = stop > op.user_off ? static_cast<std::size_t>(stop - op.user_off) : 0;
+      } else {
+        op.done = std::min(got, op.user_len);
+      }
+      if (op.buffer >= 0) {
+        free_buffers.push_back(op.buffer);
+        op.buffer = -1;
+      }
+    }
+  };
 
   // Builds the ops of a request: direct transfers where caller memory and
   // offsets allow, bounce buffers elsewhere; buffered I/O needs no alignment.

@@ -21,19 +21,6 @@ c10::Device parse_device(const std::string& name, const std::string& what);
 /// The same, and CUDA must be usable here.
 c10::Device usable_device(const std::string& name, const std::string& what);
 
-/// Runs f; errors gain `context` (libtorch's without their C++ backtrace).
-template <typename F>
-auto with_context(const std::string& context, F&& f) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    throw Error(str(context, ": ", e.what_without_backtrace()));
-  } catch (Error& e) {
-    e.add_context(context);
-    throw;
-  }
-}
-
 /// One validation case: sliding-window inference of its image, post-processing as the
 /// loss implies (metric_inputs), and Dice per class, [1, C'] (HD95 in mm too with `hd95`).
 struct CaseScores {

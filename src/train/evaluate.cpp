@@ -19,7 +19,7 @@
 #include "medfast/train/inference.hpp"
 #include "medfast/train/metrics.hpp"
 #include "medfast/train/run_config.hpp"
-#include "medfast/train/trainer.hpp"
+#include "medfast/train/evaluate.hpp"
 #include "medfast/transforms/spatial.hpp"
 #include "medfast/transforms/transform.hpp"
 

@@ -3,6 +3,7 @@
 #include "detail.hpp"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -33,7 +34,6 @@
 namespace medfast::train {
 
 using detail::nan_to_null;
-using detail::with_context;
 
 namespace {
 
@@ -229,306 +229,375 @@ void write_text(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) {
-  const auto start = Clock::now();
-  const RunConfig& c = s_->config;
-  const TrainOptions& t = c.train;
-  Collective* comm = c.collective.get();
-  const bool rank0 = !comm || comm->rank() == 0;
-  auto say = [&](const std::string& m) {
-    if (rank0 && cb.message) cb.message(m);
-  };
+namespace {
 
-  const std::string last_path = t.run_dir + "/last.ckpt", best_path = t.run_dir + "/best.ckpt";
-  if (resume && overwrite) throw ValueError("train: --resume and --overwrite exclude each other");
-  if (!resume && os::exists(last_path)) {
-    if (!overwrite) {
-      throw ValueError(str("train.run_dir ", t.run_dir, " already holds a run (", last_path, ", epoch ",
-                           read_checkpoint_meta(last_path).value("epoch", 0),
+/// One invocation of Trainer::run, in named steps:
+///   check_run_dir -> set_up_device -> prepare_data -> build_model_and_optimizer
+///   -> check_validation_window -> restore (resume) -> epochs: train_epoch (train_step
+///   per batch) then finish_epoch (validation, best/last checkpoints, metrics).
+class Run {
+ public:
+  Run(const RunConfig& c, const Settings& settings, const TrainCallbacks& cb)
+      : c_(c), t_(c.train), settings_(settings), cb_(cb), comm_(c.collective.get()),
+        rank0_(!comm_ || comm_->rank() == 0), distributed_(comm_ && comm_->world_size() > 1) {}
+
+  TrainResult run(bool resume, bool overwrite) {
+    start_ = Clock::now();
+    check_run_dir(resume, overwrite);
+    set_up_device();
+    prepare_data();
+    build_model_and_optimizer();
+    check_validation_window();
+    if (resume) restore();
+    if (rank0_) {
+      os::make_directories(t_.run_dir);
+      write_text(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
+    }
+    say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
+            "device ", t_.device, ", amp ", precision_name(precision_), ", ", model_threads_, " libtorch threads, ",
+            pipeline_.loader.threads, " loader threads; ", loader_->batches_per_epoch(), " steps per epoch"));
+    model_.module->train();
+    for (int epoch = first_epoch_; epoch < t_.epochs && !result_.reached_target; ++epoch) {
+      const auto epoch_start = Clock::now();
+      EpochRecord rec = train_epoch(epoch);
+      finish_epoch(epoch, epoch_start, rec);
+    }
+    loader_->stop();
+    result_.seconds = since(start_);
+    return result_;
+  }
+
+ private:
+  void say(const std::string& m) const {
+    if (rank0_ && cb_.message) cb_.message(m);
+  }
+  void sync() const {
+    if (device_.is_cuda()) torch::cuda::synchronize();
+  }
+
+  /// A fresh run refuses a run_dir holding a run (unless overwrite); a resumed one
+  /// needs last.ckpt written with the same data, model, loss, optimizer, schedule,
+  /// seed and amp. Temporaries of killed writers go.
+  void check_run_dir(bool resume, bool overwrite) {
+    last_path_ = t_.run_dir + "/last.ckpt";
+    best_path_ = t_.run_dir + "/best.ckpt";
+    if (resume && overwrite) throw ValueError("train: --resume and --overwrite exclude each other");
+    if (!resume && os::exists(last_path_) && !overwrite) {
+      throw ValueError(str("train.run_dir ", t_.run_dir, " already holds a run (", last_path_, ", epoch ",
+                           read_checkpoint_meta(last_path_).value("epoch", 0),
                            "): pass --resume to continue it, --overwrite to start again, or choose another run_dir"));
     }
-  }
-  if (!resume && overwrite && rank0) {
-    for (const char* f : {"/last.ckpt", "/best.ckpt", "/metrics.jsonl"}) {
-      if (os::exists(t.run_dir + f)) os::remove_file(t.run_dir + f);
+    if (!resume && overwrite && rank0_) {
+      for (const char* f : {"/last.ckpt", "/best.ckpt", "/metrics.jsonl"}) {
+        if (os::exists(t_.run_dir + f)) os::remove_file(t_.run_dir + f);
+      }
+    }
+    if (resume) {
+      if (!os::exists(last_path_)) {
+        throw ValueError(str("--resume: ", last_path_, " does not exist (train.run_dir is ", t_.run_dir, ")"));
+      }
+      const nlohmann::json meta = read_checkpoint_meta(last_path_);
+      const std::string differs = diff_section(meta.at("config"), c_.root);
+      if (!differs.empty()) {
+        throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path_,
+                             " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
+      }
+      first_epoch_ = meta.at("epoch").get<int>();
+    }
+    if (rank0_) {
+      // Temporaries of a writer that was killed (last.ckpt.tmp-<pid>-<n>, config.json.tmp-...).
+      const os::Removed stale = os::remove_stale_temporaries(t_.run_dir);
+      if (!stale.paths.empty()) {
+        say(str("removed ", stale.paths.size(), " temporary files of an interrupted run from ", t_.run_dir, " (",
+                format_bytes(stale.bytes), ")"));
+      }
     }
   }
-  nlohmann::json resume_meta;
-  if (resume) {
-    if (!os::exists(last_path)) {
-      throw ValueError(str("--resume: ", last_path, " does not exist (train.run_dir is ", t.run_dir, ")"));
-    }
-    resume_meta = read_checkpoint_meta(last_path);
-    const std::string differs = diff_section(resume_meta.at("config"), c.root);
-    if (!differs.empty()) {
-      throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path,
-                           " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
-    }
-  }
-  if (rank0) {
-    // Temporaries of a writer that was killed (last.ckpt.tmp-<pid>-<n>, config.json.tmp-...).
-    const os::Removed stale = os::remove_stale_temporaries(t.run_dir);
-    if (!stale.paths.empty()) {
-      say(str("removed ", stale.paths.size(), " temporary files of an interrupted run from ", t.run_dir, " (",
-              format_bytes(stale.bytes), ")"));
-    }
-  }
-  const int resume_epoch = resume ? resume_meta.at("epoch").get<int>() : 0;
-  const c10::Device device = detail::usable_device(t.device, c.path + ": train.device");
-  const Precision precision = parse_precision(t.amp, device.is_cuda(), c.path + ": train.amp");
-  if (device.is_cuda()) {
-    if (device.has_index()) c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);  // this rank's GPU
-    at::globalContext().setDeterministicCuDNN(t.deterministic);
-    at::globalContext().setBenchmarkCuDNN(!t.deterministic);
-    if (t.deterministic) {
-      // Deterministic kernels where torch has them; a warning names any op without one.
-      ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-      at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-    }
-  }
-  const int model_threads = t.threads > 0 ? t.threads : s_->settings.threads();
-  at::set_num_threads(model_threads);
 
-  // Data: fill the caches first (a killed run resumes the fill where it stopped).
-  data::PipelineConfig pipeline = c.data;
-  pipeline.loader.device = t.device;
-  pipeline.loader.pin_memory = pipeline.loader.pin_memory || device.is_cuda();
-  // Under DDP each rank's dataset is already its (padded) partition of the items
-  // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.
-  // The smart cache's window is the same on every rank: there the loader's
-  // DistributedSampler split (padded to equal lengths) divides it.
-  if (comm) {  // the process group decides the partition (also under SLURM without RANK set)
-    pipeline.cache.rank = comm->rank();
-    pipeline.cache.world_size = comm->world_size();
+  void set_up_device() {
+    device_ = detail::usable_device(t_.device, c_.path + ": train.device");
+    precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
+    if (device_.is_cuda()) {
+      if (device_.has_index()) c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device_);  // this rank's GPU
+      at::globalContext().setDeterministicCuDNN(t_.deterministic);
+      at::globalContext().setBenchmarkCuDNN(!t_.deterministic);
+      if (t_.deterministic) {
+        // Deterministic kernels where torch has them; a warning names any op without one.
+        ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+        at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+      }
+    }
+    model_threads_ = t_.threads > 0 ? t_.threads : settings_.threads();
+    at::set_num_threads(model_threads_);
   }
-  pipeline.loader.rank = pipeline.smart && comm ? comm->rank() : 0;
-  pipeline.loader.world_size = pipeline.smart && comm ? comm->world_size() : 1;
-  const auto prep_start = Clock::now();
-  std::unique_ptr<data::CachedDataset> train_ds;
-  std::unique_ptr<data::SmartCacheDataset> smart;
-  data::Loader::Source source;
-  std::size_t train_size = 0;
-  if (pipeline.smart) {
-    smart = data::make_smart_cache(pipeline);
-    smart->start(static_cast<std::size_t>(resume_epoch));  // the window where a resumed run left it
-    train_size = smart->size();
-    source = [&](std::size_t i) { return smart->get(i); };
-  } else {
-    train_ds = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline));
-    const auto r = train_ds->fill();
-    say(str("training items: ", train_ds->size(), " (", r.computed, " preprocessed, ", r.reused, " from the cache, ",
-            std::lround(r.seconds * 10) / 10.0, " s)"));
-    train_size = train_ds->size();
-    source = [&](std::size_t i) { return train_ds->get(i); };
-  }
-  std::unique_ptr<data::CachedDataset> val_ds;
-  if (!pipeline.validation.items.empty()) {
-    val_ds = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline));
-    const auto r = val_ds->fill();
-    say(str("validation items: ", val_ds->size(), " (", r.computed, " preprocessed, ", r.reused, " from the cache)"));
-  }
-  const double prepare_seconds = since(prep_start);
 
-  data::Loader loader(train_size, source, data::make_random_chain(pipeline), pipeline.loader);
-  if (train_ds) loader.set_item_ids([&](std::size_t i) { return train_ds->global_index(i); });
-  Model model = build_model(c, device);
-  if (comm && comm->world_size() > 1) {
-    torch::NoGradGuard g;
-    comm->broadcast_coalesced(model.module->parameters(), 0);
-    comm->broadcast_coalesced(model.module->buffers(), 0);
+  /// Fills the caches (a killed run resumes the fill where it stopped) and makes the loader.
+  void prepare_data() {
+    pipeline_ = c_.data;
+    pipeline_.loader.device = t_.device;
+    pipeline_.loader.pin_memory = pipeline_.loader.pin_memory || device_.is_cuda();
+    // Under DDP each rank's dataset is already its (padded) partition of the items
+    // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.
+    // The smart cache's window is the same on every rank: there the loader's
+    // DistributedSampler split (padded to equal lengths) divides it.
+    if (comm_) {  // the process group decides the partition (also under SLURM without RANK set)
+      pipeline_.cache.rank = comm_->rank();
+      pipeline_.cache.world_size = comm_->world_size();
+    }
+    pipeline_.loader.rank = pipeline_.smart && comm_ ? comm_->rank() : 0;
+    pipeline_.loader.world_size = pipeline_.smart && comm_ ? comm_->world_size() : 1;
+    const auto prep_start = Clock::now();
+    data::Loader::Source source;
+    std::size_t train_size = 0;
+    if (pipeline_.smart) {
+      smart_ = data::make_smart_cache(pipeline_);
+      smart_->start(static_cast<std::size_t>(first_epoch_));  // the window where a resumed run left it
+      train_size = smart_->size();
+      source = [this](std::size_t i) { return smart_->get(i); };
+    } else {
+      train_ds_ = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline_));
+      const auto r = train_ds_->fill();
+      say(str("training items: ", train_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
+              " from the cache, ", std::lround(r.seconds * 10) / 10.0, " s)"));
+      train_size = train_ds_->size();
+      source = [this](std::size_t i) { return train_ds_->get(i); };
+    }
+    if (!pipeline_.validation.items.empty()) {
+      val_ds_ = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline_));
+      const auto r = val_ds_->fill();
+      say(str("validation items: ", val_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
+              " from the cache)"));
+    } else {
+      say("no validation items (data.validation): no Dice, no best.ckpt");
+    }
+    result_.prepare_seconds = since(prep_start);
+    loader_ = std::make_unique<data::Loader>(train_size, source, data::make_random_chain(pipeline_), pipeline_.loader);
+    if (train_ds_) loader_->set_item_ids([this](std::size_t i) { return train_ds_->global_index(i); });
   }
-  if (val_ds) {
-    // A validation window through the network now, not after the first epoch: a roi_size
-    // the network cannot take (SegResNet: multiples of 8, SwinUNETR: of 32) or a channel
-    // mismatch is reported before any training.
-    // roi_size entries <= 0 mean the image's own size (MONAI): the first validation
-    // image's window stands for them.
-    std::vector<std::int64_t> shape{1, c.model.value("in_channels", std::int64_t{1})};
-    bool fixed = true;
-    for (auto r : c.sliding_window.roi_size) fixed = fixed && r > 0;
+
+  void build_model_and_optimizer() {
+    model_ = build_model(c_, device_);
+    if (distributed_) {
+      torch::NoGradGuard g;
+      comm_->broadcast_coalesced(model_.module->parameters(), 0);
+      comm_->broadcast_coalesced(model_.module->buffers(), 0);
+    }
+    params_ = model_.module->parameters();
+    buffers_ = model_.module->buffers();
+    // DDP: gradients are averaged in buckets that start while backward runs.
+    if (distributed_) grad_sync_ = comm_->gradient_sync(params_);
+    optimizer_ = make_optimizer(params_, c_.optimizer);
+    GradScalerOptions so;
+    so.enabled = precision_ == Precision::fp16;
+    scaler_ = std::make_unique<GradScaler>(so);
+    loss_fn_ = std::make_unique<Loss>(c_.loss);
+    result_.run_dir = t_.run_dir;
+  }
+
+  /// A validation window through the network now, not after the first epoch: a
+  /// roi_size the network cannot take (SegResNet: multiples of 8, SwinUNETR: of 32)
+  /// or a channel mismatch is reported before any training. roi_size entries <= 0
+  /// mean the image's own size (MONAI): the first validation image's window stands for them.
+  void check_validation_window() {
+    if (!val_ds_) return;
+    std::vector<std::int64_t> shape{1, c_.model.value("in_channels", std::int64_t{1})};
     std::optional<std::vector<std::int64_t>> image_shape;
-    if (!fixed && val_ds->size() > 0) {
-      const Sample first = val_ds->get(0);
-      const auto it = first.volumes.find(t.image_key);
+    const auto& roi = c_.sliding_window.roi_size;
+    if (!std::all_of(roi.begin(), roi.end(), [](std::int64_t r) { return r > 0; }) && val_ds_->size() > 0) {
+      const Sample first = val_ds_->get(0);
+      const auto it = first.volumes.find(t_.image_key);
       if (it != first.volumes.end()) image_shape = it->second.data.sizes().vec();
     }
-    for (std::size_t d = 0; d < c.sliding_window.roi_size.size(); ++d) {
-      const std::int64_t r = c.sliding_window.roi_size[d];
-      shape.push_back(r > 0 || !image_shape || image_shape->size() <= d + 1 ? r : (*image_shape)[d + 1]);
+    for (std::size_t d = 0; d < roi.size(); ++d) {
+      shape.push_back(roi[d] > 0 || !image_shape || image_shape->size() <= d + 1 ? roi[d] : (*image_shape)[d + 1]);
     }
-    if (std::all_of(shape.begin() + 2, shape.end(), [](std::int64_t n) { return n > 0; })) {
-      torch::NoGradGuard g;
-      model.module->eval();
-      const std::string what = str(c.path, ": the network cannot take a validation window of ", at::IntArrayRef(shape),
-                                   " (validation.sliding_window.roi_size, model.in_channels)");
-      const at::Tensor out =
-          with_context(what, [&] { return model.forward(at::zeros(shape, at::TensorOptions().device(device))); });
-      std::vector<std::int64_t> want = shape;
-      want[1] = out_channels(c.model);
-      if (out.sizes() != at::IntArrayRef(want)) {
-        throw ValueError(str(what, ": it returns ", out.sizes(), ", not ", at::IntArrayRef(want),
-                             " (choose a roi_size the network's strides divide)"));
-      }
-      model.module->train();
+    if (!std::all_of(shape.begin() + 2, shape.end(), [](std::int64_t n) { return n > 0; })) return;
+    torch::NoGradGuard g;
+    model_.module->eval();
+    const std::string what = str(c_.path, ": the network cannot take a validation window of ", at::IntArrayRef(shape),
+                                 " (validation.sliding_window.roi_size, model.in_channels)");
+    const at::Tensor out =
+        with_context(what, [&] { return model_.forward(at::zeros(shape, at::TensorOptions().device(device_))); });
+    std::vector<std::int64_t> want = shape;
+    want[1] = out_channels(c_.model);
+    if (out.sizes() != at::IntArrayRef(want)) {
+      throw ValueError(str(what, ": it returns ", out.sizes(), ", not ", at::IntArrayRef(want),
+                           " (choose a roi_size the network's strides divide)"));
     }
-  } else {
-    say("no validation items (data.validation): no Dice, no best.ckpt");
+    model_.module->train();
   }
-  std::vector<at::Tensor> params = model.module->parameters();
-  std::vector<at::Tensor> buffers = model.module->buffers();
-  const bool distributed = comm && comm->world_size() > 1;
-  // DDP: gradients are averaged in buckets that start while backward runs.
-  std::unique_ptr<GradientSync> grad_sync = distributed ? comm->gradient_sync(params) : nullptr;
-  auto optimizer = make_optimizer(params, c.optimizer);
-  GradScalerOptions so;
-  so.enabled = precision == Precision::fp16;
-  GradScaler scaler(so);
-  const Loss loss_fn(c.loss);
 
-  TrainResult result;
-  result.run_dir = t.run_dir;
-  result.prepare_seconds = prepare_seconds;
-  int first_epoch = 0;
-  double elapsed_before = 0;
-  if (resume) {
-    const nlohmann::json meta = load_checkpoint(last_path, *model.module, optimizer.get());
-    first_epoch = meta.at("epoch");
-    elapsed_before = meta.value("elapsed", 0.0);
-    result.best_dice = meta.value("best_dice", -1.0);
-    result.best_epoch = meta.value("best_epoch", 0);
-    result.reached_target = meta.value("reached_target", false);
-    if (meta.contains("time_to_target") && meta["time_to_target"].is_number()) result.time_to_target = meta["time_to_target"].get<double>();
-    for (const auto& e : meta.at("history")) result.history.push_back(EpochRecord::from_json(e));
-    if (meta.contains("scaler")) scaler.load_state(meta["scaler"]);
-    say(str("resuming ", last_path, " after epoch ", first_epoch));
+  void restore() {
+    const nlohmann::json meta = load_checkpoint(last_path_, *model_.module, optimizer_.get());
+    first_epoch_ = meta.at("epoch");
+    elapsed_before_ = meta.value("elapsed", 0.0);
+    result_.best_dice = meta.value("best_dice", -1.0);
+    result_.best_epoch = meta.value("best_epoch", 0);
+    result_.reached_target = meta.value("reached_target", false);
+    if (meta.contains("time_to_target") && meta["time_to_target"].is_number()) {
+      result_.time_to_target = meta["time_to_target"].get<double>();
+    }
+    for (const auto& e : meta.at("history")) result_.history.push_back(EpochRecord::from_json(e));
+    if (meta.contains("scaler")) scaler_->load_state(meta["scaler"]);
+    say(str("resuming ", last_path_, " after epoch ", first_epoch_));
   }
-  if (rank0) {
-    os::make_directories(t.run_dir);
-    write_text(t.run_dir + "/config.json", c.root.dump(2) + "\n");
-  }
-  say(str("model ", c.model.value("name", "?"), ": ", nn::count_parameters(*model.module), " parameters; ",
-          "device ", t.device, ", amp ", precision_name(precision), ", ", model_threads, " libtorch threads, ",
-          pipeline.loader.threads, " loader threads; ", loader.batches_per_epoch(), " steps per epoch"));
 
-  auto sync = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize();
-  };
-  auto checkpoint_meta = [&](int epochs_done, double elapsed) {
-    nlohmann::json h = nlohmann::json::array();
-    for (const auto& e : result.history) h.push_back(e.to_json());
-    return nlohmann::json{{"format", kCheckpointFormat},
-                          {"version", kCheckpointVersion},
-                          {"epoch", epochs_done},
-                          {"config", c.root},
-                          {"config_dir", c.base_dir},
-                          {"best_dice", nan_to_null(result.best_dice)},
-                          {"best_epoch", result.best_epoch},
-                          {"reached_target", result.reached_target},
-                          {"time_to_target", result.time_to_target ? nlohmann::json(*result.time_to_target) : nlohmann::json()},
-                          {"elapsed", elapsed},
-                          {"history", h},
-                          {"scaler", scaler.state()},
-                          {"torch_threads", at::get_num_threads()}};
-  };
-
-  model.module->train();
-  for (int epoch = first_epoch; epoch < t.epochs && !result.reached_target; ++epoch) {
-    const auto epoch_start = Clock::now();
+  EpochRecord train_epoch(int epoch) {
     EpochRecord rec;
     rec.epoch = epoch + 1;
-    rec.lr = scheduled_lr(c.schedule, c.optimizer.lr, epoch, t.epochs);
-    set_learning_rate(*optimizer, rec.lr);
-    torch::manual_seed(derive_seed({t.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
-    loader.start(static_cast<std::uint64_t>(epoch));
+    rec.lr = scheduled_lr(c_.schedule, c_.optimizer.lr, epoch, t_.epochs);
+    set_learning_rate(*optimizer_, rec.lr);
+    torch::manual_seed(derive_seed({t_.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
+    loader_->start(static_cast<std::uint64_t>(epoch));
     double loss_sum = 0;
-    while (true) {
-      auto t0 = Clock::now();
-      std::optional<data::Batch> batch = loader.next();
+    for (;;) {
+      const auto t0 = Clock::now();
+      std::optional<data::Batch> batch = loader_->next();
       rec.times.data_wait += since(t0);
       if (!batch) break;
-      t0 = Clock::now();
-      const at::Tensor x = batch_tensor(*batch, t.image_key, "train.image_key").to(device, at::kFloat, /*non_blocking=*/true);
-      const at::Tensor y = batch_tensor(*batch, t.label_key, "train.label_key").to(device, /*non_blocking=*/true);
-      std::string items;
-      for (std::size_t i : batch->items) items += (items.empty() ? "" : ", ") + std::to_string(i);
-      const std::string where = str("epoch ", epoch + 1, ", step ", rec.steps + 1, " (items ", items, ")");
-      sync();
-      rec.times.copy += since(t0);
-
-      if (distributed && !buffers.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
-        torch::NoGradGuard g;
-        comm->broadcast_coalesced(buffers, 0);
-      }
-      t0 = Clock::now();
-      at::Tensor loss;
-      with_context(where, [&] {
-        AutocastGuard autocast(device.type(), precision);
-        const at::Tensor logits = model.forward(x);
-        loss = loss_fn(logits.to(at::kFloat), y);
-      });
-      sync();
-      rec.times.forward += since(t0);
-
-      t0 = Clock::now();
-      optimizer->zero_grad();
-      if (grad_sync) grad_sync->prepare();
-      with_context(where, [&] { scaler.scale(loss).backward(); });
-      sync();
-      rec.times.backward += since(t0);
-
-      t0 = Clock::now();
-      if (grad_sync) grad_sync->finish();
-      const bool stepped = scaler.step(*optimizer);
-      scaler.update();
-      if (!stepped) ++rec.skipped_steps;
-      const double step_loss = loss.item<double>();
-      loss_sum += step_loss;
-      ++rec.steps;
-      if (rank0 && cb.step) cb.step(rec.epoch, rec.steps, static_cast<int>(loader.batches_per_epoch()), step_loss);
-      rec.times.optimizer += since(t0);
+      loss_sum += train_step(*batch, rec);
     }
     rec.loss = rec.steps ? loss_sum / rec.steps : std::nan("");
-    if (comm && comm->world_size() > 1) {
+    if (distributed_) {
       at::Tensor l = at::tensor({loss_sum, static_cast<double>(rec.steps)}, at::kDouble);
-      comm->allreduce_sum(l);
+      comm_->allreduce_sum(l);
       rec.loss = l[0].item<double>() / std::max(1.0, l[1].item<double>());
     }
+    return rec;
+  }
 
-    const bool last_epoch = epoch + 1 == t.epochs;
-    if (val_ds && ((epoch + 1) % c.val_interval == 0 || last_epoch)) {
+  /// One batch: copy, forward, backward (gradients averaged across ranks while it
+  /// runs), optimizer step with loss scaling. Returns the step's loss.
+  double train_step(const data::Batch& batch, EpochRecord& rec) {
+    auto t0 = Clock::now();
+    const at::Tensor x =
+        batch_tensor(batch, t_.image_key, "train.image_key").to(device_, at::kFloat, /*non_blocking=*/true);
+    const at::Tensor y = batch_tensor(batch, t_.label_key, "train.label_key").to(device_, /*non_blocking=*/true);
+    std::string items;
+    for (std::size_t i : batch.items) items += (items.empty() ? "" : ", ") + std::to_string(i);
+    const std::string where = str("epoch ", rec.epoch, ", step ", rec.steps + 1, " (items ", items, ")");
+    sync();
+    rec.times.copy += since(t0);
+
+    if (distributed_ && !buffers_.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
+      torch::NoGradGuard g;
+      comm_->broadcast_coalesced(buffers_, 0);
+    }
+    t0 = Clock::now();
+    at::Tensor loss;
+    with_context(where, [&] {
+      AutocastGuard autocast(device_.type(), precision_);
+      const at::Tensor logits = model_.forward(x);
+      loss = (*loss_fn_)(logits.to(at::kFloat), y);
+    });
+    sync();
+    rec.times.forward += since(t0);
+
+    t0 = Clock::now();
+    optimizer_->zero_grad();
+    if (grad_sync_) grad_sync_->prepare();
+    with_context(where, [&] { scaler_->scale(loss).backward(); });
+    sync();
+    rec.times.backward += since(t0);
+
+    t0 = Clock::now();
+    if (grad_sync_) grad_sync_->finish();
+    const bool stepped = scaler_->step(*optimizer_);
+    scaler_->update();
+    if (!stepped) ++rec.skipped_steps;
+    const double step_loss = loss.item<double>();
+    ++rec.steps;
+    if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
+    rec.times.optimizer += since(t0);
+    return step_loss;
+  }
+
+  /// Validation (every val_interval epochs and the last), the best Dice and the
+  /// target, then best.ckpt (before last.ckpt: last.ckpt's record of the best epoch
+  /// must never name a best.ckpt not yet written), last.ckpt and metrics.jsonl.
+  void finish_epoch(int epoch, Clock::time_point epoch_start, EpochRecord& rec) {
+    const bool last_epoch = epoch + 1 == t_.epochs;
+    if (val_ds_ && ((epoch + 1) % c_.val_interval == 0 || last_epoch)) {
       const auto v0 = Clock::now();
-      const Validation v = validate(model, *val_ds, c, device, precision, comm);
+      const Validation v = validate(model_, *val_ds_, c_, device_, precision_, comm_);
       rec.times.validation = since(v0);
       rec.dice = v.mean_dice;
       rec.dice_per_class = v.dice;
       rec.hd95 = v.hd95;
     }
     rec.seconds = since(epoch_start);
-    rec.elapsed = elapsed_before + since(start);
+    rec.elapsed = elapsed_before_ + since(start_);
     bool improved = false;
-    if (rec.dice && std::isfinite(*rec.dice) && *rec.dice > result.best_dice) {
-      result.best_dice = *rec.dice;
-      result.best_epoch = rec.epoch;
+    if (rec.dice && std::isfinite(*rec.dice) && *rec.dice > result_.best_dice) {
+      result_.best_dice = *rec.dice;
+      result_.best_epoch = rec.epoch;
       improved = true;
     }
-    if (rec.dice && t.target_dice > 0 && *rec.dice >= t.target_dice && !result.reached_target) {
-      result.reached_target = true;
-      result.time_to_target = rec.elapsed;
+    if (rec.dice && t_.target_dice > 0 && *rec.dice >= t_.target_dice && !result_.reached_target) {
+      result_.reached_target = true;
+      result_.time_to_target = rec.elapsed;
     }
-    result.history.push_back(rec);
-    if (smart) smart->update();  // MONAI: the window slides at each epoch's end
-    if (rank0) {
+    result_.history.push_back(rec);
+    if (smart_) smart_->update();  // MONAI: the window slides at each epoch's end
+    if (rank0_) {
       const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
-      // best before last: last.ckpt's record of the best epoch must never name a best.ckpt not yet written
-      if (improved) save_checkpoint(best_path, *model.module, nullptr, meta);
-      save_checkpoint(last_path, *model.module, optimizer.get(), meta);
-      write_metrics(t.run_dir, result.history);
+      if (improved) save_checkpoint(best_path_, *model_.module, nullptr, meta);
+      save_checkpoint(last_path_, *model_.module, optimizer_.get(), meta);
+      write_metrics(t_.run_dir, result_.history);
     }
-    if (rank0 && cb.epoch) cb.epoch(rec);
+    if (rank0_ && cb_.epoch) cb_.epoch(rec);
   }
-  loader.stop();
-  result.seconds = since(start);
-  return result;
+
+  nlohmann::json checkpoint_meta(int epochs_done, double elapsed) const {
+    nlohmann::json h = nlohmann::json::array();
+    for (const auto& e : result_.history) h.push_back(e.to_json());
+    return nlohmann::json{
+        {"format", kCheckpointFormat},
+        {"version", kCheckpointVersion},
+        {"epoch", epochs_done},
+        {"config", c_.root},
+        {"config_dir", c_.base_dir},
+        {"best_dice", nan_to_null(result_.best_dice)},
+        {"best_epoch", result_.best_epoch},
+        {"reached_target", result_.reached_target},
+        {"time_to_target", result_.time_to_target ? nlohmann::json(*result_.time_to_target) : nlohmann::json()},
+        {"elapsed", elapsed},
+        {"history", h},
+        {"scaler", scaler_->state()},
+        {"torch_threads", at::get_num_threads()},
+        {"libtorch", str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)}};
+  }
+
+  const RunConfig& c_;
+  const TrainOptions& t_;
+  const Settings& settings_;
+  const TrainCallbacks& cb_;
+  Collective* comm_;
+  const bool rank0_, distributed_;
+  Clock::time_point start_;
+  std::string last_path_, best_path_;
+  int first_epoch_ = 0;
+  double elapsed_before_ = 0;
+  c10::Device device_{c10::kCPU};
+  Precision precision_ = Precision::fp32;
+  int model_threads_ = 1;
+  data::PipelineConfig pipeline_;
+  std::unique_ptr<data::CachedDataset> train_ds_, val_ds_;
+  std::unique_ptr<data::SmartCacheDataset> smart_;
+  std::unique_ptr<data::Loader> loader_;
+  Model model_;
+  std::vector<at::Tensor> params_, buffers_;
+  std::unique_ptr<GradientSync> grad_sync_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<Loss> loss_fn_;
+  TrainResult result_;
+};
+
+}  // namespace
+
+TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) {
+  return Run(s_->config, s_->settings, cb).run(resume, overwrite);
 }
 
 }  // namespace medfast::train

@@ -569,6 +569,45 @@ std::vector<std::string> random_names() {
           "RandAdjustContrast"};
 }
 
+/// RandRotate, RandZoom and RandAffine's arguments as one spec (MONAI's names and defaults).
+AffineSpec affine_spec(const std::string& name, Args& a, const nlohmann::json& json) {
+  AffineSpec sp;
+  sp.name = name;
+  sp.keys = a.keys();
+  sp.prob = a.number("prob", 0.1);
+  sp.mode = a.per_key("mode", "bilinear", sp.keys.size());
+  sp.padding = a.text("padding_mode", name == "RandAffine" ? "zeros" : "border");
+  for (auto& r : sp.scale) r = {1, 1};
+  auto range = [&](const std::string& key, double scale_by) -> std::array<double, 2> {
+    if (a.has(key) && json[key].is_number()) {
+      const double x = a.number(key, 0) * scale_by;
+      return {-x, x};
+    }
+    const auto v = a.numbers(key, 2, {0, 0});
+    return {v[0] * scale_by, v[1] * scale_by};
+  };
+  if (name == "RandRotate") {
+    sp.rotate = {range("range_x", 1), range("range_y", 1), range("range_z", 1)};
+    a.flag("keep_size", true);
+  } else if (name == "RandZoom") {
+    const double lo = a.number("min_zoom", 0.9), hi = a.number("max_zoom", 1.1);
+    require(lo > 0 && hi >= lo, "RandZoom: arguments min_zoom and max_zoom must be a positive range");
+    for (auto& r : sp.scale) r = {lo, hi};
+    sp.isotropic_zoom = true;
+    a.flag("keep_size", true);
+  } else {
+    const auto per_axis = [&](const std::string& key) -> std::array<std::array<double, 2>, 3> {
+      const auto v = a.numbers(key, 3, {0, 0, 0});
+      return {{{-v[0], v[0]}, {-v[1], v[1]}, {-v[2], v[2]}}};
+    };
+    sp.rotate = per_axis("rotate_range");
+    const auto sr = per_axis("scale_range");
+    for (int i = 0; i < 3; ++i) sp.scale[i] = {1 + sr[i][0], 1 + sr[i][1]};
+    sp.translate = per_axis("translate_range");
+  }
+  return sp;
+}
+
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
   const auto known = random_names();
   if (std::find(known.begin(), known.end(), name) == known.end()) {
@@ -626,41 +665,7 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     const std::array<int, 2> axes{static_cast<int>(v[0]), static_cast<int>(v[1])};
     t = std::make_shared<RandRotate90>(keys, prob, max_k, axes);
   } else if (name == "RandRotate" || name == "RandZoom" || name == "RandAffine") {
-    AffineSpec sp;
-    sp.name = name;
-    sp.keys = a.keys();
-    sp.prob = a.number("prob", 0.1);
-    sp.mode = a.per_key("mode", "bilinear", sp.keys.size());
-    sp.padding = a.text("padding_mode", name == "RandAffine" ? "zeros" : "border");
-    for (auto& r : sp.scale) r = {1, 1};
-    auto range = [&](const std::string& key, double scale_by) -> std::array<double, 2> {
-      if (a.has(key) && json[key].is_number()) {
-        const double x = a.number(key, 0) * scale_by;
-        return {-x, x};
-      }
-      const auto v = a.numbers(key, 2, {0, 0});
-      return {v[0] * scale_by, v[1] * scale_by};
-    };
-    if (name == "RandRotate") {
-      sp.rotate = {range("range_x", 1), range("range_y", 1), range("range_z", 1)};
-      a.flag("keep_size", true);
-    } else if (name == "RandZoom") {
-      const double lo = a.number("min_zoom", 0.9), hi = a.number("max_zoom", 1.1);
-      require(lo > 0 && hi >= lo, "RandZoom: arguments min_zoom and max_zoom must be a positive range");
-      for (auto& r : sp.scale) r = {lo, hi};
-      sp.isotropic_zoom = true;
-      a.flag("keep_size", true);
-    } else {
-      const auto per_axis = [&](const std::string& key) -> std::array<std::array<double, 2>, 3> {
-        const auto v = a.numbers(key, 3, {0, 0, 0});
-        return {{{-v[0], v[0]}, {-v[1], v[1]}, {-v[2], v[2]}}};
-      };
-      sp.rotate = per_axis("rotate_range");
-      const auto sr = per_axis("scale_range");
-      for (int i = 0; i < 3; ++i) sp.scale[i] = {1 + sr[i][0], 1 + sr[i][1]};
-      sp.translate = per_axis("translate_range");
-    }
-    t = std::make_shared<RandAffineFamily>(sp);
+    t = std::make_shared<RandAffineFamily>(affine_spec(name, a, json));
   } else if (name == "RandScaleIntensity") {
     const auto keys = a.keys();
     const double prob = a.number("prob", 0.1);

@@ -24,6 +24,7 @@
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/train/evaluate.hpp"
 #include "medfast/train/trainer.hpp"
 #include "test_util.hpp"
 

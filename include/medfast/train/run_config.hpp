@@ -2,6 +2,7 @@
 /// \file
 /// A training run's config, read and checked in one place (see trainer.hpp for
 /// the sections). Every error names the config and the key.
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,9 +13,33 @@
 #include "medfast/train/inference.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
-#include "medfast/train/trainer.hpp"
 
 namespace medfast::train {
+
+/// The built-in default run: a small synthetic spleen-like dataset written by
+/// `data synth` into data/synth-small, cached in memory, and a small UNet trained on CPU.
+nlohmann::json default_run_config();
+
+/// Applies "a.b.c=value" (value parsed as YAML: numbers, booleans, lists, strings).
+/// Throws ValueError naming the key when it does not have the form key=value.
+void apply_override(nlohmann::json& config, const std::string& assignment);
+
+struct TrainOptions {
+  std::string run_dir = "runs/default";
+  int epochs = 10;
+  int val_interval = 1;
+  std::uint64_t seed = 0;
+  std::string device = "cpu";      ///< cpu | cuda | cuda:N
+  nlohmann::json amp = false;       ///< false | true | fp16 | bf16 (true: fp16 on CUDA, bf16 on CPU)
+  double target_dice = 0;           ///< stop when the validation mean Dice reaches it (0: never)
+  int threads = 0;                  ///< libtorch intra-op threads for the network (0: the cores the loader leaves)
+  std::string image_key = "image", label_key = "label";
+  /// CUDA: deterministic cuDNN algorithms (no autotuning), so that resume is bit-identical
+  /// there too (MONAI's set_determinism does the same); false lets cuDNN pick the fastest.
+  bool deterministic = true;
+  void validate() const;
+};
+
 
 struct RunConfig {
   std::string path;      ///< the config file, or "built-in default config"

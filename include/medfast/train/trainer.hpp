@@ -20,7 +20,6 @@
 /// Files in run_dir: last.ckpt (every epoch), best.ckpt (best validation Dice),
 /// metrics.jsonl (one JSON object per epoch, rewritten atomically), config.json
 /// (the resolved config). Under DDP only rank 0 writes them.
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,32 +29,9 @@
 
 #include "medfast/core/settings.hpp"
 #include "medfast/train/collective.hpp"
+#include "medfast/train/run_config.hpp"
 
 namespace medfast::train {
-
-/// The built-in default run: a small synthetic spleen-like dataset written by
-/// `data synth` into data/synth-small, cached in memory, and a small UNet trained on CPU.
-nlohmann::json default_run_config();
-
-/// Applies "a.b.c=value" (value parsed as YAML: numbers, booleans, lists, strings).
-/// Throws ValueError naming the key when it does not have the form key=value.
-void apply_override(nlohmann::json& config, const std::string& assignment);
-
-struct TrainOptions {
-  std::string run_dir = "runs/default";
-  int epochs = 10;
-  int val_interval = 1;
-  std::uint64_t seed = 0;
-  std::string device = "cpu";      ///< cpu | cuda | cuda:N
-  nlohmann::json amp = false;       ///< false | true | fp16 | bf16 (true: fp16 on CUDA, bf16 on CPU)
-  double target_dice = 0;           ///< stop when the validation mean Dice reaches it (0: never)
-  int threads = 0;                  ///< libtorch intra-op threads for the network (0: the cores the loader leaves)
-  std::string image_key = "image", label_key = "label";
-  /// CUDA: deterministic cuDNN algorithms (no autotuning), so that resume is bit-identical
-  /// there too (MONAI's set_determinism does the same); false lets cuDNN pick the fastest.
-  bool deterministic = true;
-  void validate() const;
-};
 
 /// Wall-clock seconds per stage, summed over an epoch's steps.
 struct StageTimes {
@@ -116,43 +92,5 @@ class Trainer {
   struct State;
   std::unique_ptr<State> s_;
 };
-
-/// Dice of a checkpoint's network on a config's validation items (or every item of
-/// `section` when given): per case and class, and the mean.
-struct EvalCase {
-  std::string image;
-  std::vector<double> dice;  ///< per class (NaN: empty ground truth)
-  std::optional<std::vector<double>> hd95;
-};
-struct EvalResult {
-  std::vector<EvalCase> cases;
-  std::vector<double> mean_per_class;
-  double mean_dice = 0;
-  std::optional<double> mean_hd95;
-  nlohmann::json to_json() const;
-};
-struct EvalOptions {
-  std::string device = "cpu";   ///< cpu | cuda | cuda:N
-  nlohmann::json amp = false;   ///< as train.amp
-  bool hd95 = false;
-  std::string section;          ///< evaluate every item of this dataset section instead
-};
-/// `config` null: the config stored in the checkpoint (paths relative to where it was trained).
-EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
-                    const Settings& settings, const EvalOptions& options = {});
-
-/// `infer`: runs a checkpoint's network over NIfTI files with the deterministic chain
-/// the checkpoint was trained with (without its label steps), sliding-window, argmax,
-/// and writes each prediction (uint8 labels) with the input's own grid and affine to
-/// `output_dir/<name>` (written atomically). Returns the files written.
-struct InferOptions {
-  std::string device = "cpu";
-  nlohmann::json amp = false;
-  nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
-  std::string suffix = "_seg";
-};
-std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
-                               const std::string& output_dir, const InferOptions& options, const Settings& settings,
-                               const std::function<void(const std::string&)>& message = {});
 
 }  // namespace medfast::train

@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// A trained checkpoint at work: `medfast eval` (Dice, HD95 on a config's
+/// validation items) and `medfast infer` (predictions on the input's own grid).
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "medfast/core/settings.hpp"
+#include "medfast/train/run_config.hpp"
+
+namespace medfast::train {
+
+/// Dice of a checkpoint's network on a config's validation items (or every item of
+/// `section` when given): per case and class, and the mean.
+struct EvalCase {
+  std::string image;
+  std::vector<double> dice;  ///< per class (NaN: empty ground truth)
+  std::optional<std::vector<double>> hd95;
+};
+struct EvalResult {
+  std::vector<EvalCase> cases;
+  std::vector<double> mean_per_class;
+  double mean_dice = 0;
+  std::optional<double> mean_hd95;
+  nlohmann::json to_json() const;
+};
+struct EvalOptions {
+  std::string device = "cpu";   ///< cpu | cuda | cuda:N
+  nlohmann::json amp = false;   ///< as train.amp
+  bool hd95 = false;
+  std::string section;          ///< evaluate every item of this dataset section instead
+};
+/// `config` null: the config stored in the checkpoint (paths relative to where it was trained).
+EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
+                    const Settings& settings, const EvalOptions& options = {});
+
+/// `infer`: runs a checkpoint's network over NIfTI files with the deterministic chain
+/// the checkpoint was trained with (without its label steps), sliding-window, argmax,
+/// and writes each prediction (uint8 labels) with the input's own grid and affine to
+/// `output_dir/<name>` (written atomically). Returns the files written.
+struct InferOptions {
+  std::string device = "cpu";
+  nlohmann::json amp = false;
+  nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
+  std::string suffix = "_seg";
+};
+std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
+                               const std::string& output_dir, const InferOptions& options, const Settings& settings,
+                               const std::function<void(const std::string&)>& message = {});
+
+}  // namespace medfast::train
