@@ -4,10 +4,11 @@
 #
 #   bash scripts/compat.sh cpu    libtorch-dev 2.6 (CPU) + python3-torch 2.6:
 #                                 builds medfast and its tests, runs all of ctest
-#   bash scripts/compat.sh cuda   libtorch-cuda-dev 2.6, CUDA 12.4, libcufile,
-#                                 NCCL: builds every target with CUDA enabled
-#                                 and runs the tests that need no GPU
-#   bash scripts/compat.sh ROOT-VARIANT shell   a shell inside the root
+#   bash scripts/compat.sh cuda   libtorch-cuda-dev 2.6 + python3-torch-cuda, CUDA
+#                                 12.4, libcufile, NCCL: builds every target with
+#                                 CUDA enabled (NCCL found) and runs all of ctest
+#                                 against the CUDA libtorch (gpu tests skip: no GPU)
+#   bash scripts/compat.sh cpu|cuda shell   a shell inside the root
 #
 # Extra arguments after the variant go to ctest (e.g. -R Nifti).
 #
@@ -63,7 +64,7 @@ COMMON=(
 if [ "$variant" = cpu ]; then
   PACKAGES=("${COMMON[@]}" libtorch-dev python3-torch libgloo-dev)
 else
-  PACKAGES=("${COMMON[@]}" libtorch-cuda-dev libgloo-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
+  PACKAGES=("${COMMON[@]}" libtorch-cuda-dev python3-torch-cuda libgloo-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
             libcufile-dev libnccl-dev)
 fi
 

@@ -3,6 +3,8 @@
 #   1. installs the Debian packages (scripts/setup.sh, idempotent)
 #   2. builds medfast and its tests (build/), and the fuzz target with clang (build-fuzz/)
 #   3. runs a short libFuzzer smoke run, then the test suite with ctest
+#   4. the sanitizer job: ASan+UBSan builds (build-asan/) of the torch-free library
+#      and of the NIfTI, tensor I/O and cache-entry tests, and runs them
 # MEDFAST_FUZZ_SECONDS (default 60) sets the length of the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,10 @@ ctest --test-dir build-fuzz --output-on-failure
 
 echo "== test suite"
 ctest --test-dir build --output-on-failure -j "$jobs"
+
+# The sanitizer job: ASan+UBSan builds of the torch-free library and its tests
+# (leak checking on), and of the NIfTI, tensor file engine and cache-entry tests.
+echo "== sanitizer job (ASan + UBSan, build-asan)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDFAST_SANITIZE=ON
+cmake --build build-asan -j "$jobs" --target medfast_base_tests medfast_sanitize_tests
+ctest --test-dir build-asan --output-on-failure -j "$jobs"

@@ -12,6 +12,7 @@
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
 #include "medfast/version.hpp"
 
@@ -63,7 +64,9 @@ int main(int argc, char** argv) {
     if (ctx.config_file.empty()) {
       if (const char* f = std::getenv("MEDFAST_CONFIG_FILE")) ctx.config_file = f;
     }
-    if (!ctx.config_file.empty()) load_settings_file(ctx.settings, ctx.config_file);
+    if (!ctx.config_file.empty()) {
+      load_settings_text(ctx.settings, os::read_text_file(ctx.config_file), ctx.config_file);
+    }
     ctx.settings.load_env();
     for (const auto& d : setting_defs()) {
       if (app.count(d.flag()) > 0) ctx.settings.set(d.name, flag_values[d.name], SettingSource::flag, d.flag());

@@ -2,12 +2,10 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/settings.hpp"
-#include "medfast/os/file.hpp"
 
 namespace medfast {
 
-void load_settings_file(Settings& settings, const std::string& path) {
-  const std::string text = os::read_text_file(path);
+void load_settings_text(Settings& settings, const std::string& text, const std::string& path) {
   YAML::Node root;
   try {
     root = YAML::Load(text);

@@ -32,6 +32,10 @@ double parse_double(const std::string& text, const std::string& what) {
 
 std::string format_number(double v) {
   char b[32];
+  if (v == std::nearbyint(v) && std::abs(v) < 1e15) {  // whole numbers as such: "300", not "3e+02"
+    std::snprintf(b, sizeof b, "%.0f", v);
+    return b;
+  }
   for (int digits = 1; digits <= 17; ++digits) {
     std::snprintf(b, sizeof b, "%.*g", digits, v);
     if (std::strtod(b, nullptr) == v) break;

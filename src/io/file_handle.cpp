@@ -398,7 +398,7 @@ struct FileHandle::Impl {
     std::unique_ptr<Ring> ring = take_ring();
     const bool any_bounce = std::any_of(ops.begin(), ops.end(), [](const UringOp& o) { return o.bounce; });
     if (any_bounce) ensure_bounce(*ring);
-    UringRun run{*ring, ops, is_write, fd, path, /*fixed_index=*/&fd == &dfile ? 1 : 0};
+    UringRun run(*ring, ops, is_write, fd, path, /*fixed=*/&fd == &dfile ? 1 : 0);
     run.run();
     give_ring(std::move(ring));
     if (run.error != 0) {
@@ -412,6 +412,8 @@ struct FileHandle::Impl {
   /// they come, EINTR/EAGAIN completions resubmitted, bounce buffers recycled,
   /// the first error remembered (with its offset) while in-flight ops drain.
   struct UringRun {
+    UringRun(Ring& ring, std::vector<UringOp>& o, bool write, const os::File& file, const std::string& p, int fixed)
+        : r(ring), ops(o), is_write(write), fd(file), path(p), fixed_index(fixed) {}
     Ring& r;
     std::vector<UringOp>& ops;
     bool is_write;

@@ -140,29 +140,48 @@ FileInfo File::info() const {
   return to_info(st);
 }
 
-std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) const {
-  auto* out = static_cast<char*>(buffer);
+namespace {
+
+/// The loop every pread/pwrite goes through: pieces of at most 1 GiB (Linux
+/// moves at most 0x7ffff000 bytes per call), EINTR retried, short transfers
+/// continued, the test hook consulted before each call (it may fail it or
+/// shorten it). Reads stop at end of file; returns the bytes moved.
+template <typename Syscall>
+std::size_t transfer_all(Op op, const std::string& path, std::size_t size, std::uint64_t offset, Syscall&& call) {
+  const bool write = op == Op::write;
+  auto fail = [&](std::uint64_t at, int err) {
+    throw_os(str(write ? "write of " : "read of ", size, " bytes at offset ", offset, write ? " to " : " from ", path,
+                 " failed at offset ", at),
+             err);
+  };
   std::size_t done = 0;
   while (done < size) {
-    std::size_t chunk = size - done;
-    // Linux transfers at most 0x7ffff000 bytes per call.
-    if (chunk > 0x40000000) chunk = 0x40000000;
+    const std::size_t chunk = std::min<std::size_t>(size - done, 0x40000000);
     const std::uint64_t at = offset + done;
     std::size_t limit = chunk;
-    if (int err = consult_hook(Op::read, path_, at, limit)) {
+    if (int err = consult_hook(op, path, at, limit)) {
       if (err == EINTR) continue;
-      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), err);
+      fail(at, err);
     }
-    ssize_t n = ::pread(fd_, out + done, chunk, static_cast<off_t>(at));
+    ssize_t n = call(done, chunk, at);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed at offset ", at), errno);
+      fail(at, errno);
     }
-    if (static_cast<std::size_t>(n) > limit) n = static_cast<ssize_t>(limit);  // simulated short read
-    if (n == 0) break;  // end of file
+    if (static_cast<std::size_t>(n) > limit) n = static_cast<ssize_t>(limit);  // a simulated short transfer
+    if (n == 0 && !write) break;                                                // end of file
     done += static_cast<std::size_t>(n);
   }
   return done;
+}
+
+}  // namespace
+
+std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) const {
+  auto* out = static_cast<char*>(buffer);
+  return transfer_all(Op::read, path_, size, offset, [&](std::size_t done, std::size_t chunk, std::uint64_t at) {
+    return ::pread(fd_, out + done, chunk, static_cast<off_t>(at));
+  });
 }
 
 std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
@@ -222,24 +241,9 @@ void File::read_exact(void* buffer, std::size_t size, std::uint64_t offset) cons
 
 void File::write_at(const void* buffer, std::size_t size, std::uint64_t offset) {
   const auto* in = static_cast<const char*>(buffer);
-  std::size_t done = 0;
-  while (done < size) {
-    std::size_t chunk = size - done;
-    if (chunk > 0x40000000) chunk = 0x40000000;
-    const std::uint64_t at = offset + done;
-    std::size_t limit = chunk;
-    if (int err = consult_hook(Op::write, path_, at, limit)) {
-      if (err == EINTR) continue;
-      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), err);
-    }
-    ssize_t n = ::pwrite(fd_, in + done, chunk, static_cast<off_t>(at));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed at offset ", at), errno);
-    }
-    if (static_cast<std::size_t>(n) > limit) n = static_cast<ssize_t>(limit);  // simulated short write
-    done += static_cast<std::size_t>(n);
-  }
+  transfer_all(Op::write, path_, size, offset, [&](std::size_t done, std::size_t chunk, std::uint64_t at) {
+    return ::pwrite(fd_, in + done, chunk, static_cast<off_t>(at));
+  });
 }
 
 void File::sync() {

@@ -89,7 +89,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   if (c.model != net.meta["config"]["model"]) {
     throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
   }
-  at::set_num_threads(c.train.threads > 0 ? c.train.threads : settings.threads());
+  apply_network_threads(c.train.threads, settings);
   data::PipelineConfig p = c.data;
   if (!section.empty()) p.validation = data::load_dataset(p.dataset.source, section);
   if (p.validation.items.empty()) {
@@ -207,7 +207,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = cfg.value("loss", nlohmann::json::object()).value("sigmoid", false);
-  at::set_num_threads(settings.threads());
+  apply_network_threads(0, settings);
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
   const Predictor predict = [&](const at::Tensor& x) {

@@ -2,6 +2,8 @@
 
 #include "detail.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -107,6 +109,12 @@ void TrainOptions::validate() const {
   if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
   if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
   (void)detail::parse_device(device, "train.device");
+}
+
+int apply_network_threads(int train_threads, const Settings& settings) {
+  const int n = train_threads > 0 ? train_threads : settings.threads();
+  at::set_num_threads(n);
+  return n;
 }
 
 RunConfig load_run_config(nlohmann::json root, std::string path, Settings& settings, std::string base_dir) {

@@ -327,8 +327,7 @@ class Run {
         at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
       }
     }
-    model_threads_ = t_.threads > 0 ? t_.threads : settings_.threads();
-    at::set_num_threads(model_threads_);
+    model_threads_ = apply_network_threads(t_.threads, settings_);
   }
 
   /// Fills the caches (a killed run resumes the fill where it stopped) and makes the loader.

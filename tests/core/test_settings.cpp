@@ -65,7 +65,7 @@ TEST(Settings, FileSettingsAreReadAndCheckedByKey) {
   test::TempDir dir;
   test::write_file(dir / "ok.yaml", "settings:\n  gzip_level: 2\n  max_volume_bytes: 1GiB\n");
   Settings s;
-  load_settings_file(s, dir / "ok.yaml");
+  load_settings_text(s, test::read_file(dir / "ok.yaml"), dir / "ok.yaml");
   EXPECT_EQ(s.get_int("gzip_level"), 2);
   EXPECT_EQ(s.get_bytes("max_volume_bytes"), 1ull << 30);
   EXPECT_EQ(s.entry("gzip_level").source, SettingSource::file);
@@ -73,7 +73,7 @@ TEST(Settings, FileSettingsAreReadAndCheckedByKey) {
   test::write_file(dir / "bad.yaml", "settings:\n  gzip_levle: 2\n");
   try {
     Settings t;
-    load_settings_file(t, dir / "bad.yaml");
+    load_settings_text(t, test::read_file(dir / "bad.yaml"), dir / "bad.yaml");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     const std::string m = e.what();
@@ -82,7 +82,7 @@ TEST(Settings, FileSettingsAreReadAndCheckedByKey) {
   }
   test::write_file(dir / "broken.yaml", "settings: [1, 2\n");
   Settings u;
-  EXPECT_THROW(load_settings_file(u, dir / "broken.yaml"), FormatError);
+  EXPECT_THROW(load_settings_text(u, test::read_file(dir / "broken.yaml"), dir / "broken.yaml"), FormatError);
 }
 
 TEST(Settings, EveryDeclaredSettingHasEnvFlagAndDescription) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/core/units.hpp"
@@ -35,6 +37,17 @@ TEST(Units, ParseNumbersNameWhatWasParsed) {
   }
   EXPECT_DOUBLE_EQ(parse_double("0.25", "x"), 0.25);
   EXPECT_THROW(parse_double("nan", "x"), ValueError);
+}
+
+TEST(Units, FormatNumberIsShortAndRoundTrips) {
+  EXPECT_EQ(format_number(300), "300");
+  EXPECT_EQ(format_number(42.5), "42.5");
+  EXPECT_EQ(format_number(0.1), "0.1");
+  EXPECT_EQ(format_number(-7), "-7");
+  EXPECT_EQ(format_number(1e20), "1e+20");
+  for (const double v : {1.0 / 3, 2.0 / 7, 1e-9, 123456.789, 6.02214076e23}) {
+    EXPECT_EQ(std::strtod(format_number(v).c_str(), nullptr), v) << format_number(v);
+  }
 }
 
 TEST(Random, StreamsAreReproducibleAndSeedDependent) {

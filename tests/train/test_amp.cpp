@@ -12,6 +12,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/amp.hpp"
+#include "golden_set.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -236,11 +237,7 @@ TEST(GradScalerTest, GrowsAfterGrowthIntervalCleanSteps) {
 
 /// Replays the script's overflow pattern and compares the scale after every update().
 void replay_golden(at::Device device) {
-  const test::TempDir dir;
-  const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_optim_golden.py " +
-                           dir.path());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto cases = nlohmann::json::parse(test::read_file(dir / "manifest.json"))["grad_scaler"];
+  const auto cases = test::GoldenSet::of("make_optim_golden.py").manifest()["grad_scaler"];
   ASSERT_EQ(cases.size(), 3u);
   for (const auto& c : cases) {
     SCOPED_TRACE(c["options"].dump());

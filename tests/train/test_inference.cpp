@@ -10,6 +10,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/inference.hpp"
+#include "golden_set.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -34,34 +35,17 @@ void expect_error(Fn&& fn, const std::string& needle) {
 
 class SlidingWindowGolden : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    const auto r =
-        test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_inference_golden.py " + dir_->path());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static at::Tensor load(const nlohmann::json& entry) {
-    const std::string bytes = test::read_file(*dir_ / entry["file"].get<std::string>());
-    at::Tensor out = at::empty(entry["shape"].get<std::vector<std::int64_t>>(), at::kFloat);
-    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size()));
-    std::memcpy(out.data_ptr(), bytes.data(), std::min<std::size_t>(bytes.size(), out.nbytes()));
-    return out;
-  }
+  static const test::GoldenSet& golden() { return test::GoldenSet::of("make_inference_golden.py"); }
+  static at::Tensor load(const nlohmann::json& entry) { return golden().tensor(entry); }
 
   static Predictor predictor_of(const std::string& name) {
     if (name == "identity") return [](const at::Tensor& t) { return t.clone(); };
-    const at::Tensor w = load(manifest_["conv_weight"]), b = load(manifest_["conv_bias"]);
+    const at::Tensor w = load(golden().manifest()["conv_weight"]), b = load(golden().manifest()["conv_bias"]);
     return [w, b](const at::Tensor& t) { return at::conv3d(t, w, b, 1, 1); };
   }
 
-  static test::TempDir* dir_;
-  static nlohmann::json manifest_;
+  const nlohmann::json& manifest_ = golden().manifest();
 };
-test::TempDir* SlidingWindowGolden::dir_ = nullptr;
-nlohmann::json SlidingWindowGolden::manifest_;
 
 TEST_F(SlidingWindowGolden, ImportanceMapEqualsTheReference) {
   ASSERT_GE(manifest_["importance"].size(), 5u);

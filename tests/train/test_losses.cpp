@@ -10,6 +10,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/losses.hpp"
+#include "golden_set.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -17,25 +18,8 @@ namespace {
 
 class LossGolden : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_loss_golden.py " +
-                             dir_->path());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static at::Tensor tensor(const std::string& name) {
-    const auto& m = manifest_["tensors"][name];
-    const std::string bytes = test::read_file(*dir_ / m["file"].get<std::string>());
-    const std::string dt = m["dtype"];
-    const at::ScalarType t = dt == "float32" ? at::kFloat : dt == "float64" ? at::kDouble : at::kByte;
-    at::Tensor out = at::empty(m["shape"].get<std::vector<std::int64_t>>(), t);
-    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size())) << name;
-    std::memcpy(out.data_ptr(), bytes.data(), std::min<std::size_t>(bytes.size(), out.numel() * out.element_size()));
-    return out;
-  }
+  static const test::GoldenSet& golden() { return test::GoldenSet::of("make_loss_golden.py"); }
+  static at::Tensor tensor(const std::string& name) { return golden().tensor(name); }
 
   /// The loss and the gradient w.r.t. the input, for inputs converted to `dtype`.
   static std::pair<at::Tensor, at::Tensor> evaluate(const nlohmann::json& c, at::ScalarType dtype,
@@ -47,11 +31,8 @@ class LossGolden : public ::testing::Test {
     return {value.detach().cpu(), x.grad().cpu()};
   }
 
-  static test::TempDir* dir_;
-  static nlohmann::json manifest_;
+  const nlohmann::json& manifest_ = golden().manifest();
 };
-test::TempDir* LossGolden::dir_ = nullptr;
-nlohmann::json LossGolden::manifest_;
 
 double max_abs(const at::Tensor& t) { return t.abs().max().item<double>(); }
 

@@ -10,6 +10,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/metrics.hpp"
+#include "golden_set.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -33,31 +34,10 @@ void expect_close(const at::Tensor& got_, const at::Tensor& want, double rel, do
 
 class MetricGolden : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_metric_golden.py " +
-                             dir_->path());
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    manifest_ = nlohmann::json::parse(test::read_file(*dir_ / "manifest.json"));
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static at::Tensor tensor(const std::string& name) {
-    const auto& m = manifest_["tensors"][name];
-    const std::string bytes = test::read_file(*dir_ / m["file"].get<std::string>());
-    const std::string dt = m["dtype"];
-    const at::ScalarType t = dt == "float32" ? at::kFloat : dt == "float64" ? at::kDouble : at::kByte;
-    at::Tensor out = at::empty(m["shape"].get<std::vector<std::int64_t>>(), t);
-    EXPECT_EQ(bytes.size(), static_cast<std::size_t>(out.numel() * out.element_size())) << name;
-    std::memcpy(out.data_ptr(), bytes.data(), std::min<std::size_t>(bytes.size(), out.numel() * out.element_size()));
-    return out;
-  }
-
-  static test::TempDir* dir_;
-  static nlohmann::json manifest_;
+  static const test::GoldenSet& golden() { return test::GoldenSet::of("make_metric_golden.py"); }
+  static at::Tensor tensor(const std::string& name) { return golden().tensor(name); }
+  const nlohmann::json& manifest_ = golden().manifest();
 };
-test::TempDir* MetricGolden::dir_ = nullptr;
-nlohmann::json MetricGolden::manifest_;
 
 TEST_F(MetricGolden, DiceAndHd95MatchTheReference) {
   ASSERT_GE(manifest_["cases"].size(), 7u);

@@ -13,46 +13,16 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/optim.hpp"
+#include "golden_set.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
 namespace {
 
-/// The golden folder, made once per test binary and removed at exit.
-class Golden {
- public:
-  static const Golden& get() {
-    static const Golden g;
-    return g;
-  }
-  const nlohmann::json& manifest() const { return manifest_; }
-  const std::string& error() const { return error_; }
-  std::vector<float> floats(const std::string& file) const {
-    const std::string bytes = test::read_file(dir_ / file);
-    std::vector<float> out(bytes.size() / sizeof(float));
-    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-    return out;
-  }
-
- private:
-  Golden() {
-    const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/make_optim_golden.py " +
-                             dir_.path());
-    if (r.exit_code != 0) {
-      error_ = "make_optim_golden.py failed: " + r.err;
-      return;
-    }
-    manifest_ = nlohmann::json::parse(test::read_file(dir_ / "manifest.json"));
-  }
-  test::TempDir dir_;
-  nlohmann::json manifest_;
-  std::string error_;
+/// make_optim_golden.py's set (trajectories, schedules).
+struct Golden {
+  static const test::GoldenSet& get() { return test::GoldenSet::of("make_optim_golden.py"); }
 };
-
-#define REQUIRE_GOLDEN()                                                 \
-  do {                                                                   \
-    ASSERT_TRUE(Golden::get().error().empty()) << Golden::get().error(); \
-  } while (0)
 
 std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
@@ -118,7 +88,6 @@ at::Tensor flat(const std::vector<at::Tensor>& ts) {
 // Golden trajectories
 
 TEST(OptimGolden, TrajectoriesMatchTorchAndMonai) {
-  REQUIRE_GOLDEN();
   const Problem pb = Problem::load();
   const auto& cases = Golden::get().manifest()["optimizers"]["cases"];
   ASSERT_EQ(cases.size(), 9u);
@@ -146,7 +115,6 @@ TEST(OptimGolden, TrajectoriesMatchTorchAndMonai) {
 }
 
 TEST(OptimGolden, SaveLoadContinuesExactly) {
-  REQUIRE_GOLDEN();
   const Problem pb = Problem::load();
   test::TempDir tmp;
   const std::int64_t cut = 5;  // after the missing gradient (step 3), before the learning-rate change (step 7)
@@ -335,7 +303,6 @@ TEST(OptimConfig, SetLearningRateReachesEveryGroup) {
 // Schedules
 
 TEST(ScheduleGolden, MatchesTorchPolynomialLRAndWarmupCosine) {
-  REQUIRE_GOLDEN();
   const auto& cases = Golden::get().manifest()["schedules"];
   ASSERT_EQ(cases.size(), 9u);
   for (const auto& c : cases) {

@@ -94,8 +94,9 @@ class Settings {
   std::map<std::string, Entry> entries_;
 };
 
-/// Reads the config file's `settings:` map (YAML or JSON) into `settings`.
-/// Throws FormatError naming the file and the key on bad input.
-void load_settings_file(Settings& settings, const std::string& path);
+/// Applies the `settings:` map of a config file's text (YAML or JSON) read from
+/// `path` (the caller reads the file: core does no I/O). Throws FormatError
+/// naming the file and the key on bad input.
+void load_settings_text(Settings& settings, const std::string& text, const std::string& path);
 
 }  // namespace medfast

@@ -57,6 +57,12 @@ struct RunConfig {
   std::shared_ptr<Collective> collective;  ///< set by the caller under DDP
 };
 
+/// libtorch's intra-op threads for the network: `train_threads` (train.threads)
+/// when positive, else the threads setting. Sets them and returns the number:
+/// the one place training, eval and infer decide it (the CLI sets the threads
+/// setting at start-up for everything else).
+int apply_network_threads(int train_threads, const Settings& settings);
+
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
 /// working directory). The settings apply the config's `settings:` map below
 /// flags and the environment.
