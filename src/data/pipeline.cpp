@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/synth.hpp"
@@ -74,32 +75,31 @@ namespace {
 // list is not there yet (a finished `data synth` writes dataset.json last).
 void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& list, const std::string& path,
                               const Settings& settings) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    return FormatError(str(path, ": data.synth.", key, ": ", what));
+  ConfigReader r(spec, path + ": data.synth");
+  SynthOptions o;
+  int cases = o.cases;
+  std::string size;
+  std::array<double, 3> spacing = o.spacing;
+  r.read("cases", cases).read("size", size).read("spacing", spacing).read("seed", o.seed);
+  r.finish();
+  const auto checked = [&](const char* key, auto&& set) {
+    try {
+      set();
+    } catch (const ValueError& e) {
+      r.fail(key, e.what());
+    }
   };
-  if (!spec.is_object()) throw FormatError(str(path, ": data.synth: expected a mapping (cases, size, spacing, seed)"));
+  checked("cases", [&] { o.set_cases(cases); });
+  if (!size.empty()) checked("size", [&] { o.set_size(size); });
+  checked("spacing", [&] { o.set_spacing(spacing); });
   if (os::exists(list)) return;
   const std::string dir = os::parent_directory(list);
   if (list != dir + "/dataset.json") {
-    throw FormatError(str(path, ": data.synth: data.dataset must name a dataset.json for synth to write (got ", list, ")"));
+    throw ConfigError(str(path, ": data.synth: data.dataset must name a dataset.json for synth to write (got ", list, ")"));
   }
-  SynthOptions o;
   o.out_dir = dir;
   o.threads = settings.threads();
   o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));
-  for (const auto& [k, v] : spec.items()) {
-    try {
-      if (k == "cases") o.set_cases(v.get<int>());
-      else if (k == "size") o.set_size(v.get<std::string>());
-      else if (k == "spacing") o.set_spacing(v.get<std::array<double, 3>>());
-      else if (k == "seed") o.seed = v.get<std::uint64_t>();
-      else throw fail(k, "unknown key (known: cases, size, spacing, seed)");
-    } catch (const nlohmann::json::exception&) {
-      throw fail(k, str("has the wrong type: ", v.dump()));
-    } catch (const ValueError& e) {
-      throw fail(k, e.what());
-    }
-  }
   synthesize_dataset(o);
 }
 
@@ -107,8 +107,8 @@ void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& lis
 
 PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base,
                              const Settings& settings) {
-  auto fail = [&](const std::string& key, const std::string& what) -> FormatError {
-    return FormatError(str(path, ": ", key, ": ", what));
+  auto fail = [&](const std::string& key, const std::string& what) -> ConfigError {
+    return ConfigError(str(path, ": ", key, ": ", what));
   };
   if (!root.is_object() || !root.contains("data") || !root["data"].is_object()) {
     throw fail("data", "missing (expected a mapping with dataset, deterministic, cache)");
@@ -119,14 +119,12 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   PipelineConfig c;
   c.path = path;
   if (!d.contains("dataset") || !d["dataset"].is_string()) throw fail("data.dataset", "expected the path of a dataset list");
-  for (const auto& [k, v] : d.items()) {
-    static const char* known[] = {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache",
-                                  "validation", "synth"};
-    if (std::find_if(std::begin(known), std::end(known), [&](const char* n) { return k == n; }) == std::end(known)) {
-      throw fail("data." + k, "unknown key (known: dataset, section, fold, deterministic, random, seed, loader, cache, "
-                              "validation, synth)");
-    }
+  ConfigReader keys(d, path + ": data");
+  for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache", "validation",
+                        "synth"}) {
+    keys.known(k);
   }
+  keys.finish();
   const std::string list = resolve_path(base, d["dataset"].get<std::string>());
   if (d.contains("synth")) ensure_synthetic_dataset(d["synth"], list, path, settings);
   const std::string section = d.value("section", "training");
@@ -169,37 +167,21 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     if (!d["seed"].is_number_integer() || d["seed"].get<long long>() < 0) throw fail("data.seed", "expected a whole number >= 0");
     c.seed = d["seed"].get<std::uint64_t>();
   }
-  const nlohmann::json loader = d.value("loader", nlohmann::json::object());
-  if (!loader.is_object()) throw fail("data.loader", "expected a mapping");
   c.loader.threads = settings.threads();
-  for (const auto& [k, v] : loader.items()) {
-    try {
-      if (k == "threads") c.loader.threads = v.get<int>();
-      else if (k == "batch_size") c.loader.batch_size = v.get<int>();
-      else if (k == "shuffle") c.loader.shuffle = v.get<bool>();
-      else if (k == "drop_last") c.loader.drop_last = v.get<bool>();
-      else if (k == "repeats") c.loader.repeats = v.get<int>();
-      else if (k == "prefetch") c.loader.prefetch = v.get<int>();
-      else if (k == "pin_memory") c.loader.pin_memory = v.get<bool>();
-      else if (k == "device") c.loader.device = v.get<std::string>();
-      else throw fail("data.loader." + k, "unknown key (known: batch_size, threads, shuffle, drop_last, repeats, prefetch, pin_memory, device)");
-    } catch (const nlohmann::json::exception&) {
-      throw fail("data.loader." + k, str("has the wrong type: ", v.dump()));
-    }
-  }
+  ConfigReader loader(d.value("loader", nlohmann::json::object()), path + ": data.loader");
+  loader.read("batch_size", c.loader.batch_size).read("threads", c.loader.threads).read("shuffle", c.loader.shuffle);
+  loader.read("drop_last", c.loader.drop_last).read("repeats", c.loader.repeats).read("prefetch", c.loader.prefetch);
+  loader.read("pin_memory", c.loader.pin_memory).read("device", c.loader.device);
+  loader.finish();
   try {
     c.loader.validate();
   } catch (const std::exception& e) {
     throw fail("data.loader", e.what());
   }
   const nlohmann::json cache = d.value("cache", nlohmann::json::object());
-  if (!cache.is_object()) throw fail("data.cache", "expected a mapping");
-  for (const auto& [k, v] : cache.items()) {
-    if (k != "kind" && k != "dir" && k != "cache_rate" && k != "content_hash" && k != "cache_num" &&
-        k != "replace_rate") {
-      throw fail("data.cache." + k, "unknown key (known: kind, dir, cache_rate, content_hash, cache_num, replace_rate)");
-    }
-  }
+  ConfigReader cache_keys(cache, path + ": data.cache");
+  for (const char* k : {"kind", "dir", "cache_rate", "content_hash", "cache_num", "replace_rate"}) cache_keys.known(k);
+  cache_keys.finish();
   const std::string kind = cache.value("kind", "memory");
   if (kind == "smart") {
     c.smart = true;

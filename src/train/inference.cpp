@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 
 namespace medfast::train {
@@ -97,45 +98,22 @@ void SlidingWindowOptions::validate() const {
 }
 
 SlidingWindowOptions SlidingWindowOptions::from_json(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object()) throw FormatError(str(where, ": expected a mapping, got ", j.dump()));
   SlidingWindowOptions o;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& key = it.key();
-    const nlohmann::json& v = it.value();
-    const auto wrong_type = [&](const char* expected) {
-      return FormatError(str(where, ".", key, ": expected ", expected, ", got ", v.dump()));
-    };
-    if (key == "roi_size") {
-      if (v.is_number_integer()) {
-        o.roi_size.assign(3, v.get<std::int64_t>());
-      } else {
-        if (!v.is_array() || v.empty()) throw wrong_type("a list of whole numbers or one whole number");
-        o.roi_size.clear();
-        for (const auto& e : v) {
-          if (!e.is_number_integer()) throw wrong_type("a list of whole numbers or one whole number");
-          o.roi_size.push_back(e.get<std::int64_t>());
-        }
-      }
-    } else if (key == "sw_batch_size") {
-      if (!v.is_number_integer()) throw wrong_type("a whole number");
-      o.sw_batch_size = v.get<std::int64_t>();
-    } else if (key == "overlap" || key == "sigma_scale" || key == "cval") {
-      if (!v.is_number()) throw wrong_type("a number");
-      (key == "overlap" ? o.overlap : key == "sigma_scale" ? o.sigma_scale : o.cval) = v.get<double>();
-    } else if (key == "mode" || key == "padding_mode" || key == "device") {
-      if (!v.is_string()) throw wrong_type("a string");
-      (key == "mode" ? o.mode : key == "padding_mode" ? o.padding_mode : o.device) = v.get<std::string>();
-    } else {
-      throw FormatError(str(where, ".", key,
-                            ": unknown key (known: roi_size, sw_batch_size, overlap, mode, sigma_scale, padding_mode, "
-                            "cval, device)"));
-    }
+  ConfigReader k(j, where);
+  if (k.has("roi_size") && k.raw("roi_size").is_number_integer()) {  // one size for every axis, as MONAI
+    o.roi_size.assign(3, k.raw("roi_size").get<std::int64_t>());
+  } else {
+    k.read("roi_size", o.roi_size);
+    if (k.has("roi_size") && o.roi_size.empty()) k.fail("roi_size", "expected a list of whole numbers or one whole number");
   }
+  k.read("sw_batch_size", o.sw_batch_size).read("overlap", o.overlap).read("mode", o.mode);
+  k.read("sigma_scale", o.sigma_scale).read("padding_mode", o.padding_mode).read("cval", o.cval);
+  k.read("device", o.device);
+  k.finish();
   try {
     o.validate();
-  } catch (ValueError& e) {
-    e.add_context(where);
-    throw;
+  } catch (const ValueError& e) {
+    throw ConfigError(str(where, ": ", e.what()));
   }
   return o;
 }

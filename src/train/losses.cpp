@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 
 namespace medfast::train {
@@ -37,12 +38,6 @@ constexpr NumberField kNumbers[] = {
     {"lambda_focal", &LossOptions::lambda_focal}, {"gamma", &LossOptions::gamma},
 };
 
-std::string known_keys() {
-  std::string s = "name";
-  for (const auto& f : kFlags) s += std::string(", ") + f.key;
-  for (const auto& f : kNumbers) s += std::string(", ") + f.key;
-  return s;
-}
 
 /// MONAI's one_hot without the range check, for indices known to be valid.
 at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes) {
@@ -87,38 +82,21 @@ void LossOptions::validate() const {
 
 LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) {
-    throw ValueError(str(where, ": expected a mapping such as {name: DiceCE, to_onehot_y: true, softmax: true}, got ",
-                         j.dump()));
+    throw ConfigError(str(where, ": expected a mapping such as {name: DiceCE, to_onehot_y: true, softmax: true}, got ",
+                          j.dump()));
   }
   LossOptions o;
-  for (const auto& [key, value] : j.items()) {
-    const auto wrong = [&, &key = key, &value = value](const char* expected) {
-      return ValueError(str(where, ".", key, ": expected ", expected, ", got ", value.dump()));
-    };
-    if (key == "name") {
-      if (!value.is_string()) throw wrong(str("a string (", kLossNames, ")").c_str());
-      o.name = value.get<std::string>();
-      continue;
-    }
-    bool known = false;
-    for (const auto& f : kFlags) {
-      if (key != f.key) continue;
-      if (!value.is_boolean()) throw wrong("true or false");
-      o.*f.member = value.get<bool>();
-      known = true;
-    }
-    for (const auto& f : kNumbers) {
-      if (key != f.key) continue;
-      if (!value.is_number()) throw wrong("a number");
-      o.*f.member = value.get<double>();
-      known = true;
-    }
-    if (!known) throw ValueError(str(where, ".", key, ": unknown argument (expected one of ", known_keys(), ")"));
-  }
+  ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", ""});
+  const nlohmann::json& name = k.raw("name");
+  if (!name.is_null() && !name.is_string()) k.fail("name", str("expected a string (", kLossNames, "), got ", name.dump()));
+  k.read("name", o.name);
+  for (const auto& f : kFlags) k.read(f.key, o.*f.member);
+  for (const auto& f : kNumbers) k.read(f.key, o.*f.member);
+  k.finish();
   try {
     o.validate();
   } catch (const ValueError& e) {
-    throw ValueError(str(where, ".", e.message()));
+    throw ConfigError(str(where, ".", e.message()));
   }
   return o;
 }

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 
 namespace medfast::train {
@@ -49,60 +50,13 @@ std::string join(const std::vector<std::string>& names) {
 /// The canonical spelling of `name` among `known`, matched ignoring case; throws naming `where`.name.
 std::string canonical_name(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& where,
                            const char* what) {
-  if (!j.is_string()) throw ValueError(str(where, ".name: expected a string (", join(known), "), got ", j.dump()));
+  if (!j.is_string()) throw ConfigError(str(where, ".name: expected a string (", join(known), "), got ", j.dump()));
   const std::string name = j.get<std::string>();
   for (const auto& k : known) {
     if (lower(k) == lower(name)) return k;
   }
-  throw ValueError(str(where, ".name: unknown ", what, " '", name, "' (expected ", join(known), ")"));
+  throw ConfigError(str(where, ".name: unknown ", what, " '", name, "' (expected ", join(known), ")"));
 }
-
-/// Reads the keys of one config mapping; keys no one asked for are errors naming the allowed ones.
-class Keys {
- public:
-  Keys(const nlohmann::json& j, std::string where, std::string owner, std::vector<std::string> allowed)
-      : j_(j), where_(std::move(where)), owner_(std::move(owner)), allowed_(std::move(allowed)) {
-    for (const auto& [k, v] : j_.items()) {
-      if (k == "name") continue;
-      if (std::find(allowed_.begin(), allowed_.end(), k) == allowed_.end()) {
-        throw ValueError(str(where_, ".", k, ": unknown argument for ", owner_,
-                             allowed_.empty() ? std::string(" (it takes none)") : str(" (known: ", join(allowed_), ")")));
-      }
-    }
-  }
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  double number(const char* key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_number()) throw ValueError(str(where_, ".", key, ": expected a number, got ", j_[key].dump()));
-    return j_[key].get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) throw ValueError(str(where_, ".", key, ": expected true or false, got ", j_[key].dump()));
-    return j_[key].get<bool>();
-  }
-  std::int64_t integer(const char* key, std::int64_t fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_[key];
-    // YAML writes 50 and 50.0 alike for some emitters; accept a float only when it is whole.
-    if (v.is_number_integer()) return v.get<std::int64_t>();
-    if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return static_cast<std::int64_t>(v.get<double>());
-    throw ValueError(str(where_, ".", key, ": expected a whole number, got ", v.dump()));
-  }
-  std::pair<double, double> pair(const char* key, std::pair<double, double> fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = j_[key];
-    if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) {
-      throw ValueError(str(where_, ".", key, ": expected two numbers [beta1, beta2], got ", v.dump()));
-    }
-    return {v[0].get<double>(), v[1].get<double>()};
-  }
-
- private:
-  const nlohmann::json& j_;
-  std::string where_, owner_;
-  std::vector<std::string> allowed_;
-};
 
 const std::vector<std::string> kOptimizers = {"SGD", "Adam", "AdamW", "Novograd"};
 const std::vector<std::string> kSchedules = {"constant", "warmup_cosine", "poly"};
@@ -137,30 +91,31 @@ void OptimizerOptions::validate() const {
 
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object() || !j.contains("name")) {
-    throw ValueError(str(where, ": expected a mapping with a 'name' (", join(kOptimizers), ")"));
+    throw ConfigError(str(where, ": expected a mapping with a 'name' (", join(kOptimizers), ")"));
   }
   OptimizerOptions o;
   o.name = canonical_name(j["name"], kOptimizers, where, "optimizer");
-  std::vector<std::string> allowed;
-  if (o.name == "SGD") allowed = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
-  else if (o.name == "Novograd") allowed = {"lr", "betas", "eps", "weight_decay", "grad_averaging", "amsgrad"};
-  else allowed = {"lr", "betas", "eps", "weight_decay", "amsgrad"};
-  const Keys k(j, where, o.name, allowed);
+  ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", o.name});
+  k.known("name");
   if (o.name == "AdamW") o.weight_decay = kAdamWWeightDecay;
   if (o.name == "Novograd") o.beta2 = kNovogradBeta2;
-  o.lr = k.number("lr", o.lr);
-  o.momentum = k.number("momentum", o.momentum);
-  o.dampening = k.number("dampening", o.dampening);
-  o.weight_decay = k.number("weight_decay", o.weight_decay);
-  o.nesterov = k.boolean("nesterov", o.nesterov);
-  o.amsgrad = k.boolean("amsgrad", o.amsgrad);
-  o.grad_averaging = k.boolean("grad_averaging", o.grad_averaging);
-  std::tie(o.beta1, o.beta2) = k.pair("betas", {o.beta1, o.beta2});
-  o.eps = k.number("eps", o.eps);
+  k.read("lr", o.lr);
+  if (o.name == "SGD") {
+    k.read("momentum", o.momentum).read("dampening", o.dampening).read("weight_decay", o.weight_decay);
+    k.read("nesterov", o.nesterov);
+  } else {
+    std::array<double, 2> betas{o.beta1, o.beta2};
+    k.read("betas", betas).read("eps", o.eps).read("weight_decay", o.weight_decay);
+    if (o.name == "Novograd") k.read("grad_averaging", o.grad_averaging);
+    k.read("amsgrad", o.amsgrad);
+    o.beta1 = betas[0];
+    o.beta2 = betas[1];
+  }
+  k.finish();
   try {
     o.validate();
   } catch (const ValueError& e) {
-    throw ValueError(str(where, ": ", e.what()));
+    throw ConfigError(str(where, ": ", e.what()));
   }
   return o;
 }
@@ -186,21 +141,21 @@ ScheduleOptions ScheduleOptions::from_json(const nlohmann::json& j, const std::s
     return o;
   }
   if (!j.is_object() || !j.contains("name")) {
-    throw ValueError(str(where, ": expected a name or a mapping with a 'name' (", join(kSchedules), ")"));
+    throw ConfigError(str(where, ": expected a name or a mapping with a 'name' (", join(kSchedules), ")"));
   }
   o.name = canonical_name(j["name"], kSchedules, where, "schedule");
-  std::vector<std::string> allowed;
-  if (o.name == "warmup_cosine") allowed = {"warmup_epochs", "warmup_start_lr", "eta_min"};
-  else if (o.name == "poly") allowed = {"power"};
-  const Keys k(j, where, o.name, allowed);
-  o.warmup_epochs = k.integer("warmup_epochs", o.warmup_epochs);
-  o.warmup_start_lr = k.number("warmup_start_lr", o.warmup_start_lr);
-  o.eta_min = k.number("eta_min", o.eta_min);
-  o.power = k.number("power", o.power);
+  ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", o.name});
+  k.known("name");
+  if (o.name == "warmup_cosine") {
+    k.read("warmup_epochs", o.warmup_epochs).read("warmup_start_lr", o.warmup_start_lr).read("eta_min", o.eta_min);
+  } else if (o.name == "poly") {
+    k.read("power", o.power);
+  }
+  k.finish();
   try {
     o.validate();
   } catch (const ValueError& e) {
-    throw ValueError(str(where, ": ", e.what()));
+    throw ConfigError(str(where, ": ", e.what()));
   }
   return o;
 }

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <set>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
@@ -124,14 +125,13 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   c.base_dir = std::filesystem::absolute(base_dir).lexically_normal().string();
   if (c.base_dir.size() > 1 && c.base_dir.back() == '/') c.base_dir.pop_back();
   const std::string base = base_dir;
-  auto fail = [&](const std::string& key, const std::string& what) { return FormatError(str(c.path, ": ", key, ": ", what)); };
-  if (!root.is_object()) throw FormatError(str(c.path, ": expected a mapping with data, model, loss, optimizer, train"));
-  static const std::set<std::string> known{"data", "model", "loss", "optimizer", "schedule", "validation", "train", "settings"};
-  for (const auto& [k, v] : root.items()) {
-    if (!known.count(k)) {
-      throw fail(k, "unknown section (known: data, model, loss, optimizer, schedule, validation, train, settings)");
-    }
+  auto fail = [&](const std::string& key, const std::string& what) { return ConfigError(str(c.path, ": ", key, ": ", what)); };
+  if (!root.is_object()) throw ConfigError(str(c.path, ": expected a mapping with data, model, loss, optimizer, train"));
+  ConfigReader sections(root, c.path, ConfigReader::Naming{ConfigReader::Style::top, "section", ""});
+  for (const char* s : {"data", "model", "loss", "optimizer", "schedule", "validation", "train", "settings"}) {
+    sections.known(s);
   }
+  sections.finish();
   // The config's settings sit below flags and the environment.
   if (root.contains("settings")) {
     const auto& s = root["settings"];
@@ -147,77 +147,45 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   // and a typo anywhere must be reported before any data is prepared.
   c.model = root["model"];
   if (!c.model.is_object()) throw fail("model", "expected a mapping with a name (UNet, SegResNet, SwinUNETR)");
-
   auto section = [&](const char* name) {
     const nlohmann::json v = root.value(name, nlohmann::json::object());
     if (!v.is_object()) throw fail(name, "expected a mapping");
     return v;
   };
-  auto wrap = [&](const char* name, auto&& f) {
+  auto in_config = [&](auto&& f) {  // errors of a section's reader, named after this config
     try {
       f();
     } catch (const Error& e) {
-      throw FormatError(str(c.path, ": ", e.what()));
-    } catch (const nlohmann::json::exception& e) {
-      throw fail(name, e.what());
+      throw ConfigError(str(c.path, ": ", e.what()));
     }
   };
-  wrap("model", [&] { nn::parse_network(c.model, "model"); });
-  wrap("loss", [&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
-  wrap("optimizer", [&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
+  in_config([&] { nn::parse_network(c.model, "model"); });
+  in_config([&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
+  in_config([&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
   if (root.contains("schedule")) {  // absent: a constant learning rate
-    wrap("schedule", [&] { c.schedule = ScheduleOptions::from_json(root["schedule"], "schedule"); });
+    in_config([&] { c.schedule = ScheduleOptions::from_json(root["schedule"], "schedule"); });
   }
 
-  const nlohmann::json val = section("validation");
-  for (const auto& [k, v] : val.items()) {
-    if (k != "interval" && k != "sliding_window" && k != "hd95") {
-      throw fail("validation." + k, "unknown key (known: interval, sliding_window, hd95)");
-    }
-  }
-  wrap("validation", [&] {
-    c.val_interval = val.value("interval", 1);
-    c.hd95 = val.value("hd95", false);
-    c.sliding_window =
-        SlidingWindowOptions::from_json(val.value("sliding_window", nlohmann::json::object()), "validation.sliding_window");
-  });
+  ConfigReader val(section("validation"), c.path + ": validation");
+  val.read("interval", c.val_interval).read("hd95", c.hd95);
+  const nlohmann::json sw = val.raw("sliding_window");
+  val.finish();
+  in_config([&] { c.sliding_window = SlidingWindowOptions::from_json(sw, "validation.sliding_window"); });
 
-  const nlohmann::json tr = section("train");
-  static const std::set<std::string> train_keys{"run_dir", "epochs", "seed", "device", "amp", "target_dice",
-                                                "threads", "image_key", "label_key", "deterministic"};
-  for (const auto& [k, v] : tr.items()) {
-    if (!train_keys.count(k)) {
-      throw fail("train." + k, "unknown key (known: run_dir, epochs, seed, device, amp, target_dice, threads, "
-                               "image_key, label_key, deterministic)");
-    }
-  }
-  auto get = [&](const char* key, auto& out, const char* expected) {
-    if (!tr.contains(key) || tr[key].is_null()) return;
-    try {
-      out = tr[key].get<std::decay_t<decltype(out)>>();
-    } catch (const nlohmann::json::exception&) {
-      throw fail(str("train.", key), str(tr[key].dump(), " is not ", expected));
-    }
-  };
+  ConfigReader tr(section("train"), c.path + ": train");
   TrainOptions& t = c.train;
-  get("run_dir", t.run_dir, "a folder path");
-  get("epochs", t.epochs, "a whole number");
-  get("seed", t.seed, "a whole number >= 0");
-  get("device", t.device, "a device name (cpu, cuda, cuda:N)");
-  if (tr.contains("amp")) t.amp = tr["amp"];
-  get("target_dice", t.target_dice, "a number in 0..1");
-  get("threads", t.threads, "a whole number");
-  get("image_key", t.image_key, "a key name");
-  get("label_key", t.label_key, "a key name");
-  get("deterministic", t.deterministic, "true or false");
+  tr.read("run_dir", t.run_dir).read("epochs", t.epochs).read("seed", t.seed).read("device", t.device);
+  if (tr.has("amp")) t.amp = tr.raw("amp");
+  tr.read("target_dice", t.target_dice).read("threads", t.threads).read("image_key", t.image_key);
+  tr.read("label_key", t.label_key).read("deterministic", t.deterministic);
+  tr.known("amp");
+  tr.finish();
   t.run_dir = data::resolve_path(base, t.run_dir);
   t.val_interval = c.val_interval;
-  try {
+  in_config([&] {
     t.validate();
     (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");
-  } catch (const Error& e) {
-    throw FormatError(str(c.path, ": ", e.what()));
-  }
+  });
   c.data = data::load_pipeline(root, c.path, base, settings);
   if (t.target_dice > 0 && c.data.validation.items.empty()) {
     throw fail("train.target_dice", "needs validation items (set data.validation: {num: N} or {section: NAME})");

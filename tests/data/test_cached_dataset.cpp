@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -277,7 +278,7 @@ TEST_F(CachedDatasetTest, PipelineConfigBuildsEitherCache) {
   EXPECT_THROW(make_cached_dataset(smart), ValueError);
   cfg["data"]["cache"] = {{"kind", "smart"}};
   test::write_file(tmp / "bad.json", cfg.dump());
-  EXPECT_THROW(load_pipeline(tmp / "bad.json", settings), FormatError);
+  EXPECT_THROW(load_pipeline(tmp / "bad.json", settings), ConfigError);
   cfg["data"]["cache"] = {{"kind", "memory"}, {"cache_rate", 0.5}};
   cfg["data"]["fold"] = nullptr;
   test::write_file(tmp / "mem.json", cfg.dump());

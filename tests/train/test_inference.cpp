@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/train/inference.hpp"
 #include "golden_set.hpp"
@@ -220,7 +221,7 @@ TEST(SlidingWindow, FromJsonReadsEveryKeyAndRejectsUnknownOnes) {
     try {
       SlidingWindowOptions::from_json(nlohmann::json::parse(text));
       ADD_FAILURE() << "no error for " << text;
-    } catch (const FormatError& e) {
+    } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };

@@ -253,7 +253,7 @@ TEST(OptimConfig, ErrorsByMessage) {
   EXPECT_EQ(err(R"({"name": "SGD", "lr": -0.1})"), "optimizer: SGD: lr must be >= 0 (got -0.1)");
   EXPECT_EQ(err(R"({"name": "SGD", "lr": "fast"})"), "optimizer.lr: expected a number, got \"fast\"");
   EXPECT_EQ(err(R"({"name": "SGD", "nesterov": 1})"), "optimizer.nesterov: expected true or false, got 1");
-  EXPECT_EQ(err(R"({"name": "Adam", "betas": [0.9]})"), "optimizer.betas: expected two numbers [beta1, beta2], got [0.9]");
+  EXPECT_EQ(err(R"({"name": "Adam", "betas": [0.9]})"), "optimizer.betas: expected a list of 2 numbers, got [0.9]");
   EXPECT_EQ(err(R"({"name": "Adam", "betas": [0.9, 1.0]})"), "optimizer: Adam: betas[1] must be in [0, 1) (got 1)");
   EXPECT_EQ(err(R"({"name": "AdamW", "weight_decay": -1})"), "optimizer: AdamW: weight_decay must be >= 0 (got -1)");
   EXPECT_EQ(err(R"({"name": "Novograd", "eps": -1e-8})"), "optimizer: Novograd: eps must be >= 0 (got -1e-08)");

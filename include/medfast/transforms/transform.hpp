@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "medfast/cache/sample.hpp"
+#include "medfast/core/config.hpp"
 
 namespace medfast::transforms {
 
@@ -83,33 +84,11 @@ void check_output_size(const std::string& transform, const std::string& key, std
 /// Throws ValueError("<transform>: argument keys: ...") if `keys` is empty.
 void require_keys(const std::vector<std::string>& keys, const std::string& transform);
 
-/// Reads JSON arguments, remembering which were used so that a misspelt
-/// argument is an error ("Spacing: unknown argument 'pixdims'").
-class Args {
+/// A transform's arguments (core/config.hpp): a misspelt argument is an error
+/// ("Spacing: unknown argument 'pixdims' (known: keys, pixdim, mode)").
+class Args : public ConfigReader {
  public:
-  Args(std::string transform, const nlohmann::json& args);
-  /// Throws ValueError if any argument was not read.
-  void finish() const;
-  bool has(const std::string& key) const;
-  std::vector<std::string> keys(const std::string& key = "keys");
-  std::string text(const std::string& key, const std::string& fallback);
-  double number(const std::string& key, double fallback);
-  std::int64_t integer(const std::string& key, std::int64_t fallback);
-  bool flag(const std::string& key, bool fallback);
-  std::vector<double> numbers(const std::string& key, std::size_t n);
-  std::vector<std::int64_t> integers(const std::string& key, std::size_t n);
-  /// Optional forms: `fallback` when the argument is absent.
-  std::vector<double> numbers(const std::string& key, std::size_t n, const std::vector<double>& fallback);
-  std::vector<std::int64_t> integers(const std::string& key, std::size_t n, const std::vector<std::int64_t>& fallback);
-  /// A value per key: one string for all, or a list as long as `count`.
-  std::vector<std::string> per_key(const std::string& key, const std::string& fallback, std::size_t count);
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
-
- private:
-  const nlohmann::json& get(const std::string& key);
-  std::string transform_;
-  nlohmann::json args_;
-  std::vector<std::string> used_;
+  Args(std::string transform, const nlohmann::json& args) : ConfigReader(args, std::move(transform), Style::argument) {}
 };
 
 }  // namespace medfast::transforms

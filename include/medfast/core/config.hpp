@@ -1,0 +1,170 @@
+#pragma once
+/// \file
+/// The one reader of config mappings: a run config's sections, a transform's
+/// arguments, a network's, a loss's, an optimizer's, a schedule's, the sliding
+/// window's, the data pipeline's.
+///
+/// Every key is read with the type of the field it fills; an absent (or null)
+/// key leaves the field at its struct default (read(key, field)), so defaults
+/// live in one place, the options struct. finish() refuses any key nobody read,
+/// listing the known ones. Every error is a ConfigError that names where the
+/// mapping came from and the key:
+///   Style::path      "validation.sliding_window.overlap: expected a number, got \"half\""
+///                    "optimizer.momentum: unknown argument for Adam (known: lr, betas, ...)"
+///   Style::top       "run.yaml: trian: unknown section (known: data, model, ...)"
+///   Style::argument  "Spacing: argument pixdim: expected ... (arguments given: keys, pixdim)"
+///                    "Spacing: unknown argument 'pixdims' (known: keys, pixdim, mode)"
+#include <array>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+
+namespace medfast {
+
+/// A config value that is missing, of the wrong type, unknown or out of range.
+class ConfigError : public ValueError {
+ public:
+  using ValueError::ValueError;
+};
+
+class ConfigReader {
+ public:
+  enum class Style { path, argument, top };
+  struct Naming {
+    Style style = Style::path;
+    std::string noun = "key";  ///< what unknown keys are called: "key" or "argument"
+    std::string owner;         ///< "... unknown argument for <owner>" (an optimizer's name)
+  };
+
+  /// `mapping` may be null (nothing set: every field keeps its default).
+  ConfigReader(const nlohmann::json& mapping, std::string where, Naming naming);
+  ConfigReader(const nlohmann::json& mapping, std::string where, Style style = Style::path);
+
+  const std::string& where() const { return where_; }
+  /// "<where>.<key>", "<where>: <key>" (top) or "<where>: argument <key>".
+  std::string name(const std::string& key) const;
+  bool has(const std::string& key) const;
+  /// The value (null if absent); the key counts as known.
+  const nlohmann::json& raw(const std::string& key);
+  /// Marks keys read by other means as known.
+  void known(const std::string& key);
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const;
+  /// ConfigError if a key was never read.
+  void finish() const;
+
+  /// Fills `field` from `key` when present (bool, whole numbers, numbers, text,
+  /// lists and fixed-size arrays of those); otherwise leaves it as it is.
+  template <typename T>
+  ConfigReader& read(const std::string& key, T& field) {
+    const nlohmann::json& v = raw(key);
+    if (v.is_null()) return *this;
+    if (!convert(v, field)) fail(key, str("expected ", describe(field), ", got ", v.dump()));
+    return *this;
+  }
+  /// The value of `key`, or `fallback` when absent.
+  template <typename T>
+  T get(const std::string& key, T fallback) {
+    read(key, fallback);
+    return fallback;
+  }
+
+  // Forms the transforms use: one value standing for n, required lists.
+  std::string text(const std::string& key, const std::string& fallback) { return get(key, fallback); }
+  double number(const std::string& key, double fallback) { return get(key, fallback); }
+  std::int64_t integer(const std::string& key, std::int64_t fallback) { return get(key, fallback); }
+  bool flag(const std::string& key, bool fallback) { return get(key, fallback); }
+  /// Required: a key name or a list of them (the sample keys a transform works on).
+  std::vector<std::string> keys(const std::string& key = "keys");
+  /// n numbers: a list of n, or one number standing for all; required without a fallback.
+  std::vector<double> numbers(const std::string& key, std::size_t n);
+  std::vector<double> numbers(const std::string& key, std::size_t n, const std::vector<double>& fallback);
+  std::vector<std::int64_t> integers(const std::string& key, std::size_t n);
+  std::vector<std::int64_t> integers(const std::string& key, std::size_t n, const std::vector<std::int64_t>& fallback);
+  /// A value per sample key: one string for all, or a list as long as `count`.
+  std::vector<std::string> per_key(const std::string& key, const std::string& fallback, std::size_t count);
+
+ private:
+  template <typename T>
+  static bool convert(const nlohmann::json& v, T& out) {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) return false;
+      out = v.get<bool>();
+    } else if constexpr (std::is_integral_v<T>) {
+      // Some YAML writers emit 50 as 50.0: a whole float is a whole number.
+      if (v.is_number_integer()) {
+        if (std::is_unsigned_v<T> && v.get<std::int64_t>() < 0 && !v.is_number_unsigned()) return false;
+        out = v.get<T>();
+      } else if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<std::int64_t>(v.get<double>()))) {
+        out = static_cast<T>(v.get<double>());
+      } else {
+        return false;
+      }
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!v.is_number()) return false;
+      out = v.get<T>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) return false;
+      out = v.get<std::string>();
+    } else if constexpr (is_vector<T>::value) {
+      if (!v.is_array()) return false;
+      T items(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (!convert(v[i], items[i])) return false;
+      }
+      out = std::move(items);
+    } else if constexpr (is_array<T>::value) {
+      if (!v.is_array() || v.size() != std::tuple_size<T>::value) return false;
+      T items{};
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (!convert(v[i], items[i])) return false;
+      }
+      out = items;
+    } else {
+      static_assert(sizeof(T) == 0, "ConfigReader::read: unsupported field type");
+    }
+    return true;
+  }
+  template <typename T>
+  static std::string describe(const T& field) {
+    if constexpr (std::is_same_v<T, bool>) {
+      return "true or false";
+    } else if constexpr (std::is_integral_v<T>) {
+      return std::is_unsigned_v<T> ? "a whole number >= 0" : "a whole number";
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return "a number";
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      return "text";
+    } else if constexpr (is_vector<T>::value) {
+      return "a list of " + plural(typename T::value_type{});
+    } else {
+      (void)field;
+      return str("a list of ", std::tuple_size<T>::value, " ", plural(typename T::value_type{}));
+    }
+  }
+  template <typename T>
+  static std::string plural(const T&) {
+    if constexpr (std::is_same_v<T, bool>) return "true/false values";
+    else if constexpr (std::is_integral_v<T>) return "whole numbers";
+    else if constexpr (std::is_floating_point_v<T>) return "numbers";
+    else return "texts";
+  }
+  template <typename T>
+  struct is_vector : std::false_type {};
+  template <typename T, typename A>
+  struct is_vector<std::vector<T, A>> : std::true_type {};
+  template <typename T>
+  struct is_array : std::false_type {};
+  template <typename T, std::size_t N>
+  struct is_array<std::array<T, N>> : std::true_type {};
+
+  nlohmann::json mapping_;
+  std::string where_;
+  Naming naming_;
+  std::vector<std::string> read_;
+};
+
+}  // namespace medfast
