@@ -109,12 +109,7 @@ SlidingWindowOptions SlidingWindowOptions::from_json(const nlohmann::json& j, co
   k.read("sw_batch_size", o.sw_batch_size).read("overlap", o.overlap).read("mode", o.mode);
   k.read("sigma_scale", o.sigma_scale).read("padding_mode", o.padding_mode).read("cval", o.cval);
   k.read("device", o.device);
-  k.finish();
-  try {
-    o.validate();
-  } catch (const ValueError& e) {
-    throw ConfigError(str(where, ": ", e.what()));
-  }
+  k.finish(o);
   return o;
 }
 

@@ -92,12 +92,7 @@ LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& w
   k.read("name", o.name);
   for (const auto& f : kFlags) k.read(f.key, o.*f.member);
   for (const auto& f : kNumbers) k.read(f.key, o.*f.member);
-  k.finish();
-  try {
-    o.validate();
-  } catch (const ValueError& e) {
-    throw ConfigError(str(where, ".", e.message()));
-  }
+  k.finish(o, ".");
   return o;
 }
 

@@ -111,12 +111,7 @@ OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j, const std:
     o.beta1 = betas[0];
     o.beta2 = betas[1];
   }
-  k.finish();
-  try {
-    o.validate();
-  } catch (const ValueError& e) {
-    throw ConfigError(str(where, ": ", e.what()));
-  }
+  k.finish(o);
   return o;
 }
 
@@ -151,12 +146,7 @@ ScheduleOptions ScheduleOptions::from_json(const nlohmann::json& j, const std::s
   } else if (o.name == "poly") {
     k.read("power", o.power);
   }
-  k.finish();
-  try {
-    o.validate();
-  } catch (const ValueError& e) {
-    throw ConfigError(str(where, ": ", e.what()));
-  }
+  k.finish(o);
   return o;
 }
 

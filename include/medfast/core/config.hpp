@@ -55,6 +55,19 @@ class ConfigReader {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
   /// ConfigError if a key was never read.
   void finish() const;
+  /// finish(), then options.validate(): a ValueError from it becomes a ConfigError
+  /// prefixed with where the mapping came from ("<where><separator><message>").
+  template <typename Options>
+  void finish(const Options& options, const char* separator = ": ") const {
+    finish();
+    try {
+      options.validate();
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const ValueError& e) {
+      throw ConfigError(str(where_, separator, e.message()));
+    }
+  }
 
   /// Fills `field` from `key` when present (bool, whole numbers, numbers, text,
   /// lists and fixed-size arrays of those); otherwise leaves it as it is.
