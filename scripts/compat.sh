@@ -17,7 +17,7 @@
 # Debian's own registry (MEDFAST_COMPAT_MIRROR) and reused by later runs; each
 # step leaves a marker so that an interrupted run resumes where it stopped.
 # The clone is bind-mounted read-only at /src/medfast, so the tests run without
-# a ../shared folder beside it, as in a user's clone; the build folder is inside
+# anything beside the clone, as in a user's clone; the build folder is inside
 # the root (/build/<variant>) and ccache is shared with the host's.
 #
 # Needs root (debootstrap, chroot, mounts in a private mount namespace: nothing
