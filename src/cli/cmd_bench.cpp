@@ -9,6 +9,8 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
+#include "medfast/io/tensor_file.hpp"
+#include "medfast/os/file.hpp"
 
 namespace medfast::cli {
 
@@ -19,6 +21,7 @@ struct LoaderArgs {
   int epochs = 3;
   int batch_size = 0;
   bool json = false;
+  std::string save_batches;  ///< write every batch's tensors here (MFTENSOR files)
 };
 
 std::uint64_t peak_rss_bytes() {
@@ -36,6 +39,7 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
   data::PipelineConfig cfg = data::load_pipeline(a.config, ctx.settings);
   if (a.batch_size > 0) cfg.loader.batch_size = a.batch_size;
   const auto chain = data::make_random_chain(cfg);
+  if (!a.save_batches.empty()) os::make_directories(a.save_batches);
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<data::CachedDataset> cached;
   std::unique_ptr<data::SmartCacheDataset> smart;
@@ -61,6 +65,12 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
     std::size_t samples = 0, batches = 0;
     while (auto b = loader.next()) {
       samples += b->samples();
+      if (!a.save_batches.empty()) {
+        for (const auto& [key, t] : b->tensors) {
+          io::save_tensor(t, str(a.save_batches, "/epoch", e, "_batch", batches, "_", key, ".mft"), {},
+                          /*durable=*/false);
+        }
+      }
       ++batches;
     }
     const double s = since(te);
@@ -102,6 +112,9 @@ Command register_bench(CLI::App& root) {
   loader->add_option("--epochs", la->epochs, "Epochs to time")->capture_default_str();
   loader->add_option("--batch-size", la->batch_size, "Items per batch (default: data.loader.batch_size)");
   loader->add_flag("--json", la->json, "Print JSON");
+  loader->add_option("--save-batches", la->save_batches,
+                     "Also write every batch's tensors to this folder (epoch<E>_batch<B>_<key>.mft, load_tensor's format; "
+                     "timings then include the writes)");
   return Command{bench, [la](Context& ctx) { return run_loader(*la, ctx); }};
 }
 

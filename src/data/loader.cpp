@@ -194,7 +194,9 @@ Batch Loader::build(std::size_t b) {
   return batch;
 }
 
-std::optional<Batch> Loader::next() {
+std::optional<Batch> Loader::next() { return next({}); }
+
+std::optional<Batch> Loader::next(const std::function<void()>& waiting, std::chrono::milliseconds every) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (current_ && repeat_ + 1 < static_cast<std::size_t>(options_.repeats)) {
     ++repeat_;
@@ -203,7 +205,18 @@ std::optional<Batch> Loader::next() {
   repeat_ = 0;
   current_.reset();
   if (next_to_return_ >= batches_) return std::nullopt;
-  cv_ready_.wait(lock, [&] { return error_ || stopping_ || ready_.count(next_to_return_) > 0; });
+  const auto ready = [&] { return error_ || stopping_ || ready_.count(next_to_return_) > 0; };
+  while (!cv_ready_.wait_for(lock, every, ready)) {
+    if (!waiting) continue;
+    lock.unlock();
+    try {
+      waiting();
+    } catch (...) {
+      stop();
+      throw;
+    }
+    lock.lock();
+  }
   if (error_) {
     auto e = error_;
     lock.unlock();

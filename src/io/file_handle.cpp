@@ -1,6 +1,9 @@
 #include "medfast/io/file_handle.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+
+#include <new>
 #include <liburing.h>
 
 #include <algorithm>
@@ -145,13 +148,34 @@ std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v & ~(a - 1)
 std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
 bool is_aligned(const void* p, std::uint64_t a) { return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0; }
 
-ThreadPool& shared_pool(int threads) {
-  static std::mutex mutex;
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& p = pools[threads];
-  if (!p) p = std::make_unique<ThreadPool>(threads);
+/// The engine's worker pools, one per thread count. A forked child (a PyTorch
+/// DataLoader worker reading a disk cache) inherits the pools but not their
+/// threads: the child drops them (without joining threads it does not have) and
+/// makes its own on first use.
+struct Pools {
+  std::mutex mutex;
+  std::map<int, std::unique_ptr<ThreadPool>> pools;
+};
+Pools& pools() {
+  static Pools* p = [] {
+    auto* created = new Pools;
+    ::pthread_atfork(nullptr, nullptr, [] {
+      Pools& inherited = pools();
+      new (&inherited.mutex) std::mutex;  // a parent thread may have held it at the fork
+      for (auto& [n, pool] : inherited.pools) (void)pool.release();
+      inherited.pools.clear();
+    });
+    return created;
+  }();
   return *p;
+}
+
+ThreadPool& shared_pool(int threads) {
+  Pools& p = pools();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  auto& pool = p.pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
+  return *pool;
 }
 
 // A per-thread aligned scratch block for O_DIRECT heads, tails and misaligned buffers.

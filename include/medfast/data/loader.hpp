@@ -16,6 +16,8 @@
 
 #include <c10/core/Event.h>
 
+#include <chrono>
+
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -75,6 +77,10 @@ class Loader {
   void start(std::uint64_t epoch);
   /// The next batch, or nullopt at the end of the epoch.
   std::optional<Batch> next();
+  /// The same; while it waits, `waiting` runs every `every` (a Python caller checks
+  /// for Ctrl-C there; an exception it throws abandons the wait and the epoch).
+  std::optional<Batch> next(const std::function<void()>& waiting,
+                            std::chrono::milliseconds every = std::chrono::milliseconds(100));
   /// Abandons the epoch: workers stop after their current item.
   void stop();
 
