@@ -60,6 +60,7 @@ COMMON=(
   liburing-dev libdeflate-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-nibabel python3-scipy fio time
+  pybind11-dev python3-dev python3-pytest
 )
 if [ "$variant" = cpu ]; then
   PACKAGES=("${COMMON[@]}" libtorch-dev python3-torch libgloo-dev)

@@ -10,6 +10,8 @@ PACKAGES=(
   libtorch-dev libgloo-dev liburing-dev libdeflate-dev zlib1g-dev
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # the Python module (pybind11, pip with Debian's setuptools: no package index) and its tests
+  pybind11-dev python3-dev python3-pip python3-setuptools python3-pytest
   # reference implementations for golden tests and benchmarks
   python3 python3-numpy python3-nibabel python3-torch python3-scipy
   # benchmarks
@@ -23,15 +25,26 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+else
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The Python module, for Debian's python3 (the one with python3-torch), built in
+# build/ (which run.sh and test.sh then reuse) and installed with pip from this
+# checkout: `python3 -c "import medfast"` works afterwards. MEDFAST_SKIP_PYTHON=1 skips it.
+if [ "${MEDFAST_SKIP_PYTHON:-0}" != 1 ]; then
+  cd "$(dirname "$0")/.."
+  echo "setup: building and installing the Python module (pip install --no-build-isolation .)"
+  where=()  # root: the system's site-packages; a user: ~/.local (the build stays the user's)
+  if [ "$(id -u)" -ne 0 ]; then where=(--user); fi
+  /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index --break-system-packages \
+    --root-user-action=ignore "${where[@]}" .
+fi
 echo "setup: done"

@@ -1,0 +1,69 @@
+"""medfast.train.run and the package as a whole: settings, threads, Ctrl-C."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import medfast
+from conftest import write_config
+
+
+def test_run_returns_the_runs_metrics(tiny_config):
+    epochs = []
+    r = medfast.train.run(tiny_config, on_epoch=epochs.append)
+    assert len(r["history"]) == 2 and [e["epoch"] for e in epochs] == [1, 2]
+    assert all(e["loss"] > 0 for e in r["history"])
+    assert r["history"][-1]["dice"] is not None
+    assert os.path.exists(os.path.join(tiny_config["train"]["run_dir"], "last.ckpt"))
+    with pytest.raises(ValueError, match="already holds a run"):
+        medfast.train.run(tiny_config)
+    again = medfast.train.run(tiny_config, overwrite=True)
+    assert again["history"][0]["loss"] == r["history"][0]["loss"], "same seed, same run"
+
+
+def test_run_config_errors_are_value_errors(tiny_config):
+    tiny_config["optimizer"]["momentum"] = 0.9  # Adam takes none
+    with pytest.raises(ValueError, match="optimizer.momentum: unknown argument for Adam"):
+        medfast.train.run(tiny_config)
+
+
+def test_settings_and_threads():
+    assert medfast.settings.get("gzip_level") == "6"
+    medfast.settings.set("gzip_level", 9)
+    assert medfast.settings.show()["gzip_level"] == ("9", "flag")
+    medfast.settings.set("gzip_level", 6)
+    with pytest.raises(ValueError, match="gzip_level"):
+        medfast.settings.set("gzip_level", 99)
+    with pytest.raises(ValueError, match="unknown setting"):
+        medfast.settings.get("speed")
+
+
+def test_import_changes_no_torch_setting():
+    code = ("import torch; torch.set_num_threads(3); before = (torch.get_num_threads(), torch.get_default_dtype()); "
+            "import medfast; after = (torch.get_num_threads(), torch.get_default_dtype()); "
+            "print(before == after, after[0])")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         env=dict(os.environ)).stdout.split()
+    assert out == ["True", "3"]
+
+
+def test_ctrl_c_interrupts_a_run(tiny_config, tmp_path):
+    tiny_config["train"]["epochs"] = 1000
+    config = write_config(tmp_path / "run.json", tiny_config)
+    code = f"import medfast, sys; medfast.train.run({str(config)!r}); print('finished')"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ))
+    run_dir = tiny_config["train"]["run_dir"]
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(run_dir, "config.json")) and time.time() < deadline:
+        time.sleep(0.2)  # training has started
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and "finished" not in out
+    assert "KeyboardInterrupt" in err, err
