@@ -1,5 +1,4 @@
 // medfast bench loader: fill the cache, then time epochs of the random chain alone.
-#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/io/tensor_file.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 
 namespace medfast::cli {
 
@@ -23,12 +23,6 @@ struct LoaderArgs {
   bool json = false;
   std::string save_batches;  ///< write every batch's tensors here (MFTENSOR files)
 };
-
-std::uint64_t peak_rss_bytes() {
-  struct rusage ru {};
-  ::getrusage(RUSAGE_SELF, &ru);
-  return static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
-}
 
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -90,12 +84,12 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
                               {"batch_size", cfg.loader.batch_size},
                               {"samples_per_item", chain.samples_per_item()},
                               {"epochs", epochs},
-                              {"peak_rss_bytes", peak_rss_bytes()}};
+                              {"peak_rss_bytes", os::peak_rss_bytes()}};
   if (a.json) {
     print_json(out.dump(2));
   } else {
     std::printf("cache filled in %.2f s (%zu items); loader threads %d, batch size %d; peak RSS %s\n", fill_seconds,
-                items, cfg.loader.threads, cfg.loader.batch_size, format_bytes(peak_rss_bytes()).c_str());
+                items, cfg.loader.threads, cfg.loader.batch_size, format_bytes(os::peak_rss_bytes()).c_str());
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "medfast/core/units.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
@@ -26,6 +27,7 @@ struct TrainArgs {
   bool resume = false;
   bool overwrite = false;
   bool json = false;
+  std::string profile;  ///< --profile W,U,A,R: train.profile
 };
 
 struct InferArgs {
@@ -69,7 +71,9 @@ void print_epoch(const train::EpochRecord& r, int epochs) {
   const auto& t = r.times;
   line += str("  ", fmt(r.seconds, 1), " s (data ", fmt(t.data_wait, 2), ", copy ", fmt(t.copy, 2), ", fwd ",
               fmt(t.forward, 2), ", bwd ", fmt(t.backward, 2), ", opt ", fmt(t.optimizer, 2), ", val ",
-              fmt(t.validation, 2), ")");
+              fmt(t.validation, 2), ")  ", fmt(r.samples_per_second, 1), " samples/s  rss ",
+              format_bytes(r.peak_rss_bytes));
+  if (r.cuda_peak_allocated) line += str("  cuda ", format_bytes(*r.cuda_peak_allocated));
   if (r.skipped_steps) line += str("  skipped ", r.skipped_steps, " steps (inf/nan gradients)");
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
@@ -94,6 +98,7 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
                                               int local_rank) {
   auto build = [&] {
     nlohmann::json config = run_config(a.config, a.sets);
+    if (!a.profile.empty()) config["train"]["profile"] = a.profile;
     if (comm && config.contains("train") && config["train"].is_object()) {
       nlohmann::json& t = config["train"];
       if (t.contains("device") && t["device"] == "cuda") t["device"] = str("cuda:", local_rank);
@@ -246,6 +251,9 @@ Command register_train(CLI::App& root) {
   app->add_flag("--resume", a->resume, "Continue from run_dir/last.ckpt (bit-identical to an uninterrupted run)");
   app->add_flag("--overwrite", a->overwrite, "Start again in a run_dir that holds a run (its checkpoints and metrics are removed)");
   app->add_flag("--json", a->json, "Print the result (history, best Dice, time to target) as JSON");
+  app->add_option("--profile", a->profile,
+                  "Trace steps as torch.profiler's schedule: WAIT,WARMUP,ACTIVE,REPEAT (e.g. 1,1,3,1); writes "
+                  "run_dir/profiler/<step>-trace.json.gz and <step>-trace_summary.txt (train.profile)");
   return {app, [a](Context& ctx) { return run_train(*a, ctx); }};
 }
 

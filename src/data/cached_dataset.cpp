@@ -1,4 +1,5 @@
 #include "medfast/data/cached_dataset.hpp"
+#include "medfast/core/trace.hpp"
 
 #include <xxhash.h>
 
@@ -153,6 +154,8 @@ FillReport CachedDataset::fill(const std::function<void(std::size_t, std::size_t
         if (store_->contains(k)) {
           ++reused;
         } else {
+          trace::Range range("cache_fill", "cache");
+          range.arg("item", static_cast<double>(i));
           const Sample s = compute(i);
           bytes += s.bytes();
           store_->put(k, s, {{"chain", chain_hash_}, {"dataset", dataset_.source}});

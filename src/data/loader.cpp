@@ -1,4 +1,5 @@
 #include "medfast/data/loader.hpp"
+#include "medfast/core/trace.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/StreamGuard.h>
@@ -69,7 +70,12 @@ void Loader::start(std::uint64_t epoch) {
   current_.reset();
   error_ = nullptr;
   stopping_ = false;
-  for (int t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { work(); });
+  for (int t = 0; t < options_.threads; ++t) {
+    workers_.emplace_back([this, t] {
+      trace::set_thread_name(str("loader ", t));
+      work();
+    });
+  }
 }
 
 void Loader::stop() {
@@ -120,6 +126,8 @@ std::string files_of(const Sample& s, std::size_t item) {
 Batch Loader::build(std::size_t b) {
   const std::size_t bs = static_cast<std::size_t>(options_.batch_size);
   const std::size_t first = b * bs, last = std::min(first + bs, order_.size());
+  trace::Range range("batch", "loader");
+  range.arg("batch", static_cast<double>(b)).arg("epoch", static_cast<double>(epoch_));
   Batch batch;
   batch.index = b;
   batch.epoch = epoch_;
@@ -140,6 +148,8 @@ Batch Loader::build(std::size_t b) {
     batch.items.push_back(item);
     Sample input;
     try {
+      trace::Range read("cache_read", "loader");
+      read.arg("item", static_cast<double>(item));
       input = source_(item);
     } catch (...) {
       rethrow_with_context(str("loader: item ", item));
@@ -161,6 +171,7 @@ Batch Loader::build(std::size_t b) {
       for (auto& [k, v] : s.volumes) parts[k].push_back(v.data);
     }
   }
+  trace::Range collate("collate", "loader");
   for (auto& [k, list] : parts) {
     for (const auto& t : list) {
       if (t.sizes() != list.front().sizes() || t.device() != list.front().device()) {

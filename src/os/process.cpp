@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -138,6 +140,30 @@ std::string self_executable() {
   if (n <= 0) throw OsError(str("readlink(/proc/self/exe): ", errno_text(errno)), errno);
   buf.resize(static_cast<std::size_t>(n));
   return buf;
+}
+
+std::uint64_t peak_rss_bytes() {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[8192];
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n > 0) {
+      buf[n] = '\0';
+      if (const char* p = std::strstr(buf, "VmHWM:")) return std::strtoull(p + 6, nullptr, 10) * 1024;
+    }
+  }
+  struct rusage ru {};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<std::uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+bool reset_peak_rss() {
+  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "5", 1) == 1;
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace medfast::os

@@ -1,8 +1,35 @@
 #include "detail.hpp"
 
+#if MEDFAST_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 #include "medfast/train/metrics.hpp"
 
 namespace medfast::train::detail {
+
+// The caching allocator's statistics have no device-generic API in libtorch 1.13-2.6:
+// c10::cuda's, compiled where this libtorch has CUDA (CMake: MEDFAST_TORCH_CUDA).
+std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::Device device) {
+#if MEDFAST_TORCH_CUDA
+  if (device.is_cuda()) {
+    const auto index = device.has_index() ? device.index() : c10::DeviceIndex{0};
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    constexpr std::size_t all = 0;  // StatType::AGGREGATE
+    return std::make_pair(static_cast<std::uint64_t>(stats.allocated_bytes[all].peak),
+                          static_cast<std::uint64_t>(stats.reserved_bytes[all].peak));
+  }
+#endif
+  (void)device;
+  return std::nullopt;
+}
+
+void reset_cuda_memory_peaks(c10::Device device) {
+#if MEDFAST_TORCH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+#endif
+  (void)device;
+}
 
 c10::Device parse_device(const std::string& name, const std::string& what) {
   try {

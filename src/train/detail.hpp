@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/error.hpp"
@@ -15,6 +17,11 @@ namespace medfast::train::detail {
 
 /// JSON for a metric: null where it is NaN or infinite (JSON has no NaN).
 inline nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+/// The CUDA caching allocator's peak allocated and reserved bytes on `device` since
+/// the last reset; nullopt on the CPU or where this libtorch has no CUDA.
+std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::Device device);
+void reset_cuda_memory_peaks(c10::Device device);
 
 /// A device name (cpu, cuda, cuda:N); ValueError naming `what` otherwise.
 c10::Device parse_device(const std::string& name, const std::string& what);

@@ -1,4 +1,5 @@
 #include "medfast/train/inference.hpp"
+#include "medfast/core/trace.hpp"
 
 #include <ATen/ATen.h>
 
@@ -205,6 +206,8 @@ at::Tensor sliding_window_inference(const at::Tensor& input_, const Predictor& p
   const std::int64_t total = batch * num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
+    trace::Range range("window_batch", "validation");
+    range.arg("first", static_cast<double>(first)).arg("windows", static_cast<double>(n));
     std::vector<at::Tensor> crops;
     crops.reserve(static_cast<std::size_t>(n));
     for (std::int64_t i = first; i < first + n; ++i) {

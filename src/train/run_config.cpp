@@ -176,9 +176,14 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   TrainOptions& t = c.train;
   tr.read("run_dir", t.run_dir).read("epochs", t.epochs).read("seed", t.seed).read("device", t.device);
   if (tr.has("amp")) t.amp = tr.raw("amp");
+  if (tr.has("profile")) {
+    const nlohmann::json p = tr.raw("profile");
+    in_config([&] { t.profile = ProfileOptions::from_json(p, "train.profile"); });
+  }
   tr.read("target_dice", t.target_dice).read("threads", t.threads).read("image_key", t.image_key);
   tr.read("label_key", t.label_key).read("deterministic", t.deterministic);
   tr.known("amp");
+  tr.known("profile");
   tr.finish();
   t.run_dir = data::resolve_path(base, t.run_dir);
   t.val_interval = c.val_interval;

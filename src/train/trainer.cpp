@@ -17,11 +17,13 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
+#include "medfast/core/trace.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/collective.hpp"
@@ -29,6 +31,7 @@
 #include "medfast/train/losses.hpp"
 #include "medfast/train/metrics.hpp"
 #include "medfast/train/optim.hpp"
+#include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
 
 namespace medfast::train {
@@ -71,7 +74,11 @@ nlohmann::json StageTimes::to_json() const {
 
 nlohmann::json EpochRecord::to_json() const {
   nlohmann::json j{{"epoch", epoch}, {"steps", steps}, {"skipped_steps", skipped_steps}, {"loss", loss}, {"lr", lr},
-                   {"seconds", seconds}, {"elapsed", elapsed}, {"times", times.to_json()}};
+                   {"seconds", seconds}, {"elapsed", elapsed}, {"times", times.to_json()},
+                   {"samples", samples}, {"samples_per_second", samples_per_second},
+                   {"peak_rss_bytes", peak_rss_bytes}};
+  if (cuda_peak_allocated) j["cuda_peak_allocated_bytes"] = *cuda_peak_allocated;
+  if (cuda_peak_reserved) j["cuda_peak_reserved_bytes"] = *cuda_peak_reserved;
   if (dice) {
     j["dice"] = nan_to_null(*dice);
     nlohmann::json per = nlohmann::json::array();
@@ -91,6 +98,12 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
   r.lr = j.at("lr");
   r.seconds = j.at("seconds");
   r.elapsed = j.at("elapsed");
+  // Absent in checkpoints written before these were recorded.
+  r.samples = j.value("samples", std::int64_t{0});
+  r.samples_per_second = j.value("samples_per_second", 0.0);
+  r.peak_rss_bytes = j.value("peak_rss_bytes", std::uint64_t{0});
+  if (j.contains("cuda_peak_allocated_bytes")) r.cuda_peak_allocated = j["cuda_peak_allocated_bytes"].get<std::uint64_t>();
+  if (j.contains("cuda_peak_reserved_bytes")) r.cuda_peak_reserved = j["cuda_peak_reserved_bytes"].get<std::uint64_t>();
   if (j.contains("dice")) {
     r.dice = null_to_nan(j["dice"]);
     for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
@@ -257,12 +270,22 @@ class Run {
             "device ", t_.device, ", amp ", precision_name(precision_), ", ", model_threads_, " libtorch threads, ",
             pipeline_.loader.threads, " loader threads; ", loader_->batches_per_epoch(), " steps per epoch"));
     model_.module->train();
+    profiler_ = std::make_unique<StepProfiler>(
+        t_.profile, t_.run_dir + "/profiler",
+        nlohmann::json{{"run_dir", t_.run_dir}, {"config", c_.path}, {"device", t_.device},
+                       {"rank", comm_ ? comm_->rank() : 0}});
+    if (t_.profile.enabled && !rank0_) profiler_ = std::make_unique<StepProfiler>(ProfileOptions{}, "", nullptr);
+    trace::set_thread_name("main");
     for (int epoch = first_epoch_; epoch < t_.epochs && !result_.reached_target; ++epoch) {
       const auto epoch_start = Clock::now();
+      os::reset_peak_rss();
+      detail::reset_cuda_memory_peaks(device_);
       EpochRecord rec = train_epoch(epoch);
       finish_epoch(epoch, epoch_start, rec);
     }
     loader_->stop();
+    profiler_->finish();
+    for (const auto& f : profiler_->written()) say(str("trace: ", f));
     result_.seconds = since(start_);
     return result_;
   }
@@ -328,6 +351,7 @@ class Run {
       }
     }
     model_threads_ = apply_network_threads(t_.threads, settings_);
+    trace::set_nvtx(device_.is_cuda());  // Nsight Systems shows medfast's ranges beside the kernels
   }
 
   /// Fills the caches (a killed run resumes the fill where it stopped) and makes the loader.
@@ -442,6 +466,7 @@ class Run {
   }
 
   EpochRecord train_epoch(int epoch) {
+    const auto epoch_start = Clock::now();
     EpochRecord rec;
     rec.epoch = epoch + 1;
     rec.lr = scheduled_lr(c_.schedule, c_.optimizer.lr, epoch, t_.epochs);
@@ -449,19 +474,40 @@ class Run {
     torch::manual_seed(derive_seed({t_.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
     loader_->start(static_cast<std::uint64_t>(epoch));
     double loss_sum = 0;
+    const long steps_per_epoch = static_cast<long>(loader_->batches_per_epoch());
     for (;;) {
+      const long global_step = epoch * steps_per_epoch + rec.steps;
+      profiler_->before_step(global_step);
+      std::optional<trace::Range> step;
+      step.emplace("step");
+      step->arg("epoch", rec.epoch).arg("step", rec.steps + 1);
       const auto t0 = Clock::now();
-      std::optional<data::Batch> batch = loader_->next();
+      std::optional<data::Batch> batch;
+      {
+        trace::Range wait("data_wait");
+        batch = loader_->next();
+        if (!batch) wait.cancel();
+      }
       rec.times.data_wait += since(t0);
-      if (!batch) break;
+      if (!batch) {
+        step->cancel();
+        break;
+      }
+      rec.samples += batch_tensor(*batch, t_.image_key, "train.image_key").size(0);
       loss_sum += train_step(*batch, rec);
+      step.reset();  // the step's range ends before the profiler may write the cycle's trace
+      profiler_->after_step(global_step);
     }
+    const double train_seconds = since(epoch_start);
     rec.loss = rec.steps ? loss_sum / rec.steps : std::nan("");
+    double all_samples = static_cast<double>(rec.samples);
     if (distributed_) {
-      at::Tensor l = at::tensor({loss_sum, static_cast<double>(rec.steps)}, at::kDouble);
+      at::Tensor l = at::tensor({loss_sum, static_cast<double>(rec.steps), all_samples}, at::kDouble);
       comm_->allreduce_sum(l);
       rec.loss = l[0].item<double>() / std::max(1.0, l[1].item<double>());
+      all_samples = l[2].item<double>();
     }
+    rec.samples_per_second = train_seconds > 0 ? all_samples / train_seconds : 0;
     return rec;
   }
 
@@ -469,6 +515,7 @@ class Run {
   /// runs), optimizer step with loss scaling. Returns the step's loss.
   double train_step(const data::Batch& batch, EpochRecord& rec) {
     auto t0 = Clock::now();
+    std::optional<trace::Range> stage(std::in_place, "copy");
     const at::Tensor x =
         batch_tensor(batch, t_.image_key, "train.image_key").to(device_, at::kFloat, /*non_blocking=*/true);
     const at::Tensor y = batch_tensor(batch, t_.label_key, "train.label_key").to(device_, /*non_blocking=*/true);
@@ -477,12 +524,14 @@ class Run {
     const std::string where = str("epoch ", rec.epoch, ", step ", rec.steps + 1, " (items ", items, ")");
     sync();
     rec.times.copy += since(t0);
+    stage.reset();
 
     if (distributed_ && !buffers_.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
       torch::NoGradGuard g;
       comm_->broadcast_coalesced(buffers_, 0);
     }
     t0 = Clock::now();
+    stage.emplace("forward");
     at::Tensor loss;
     with_context(where, [&] {
       AutocastGuard autocast(device_.type(), precision_);
@@ -493,6 +542,7 @@ class Run {
     rec.times.forward += since(t0);
 
     t0 = Clock::now();
+    stage.emplace("backward");
     optimizer_->zero_grad();
     if (grad_sync_) grad_sync_->prepare();
     with_context(where, [&] { scaler_->scale(loss).backward(); });
@@ -500,7 +550,11 @@ class Run {
     rec.times.backward += since(t0);
 
     t0 = Clock::now();
-    if (grad_sync_) grad_sync_->finish();
+    if (grad_sync_) {
+      stage.emplace("allreduce");
+      grad_sync_->finish();
+    }
+    stage.emplace("optimizer");
     const bool stepped = scaler_->step(*optimizer_);
     scaler_->update();
     if (!stepped) ++rec.skipped_steps;
@@ -508,6 +562,7 @@ class Run {
     ++rec.steps;
     if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
     rec.times.optimizer += since(t0);
+    stage.reset();
     return step_loss;
   }
 
@@ -518,6 +573,7 @@ class Run {
     const bool last_epoch = epoch + 1 == t_.epochs;
     if (val_ds_ && ((epoch + 1) % c_.val_interval == 0 || last_epoch)) {
       const auto v0 = Clock::now();
+      trace::Range range("validation");
       const Validation v = validate(model_, *val_ds_, c_, device_, precision_, comm_);
       rec.times.validation = since(v0);
       rec.dice = v.mean_dice;
@@ -526,6 +582,11 @@ class Run {
     }
     rec.seconds = since(epoch_start);
     rec.elapsed = elapsed_before_ + since(start_);
+    rec.peak_rss_bytes = os::peak_rss_bytes();
+    if (const auto peaks = detail::cuda_memory_peaks(device_)) {
+      rec.cuda_peak_allocated = peaks->first;
+      rec.cuda_peak_reserved = peaks->second;
+    }
     bool improved = false;
     if (rec.dice && std::isfinite(*rec.dice) && *rec.dice > result_.best_dice) {
       result_.best_dice = *rec.dice;
@@ -539,6 +600,7 @@ class Run {
     result_.history.push_back(rec);
     if (smart_) smart_->update();  // MONAI: the window slides at each epoch's end
     if (rank0_) {
+      trace::Range range("checkpoint");
       const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
       if (improved) save_checkpoint(best_path_, *model_.module, nullptr, meta);
       save_checkpoint(last_path_, *model_.module, optimizer_.get(), meta);
@@ -584,6 +646,7 @@ class Run {
   std::unique_ptr<data::CachedDataset> train_ds_, val_ds_;
   std::unique_ptr<data::SmartCacheDataset> smart_;
   std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<StepProfiler> profiler_;
   Model model_;
   std::vector<at::Tensor> params_, buffers_;
   std::unique_ptr<GradientSync> grad_sync_;

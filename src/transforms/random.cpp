@@ -1,4 +1,5 @@
 #include "medfast/transforms/random.hpp"
+#include "medfast/core/trace.hpp"
 
 #include <ATen/ATen.h>
 
@@ -36,6 +37,7 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
   std::vector<SpatialPlan> plans(1);
   for (std::size_t t = 0; t < transforms_.size(); ++t) {
     const auto& tr = transforms_[t];
+    trace::Range range(tr->name(), "transform");
     try {
       if (tr->expands()) {
         for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
@@ -60,6 +62,7 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
       rethrow_with_context(str("random transform ", t, " (", tr->name(), ")"));
     }
   }
+  trace::Range range("apply_plan", "transform");  // the composed steps' single copy per sample
   for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
   return samples;
 }

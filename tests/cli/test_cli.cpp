@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <set>
 
 #include "test_util.hpp"
@@ -177,6 +178,39 @@ TEST(CliIo, BenchSweepsBackends) {
   for (const auto& r : j["results"]) seen.insert(r["backend"].get<std::string>());
   EXPECT_TRUE(seen.count("posix") && seen.count("odirect"));
   EXPECT_GT(j["best"]["gbps"].get<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace medfast
+
+namespace medfast {
+namespace {
+
+// medfast trace summarize on a torch.profiler trace (python3-torch writes it here)
+// and on a file that is not a trace.
+TEST(TraceCli, SummarizeTorchTraceAsTextAndJsonAndRefusesNonTraces) {
+  test::TempDir dir;
+  const std::string trace = dir / "torch.json";
+  const auto made = test::run(std::string(MEDFAST_TEST_PYTHON) + " " + MEDFAST_TEST_SOURCE_DIR +
+                              "/tests/golden/make_torch_trace.py " + trace);
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const auto text = medfast("trace summarize " + trace);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  for (const char* k : {"torch.profiler trace, 6 steps", "first_load", "batch_load", "forward", "backward", "step"}) {
+    EXPECT_NE(text.out.find(k), std::string::npos) << k << "\n" << text.out;
+  }
+  const nlohmann::json j = json_of(medfast("trace summarize --json " + trace));
+  EXPECT_EQ(j["steps"], 6);
+  EXPECT_EQ(j["forward"]["count"], 6);
+  for (const char* k : {"count", "mean_ms", "median_ms", "p95_ms", "min_ms", "max_ms"}) EXPECT_TRUE(j["step"].contains(k));
+
+  const std::string notes = dir / "notes.json";
+  test::write_file(notes, "{\"hello\": 1}");
+  const auto bad = medfast("trace summarize " + notes);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find(notes), std::string::npos) << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  EXPECT_NE(medfast("trace summarize " + dir / "missing.json").exit_code, 0);
 }
 
 }  // namespace

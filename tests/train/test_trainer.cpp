@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <type_traits>
 #include <nlohmann/json.hpp>
@@ -17,12 +19,14 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/nifti.hpp"
+#include "medfast/io/trace_file.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
+#include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/trainer.hpp"
@@ -166,6 +170,13 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   for (const char* k : {"data_wait", "copy", "forward", "backward", "optimizer", "validation"}) {
     EXPECT_TRUE(first["times"].contains(k)) << k;
   }
+  // Throughput and memory per epoch: samples are crops (batches of batch_size items x num_samples).
+  const std::int64_t crops = base["data"]["random"][0]["num_samples"].get<std::int64_t>();
+  EXPECT_EQ(first["samples"].get<std::int64_t>() % crops, 0);
+  EXPECT_GE(first["samples"].get<std::int64_t>(), first["steps"].get<std::int64_t>() * crops);
+  EXPECT_GT(first["samples_per_second"].get<double>(), 0.0);
+  EXPECT_GT(first["peak_rss_bytes"].get<std::uint64_t>(), std::uint64_t{10} << 20);  // libtorch alone is more
+  EXPECT_FALSE(first.contains("cuda_peak_allocated_bytes"));  // a CPU run
   for (const auto& e : ra.history) {
     EXPECT_TRUE(std::isfinite(e.loss));
     ASSERT_TRUE(e.dice.has_value());
@@ -753,6 +764,78 @@ TEST(TrainCli, DefaultRunReachesItsDice) {
     EXPECT_LE(sum, e["seconds"].get<double>() + 1e-6);
     EXPECT_GE(sum, 0.8 * e["seconds"].get<double>()) << e.dump();
   }
+}
+
+}  // namespace
+}  // namespace medfast::train
+
+namespace medfast::train {
+namespace {
+
+// train.profile: a Chrome trace of the active steps, with medfast's ranges from the
+// main thread and the loader threads, and libtorch's operators inside forward.
+TEST(TrainerProfile, WritesATraceOfTheActiveStepsAndItsSummary) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["profile"] = {{"wait", 1}, {"warmup", 1}, {"active", 2}, {"repeat", 1}};
+  c["data"]["loader"]["threads"] = 2;
+  Trainer(c, "", one_thread()).run(false);
+  const std::string trace = dir / "run/profiler/4-trace.json.gz";  // steps 3 and 4 active
+  ASSERT_TRUE(os::exists(trace)) << os::list_directory(dir / "run").size();
+  EXPECT_EQ(os::list_directory(dir / "run/profiler"),
+            (std::vector<std::string>{"4-trace.json.gz", "4-trace_summary.txt"}));
+  const nlohmann::json j = io::read_trace_json(trace);
+  std::map<std::string, std::set<int>> tids;  // range name -> threads
+  std::map<int, std::string> thread_names;
+  std::vector<nlohmann::json> forwards, ops;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") thread_names[e["tid"].get<int>()] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    tids[e["name"].get<std::string>()].insert(e["tid"].get<int>());
+    if (e["name"] == "forward") forwards.push_back(e);
+    if (e["cat"] == "op") ops.push_back(e);
+  }
+  EXPECT_EQ(tids["step"].size(), 1u);
+  const int main_tid = *tids["step"].begin();
+  EXPECT_EQ(thread_names[main_tid], "main");
+  for (const char* k : {"data_wait", "copy", "forward", "backward", "optimizer"}) {
+    EXPECT_EQ(tids[k], std::set<int>{main_tid}) << k;
+  }
+  ASSERT_FALSE(tids["batch"].empty());
+  for (const int t : tids["batch"]) {
+    EXPECT_NE(t, main_tid);
+    EXPECT_EQ(thread_names[t].rfind("loader ", 0), 0u) << thread_names[t];
+  }
+  EXPECT_FALSE(tids["cache_read"].empty());
+  EXPECT_FALSE(tids["RandCropByPosNegLabel"].empty());
+  // Nested: libtorch's operators inside a forward range on the main thread.
+  ASSERT_EQ(forwards.size(), 2u);
+  int inside = 0;
+  for (const auto& op : ops) {
+    for (const auto& f : forwards) {
+      inside += op["tid"] == f["tid"] && op["ts"].get<double>() >= f["ts"].get<double>() &&
+                op["ts"].get<double>() + op["dur"].get<double>() <= f["ts"].get<double>() + f["dur"].get<double>();
+    }
+  }
+  EXPECT_GT(inside, 5);
+  const io::TraceSummary s = io::summarize_trace(trace);
+  EXPECT_EQ(s.steps, 2u);
+  EXPECT_EQ(s.stats.at("forward").count, 2u);
+  const std::string summary = test::read_file(dir / "run/profiler/4-trace_summary.txt");
+  EXPECT_NE(summary.find("By self time"), std::string::npos);
+  EXPECT_NE(summary.find("forward"), std::string::npos);
+
+  nlohmann::json bad = tiny_config(dir);
+  bad["train"]["profile"] = {{"wait", 1}, {"active", 0}};
+  try {
+    Trainer(bad, "", one_thread()).run(false);
+    FAIL() << "active 0 accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.profile"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ProfileOptions::parse("1,1,x,1", "--profile"), ValueError);
+  EXPECT_THROW(ProfileOptions::parse("1,1,3", "--profile"), ValueError);
+  EXPECT_EQ(ProfileOptions::parse("0,2,5,3", "--profile").active, 5);
 }
 
 }  // namespace

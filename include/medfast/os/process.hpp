@@ -44,4 +44,12 @@ int pending_signal();
 /// This program's own executable (/proc/self/exe).
 std::string self_executable();
 
+/// The process's peak resident set size in bytes since it started or since the
+/// last reset_peak_rss() (VmHWM in /proc/self/status; getrusage's maxrss where
+/// that cannot be read).
+std::uint64_t peak_rss_bytes();
+/// Starts a new peak (writes 5 to /proc/self/clear_refs); false where the kernel
+/// does not allow it, and peak_rss_bytes() then stays the lifetime peak.
+bool reset_peak_rss();
+
 }  // namespace medfast::os

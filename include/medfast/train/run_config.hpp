@@ -8,6 +8,7 @@
 #include <string>
 
 #include "medfast/core/settings.hpp"
+#include "medfast/train/profiler.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/train/collective.hpp"
 #include "medfast/train/inference.hpp"
@@ -37,6 +38,8 @@ struct TrainOptions {
   /// CUDA: deterministic cuDNN algorithms (no autotuning), so that resume is bit-identical
   /// there too (MONAI's set_determinism does the same); false lets cuDNN pick the fastest.
   bool deterministic = true;
+  /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
+  ProfileOptions profile;
   void validate() const;
 };
 

@@ -50,6 +50,11 @@ struct EpochRecord {
   StageTimes times;
   double seconds = 0;     ///< this epoch
   double elapsed = 0;     ///< since the run started (cumulative over resumes)
+  std::int64_t samples = 0;        ///< training samples (crops) this rank stepped through
+  double samples_per_second = 0;   ///< samples over the training part of the epoch (all ranks)
+  std::uint64_t peak_rss_bytes = 0;  ///< this process's peak resident memory during the epoch
+  /// On CUDA: the caching allocator's peak allocated and reserved bytes during the epoch.
+  std::optional<std::uint64_t> cuda_peak_allocated, cuda_peak_reserved;
   nlohmann::json to_json() const;
   static EpochRecord from_json(const nlohmann::json& j);
 };

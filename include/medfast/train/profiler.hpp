@@ -1,0 +1,63 @@
+#pragma once
+/// \file
+/// The training profiler: train.profile {wait, warmup, active, repeat} (torch.profiler's
+/// schedule, the same meaning) turns medfast's trace ranges (core/trace.hpp) and
+/// libtorch's operator events (through RecordFunction callbacks, the events torch's
+/// own profiler is built on, in 1.13 and 2.x alike) on for the warm-up and active
+/// steps of each cycle. After each cycle's last active step it writes
+/// run_dir/profiler/<step>-trace.json.gz (Chrome trace) and <step>-trace_summary.txt
+/// (the step figures of `medfast trace summarize` and the key averages).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace medfast::train {
+
+struct ProfileOptions {
+  int wait = 1, warmup = 1, active = 3;
+  int repeat = 1;      ///< cycles; 0: every cycle until the run ends
+  bool enabled = false;
+  bool operators = true;  ///< libtorch's operator events too
+  /// "W,U,A,R" (--profile) or {wait, warmup, active, repeat, operators}; ValueError naming `where`.
+  static ProfileOptions parse(const std::string& text, const std::string& where);
+  static ProfileOptions from_json(const nlohmann::json& j, const std::string& where);
+  void validate(const std::string& where) const;
+};
+
+class StepProfiler {
+ public:
+  /// Inactive when !options.enabled: then every call returns at once.
+  StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info);
+  ~StepProfiler();
+  StepProfiler(const StepProfiler&) = delete;
+  StepProfiler& operator=(const StepProfiler&) = delete;
+
+  /// Before training step `step` (0-based over the run).
+  void before_step(long step);
+  /// After it; writes the cycle's trace after its last active step.
+  void after_step(long step);
+  /// The run ended (or failed): a cycle cut short is written with what it has.
+  void finish();
+  /// Trace files written so far.
+  const std::vector<std::string>& written() const { return written_; }
+
+ private:
+  enum class Phase { off, warmup, active };
+  Phase phase_of(long step) const;
+  void start_recording();
+  void stop_recording();
+  void write(long step);
+
+  ProfileOptions o_;
+  std::string dir_;
+  nlohmann::json info_;
+  bool recording_ = false;
+  long active_steps_ = 0;
+  std::vector<std::string> written_;
+  struct Operators;
+  std::unique_ptr<Operators> ops_;
+};
+
+}  // namespace medfast::train
