@@ -8,7 +8,10 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include <memory>
+
 #include "commands.hpp"
+#include "medfast/core/progress.hpp"
 #include "medfast/cache/entry.hpp"
 #include "medfast/cache/folder.hpp"
 #include "medfast/core/error.hpp"
@@ -32,11 +35,14 @@ int run_build(const BuildArgs& a, Context& ctx) {
                          "; cache build fills a persistent cache (disk or disk_device)"));
   }
   data::CachedDataset ds = data::make_cached_dataset(cfg);
-  const bool tty = ::isatty(2) && !a.json;
+  std::unique_ptr<Progress> progress;
+  const auto started = std::chrono::steady_clock::now();
+  const Progress::Style style = a.json ? Progress::Style::off : Progress::style_from(ctx.settings.get("progress"));
   const data::FillReport r = ds.fill([&](std::size_t done, std::size_t total) {
-    if (tty) std::fprintf(stderr, "\rcache build: %zu/%zu items", done, total);
+    if (!progress) progress = std::make_unique<Progress>("cache build", total, "items", style, stderr, 30.0, started);
+    progress->update(done);
   });
-  if (tty) std::fprintf(stderr, "\n");
+  if (progress) progress->finish(/*clear=*/true);
   const auto st = ds.store().stats();
   std::uint64_t on_disk = 0;
   for (std::size_t i = 0; i < ds.size() && i < r.items; ++i) {

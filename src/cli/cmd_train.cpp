@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "medfast/core/progress.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -78,6 +79,35 @@ void print_epoch(const train::EpochRecord& r, int epochs) {
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
+
+/// One progress line at a time: a new `what` ends the previous line.
+class ProgressLines {
+ public:
+  explicit ProgressLines(Progress::Style style) : style_(style) {}
+  void update(const std::string& what, std::size_t done, std::size_t total, const char* unit,
+              const std::string& suffix = "") {
+    if (!line_ || what != what_) {
+      end();
+      line_ = std::make_unique<Progress>(what, total, unit, style_, stderr, 30.0, since_);
+      what_ = what;
+    }
+    line_->update(done, suffix);
+  }
+  /// Erases a live line (the summary printed next takes its place).
+  void end() {
+    if (line_) line_->finish(/*clear=*/true);
+    line_.reset();
+    what_.clear();
+    since_ = std::chrono::steady_clock::now();  // the next line's work starts now
+  }
+  Progress* current() { return line_.get(); }
+
+ private:
+  Progress::Style style_;
+  std::unique_ptr<Progress> line_;
+  std::string what_;
+  std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
+};
 
 /// The run config's train.device (the trainer validates it).
 std::string train_device(const nlohmann::json& config) {
@@ -165,19 +195,24 @@ int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Co
   train::TrainCallbacks cb;
   const int epochs = trainer->options().epochs;
   if (!a.json && rank0) {
-    cb.message = [](const std::string& m) {
+    // The cache fill and each epoch show a progress line (a live one on a terminal,
+    // else a plain line every 30 s of long work); summaries replace it.
+    auto progress = std::make_shared<ProgressLines>(Progress::style_from(ctx.settings.get("progress")));
+    cb.message = [progress](const std::string& m) {
+      progress->end();
       std::printf("%s\n", m.c_str());
       std::fflush(stdout);
     };
-    cb.epoch = [epochs](const train::EpochRecord& r) { print_epoch(r, epochs); };
-    // Long epochs (full-size volumes on a CPU) show progress every 30 s.
-    auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-    cb.step = [epochs, last](int epoch, int step, int steps, double loss) {
-      const auto now = std::chrono::steady_clock::now();
-      if (step == steps || now - *last < std::chrono::seconds(30)) return;
-      *last = now;
-      std::printf("  epoch %d/%d  step %d/%d  loss %s\n", epoch, epochs, step, steps, fmt(loss).c_str());
-      std::fflush(stdout);
+    cb.epoch = [epochs, progress](const train::EpochRecord& r) {
+      progress->end();
+      print_epoch(r, epochs);
+    };
+    cb.step = [epochs, progress](int epoch, int step, int steps, double loss) {
+      progress->update(str("epoch ", epoch, "/", epochs), step, static_cast<std::size_t>(steps), "steps",
+                       str("loss ", fmt(loss)));
+    };
+    cb.progress = [progress](const std::string& what, std::size_t done, std::size_t total) {
+      progress->update(what, done, total, "items");
     };
   }
   const train::TrainResult r = trainer->run(a.resume, cb, a.overwrite);
@@ -203,8 +238,20 @@ int run_infer(const InferArgs& a, Context& ctx) {
   for (const auto& s : a.sets) train::apply_override(sw, s);
   o.sliding_window = sw;
   std::function<void(const std::string&)> say;
-  if (!a.json) say = [](const std::string& m) { std::printf("%s\n", m.c_str()); std::fflush(stdout); };
+  auto progress = std::make_shared<ProgressLines>(Progress::style_from(ctx.settings.get("progress")));
+  if (!a.json) {
+    say = [progress](const std::string& m) {
+      if (Progress* p = progress->current()) {
+        p->print_above(m);
+      } else {
+        std::printf("%s\n", m.c_str());
+        std::fflush(stdout);
+      }
+    };
+    o.on_progress = [progress](std::size_t done, std::size_t total) { progress->update("infer", done, total, "files"); };
+  }
   const auto files = train::infer(a.checkpoint, a.inputs, a.output, o, ctx.settings, say);
+  progress->end();
   if (a.json) print_json(nlohmann::json{{"written", files}}.dump());
   return 0;
 }
@@ -217,7 +264,12 @@ int run_eval(const EvalArgs& a, Context& ctx) {
   o.amp = data::parse_yaml(a.amp, "--amp");
   o.hd95 = a.hd95;
   o.section = a.section;
+  auto progress = std::make_shared<ProgressLines>(Progress::style_from(ctx.settings.get("progress")));
+  if (!a.json) {
+    o.on_progress = [progress](std::size_t done, std::size_t total) { progress->update("eval", done, total, "cases"); };
+  }
   const train::EvalResult r = train::evaluate(a.checkpoint, cfg, a.config, ctx.settings, o);
+  progress->end();
   if (a.json) {
     print_json(r.to_json().dump());
     return 0;

@@ -57,6 +57,8 @@ std::vector<SettingDef> make_defs() {
       integer("threads", kDefaultThreads, 0, 1024,
               "threads for libtorch intra-op work and medfast's pools (0: one per core)"),
       choice("log_level", "info", {"debug", "info", "warn", "error", "off"}, "least severe log record printed"),
+      choice("progress", "auto", {"auto", "tty", "plain", "off"},
+             "progress of long work (auto: a live line on a terminal, else a plain line every 30 s)"),
       integer("gzip_level", kDefaultGzipLevel, 0, 12,
               "compression level for .nii.gz written by medfast (libdeflate: 0 store .. 12 smallest)"),
       bytes("gzip_buffer_limit", kDefaultGzipBufferLimit,

@@ -121,6 +121,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
       ec.hd95 = hv;
     }
     r.cases.push_back(std::move(ec));
+    if (o.on_progress) o.on_progress(i + 1, ds.size());
   }
   const at::Tensor per = dice.per_class().to(at::kDouble).contiguous();
   for (std::int64_t k = 0; k < per.numel(); ++k) r.mean_per_class.push_back(per[k].item<double>());
@@ -245,6 +246,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       write_nifti(path, out, wo);
       written.push_back(path);
       if (message) message(str(file, " -> ", path));
+      if (o.on_progress) o.on_progress(written.size(), files.size());
     } catch (Error& e) {
       e.add_context(str("infer ", file));
       throw;

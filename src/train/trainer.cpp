@@ -379,7 +379,7 @@ class Run {
       source = [this](std::size_t i) { return smart_->get(i); };
     } else {
       train_ds_ = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline_));
-      const auto r = train_ds_->fill();
+      const auto r = train_ds_->fill(fill_progress("training items"));
       say(str("training items: ", train_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache, ", std::lround(r.seconds * 10) / 10.0, " s)"));
       train_size = train_ds_->size();
@@ -387,7 +387,7 @@ class Run {
     }
     if (!pipeline_.validation.items.empty()) {
       val_ds_ = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline_));
-      const auto r = val_ds_->fill();
+      const auto r = val_ds_->fill(fill_progress("validation items"));
       say(str("validation items: ", val_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache)"));
     } else {
@@ -396,6 +396,11 @@ class Run {
     result_.prepare_seconds = since(prep_start);
     loader_ = std::make_unique<data::Loader>(train_size, source, data::make_random_chain(pipeline_), pipeline_.loader);
     if (train_ds_) loader_->set_item_ids([this](std::size_t i) { return train_ds_->global_index(i); });
+  }
+
+  std::function<void(std::size_t, std::size_t)> fill_progress(const std::string& what) const {
+    if (!rank0_ || !cb_.progress) return {};
+    return [this, what](std::size_t done, std::size_t total) { cb_.progress(what, done, total); };
   }
 
   void build_model_and_optimizer() {

@@ -399,6 +399,26 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   EXPECT_EQ(out.data.scalar_type(), at::kByte);
   EXPECT_LE(out.data.max().item<int>(), 1);
 
+  // Progress lines (MEDFAST_PROGRESS=tty as on a terminal): the cache fill and each
+  // epoch, eval's cases and infer's files, on stderr; the summaries on stdout.
+  const std::string tty = "MEDFAST_PROGRESS=tty " + bin + " --threads 1 ";
+  r = test::run(tty + "train --config " + dir / "run.json" + " --set train.epochs=1 --set train.run_dir=run2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\rtraining items  5/5  100%"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\repoch 1/1  3/3  100%"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("steps/s"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("epoch 1/1  loss"), std::string::npos) << r.out;
+  r = test::run(tty + "eval --checkpoint " + dir / "run/last.ckpt");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\reval  1/1  100%"), std::string::npos) << r.err;
+  r = test::run(tty + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "pred4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\rinfer  1/1  100%"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("spleen_5_seg.nii.gz"), std::string::npos) << r.out;
+  r = test::run("MEDFAST_PROGRESS=sometimes " + bin + " eval --checkpoint " + dir / "run/last.ckpt");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("MEDFAST_PROGRESS"), std::string::npos) << r.err;
+
   // Bad input: one line naming the file.
   test::write_file(dir / "bad.nii", "not a nifti");
   r = test::run(bin + " infer --checkpoint " + dir / "run/last.ckpt" + " --input " + dir / "bad.nii" + " --output " +

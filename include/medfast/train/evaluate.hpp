@@ -32,6 +32,8 @@ struct EvalOptions {
   nlohmann::json amp = false;   ///< as train.amp
   bool hd95 = false;
   std::string section;          ///< evaluate every item of this dataset section instead
+  /// After each case: cases done, cases in all (the CLI's progress line).
+  std::function<void(std::size_t done, std::size_t total)> on_progress;
 };
 /// `config` null: the config stored in the checkpoint (paths relative to where it was trained).
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
@@ -46,6 +48,8 @@ struct InferOptions {
   nlohmann::json amp = false;
   nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
   std::string suffix = "_seg";
+  /// After each file: files done, files in all.
+  std::function<void(std::size_t done, std::size_t total)> on_progress;
 };
 std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
                                const std::string& output_dir, const InferOptions& options, const Settings& settings,

@@ -77,6 +77,8 @@ struct TrainCallbacks {
   std::function<void(const EpochRecord&)> epoch;
   /// After each training step: epoch (1-based), step (1-based), steps per epoch, the step's loss.
   std::function<void(int epoch, int step, int steps, double loss)> step;
+  /// Cache fill before training: what ("training items", "validation items"), items done, in all.
+  std::function<void(const std::string& what, std::size_t done, std::size_t total)> progress;
 };
 
 class Trainer {
