@@ -12,6 +12,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # the Python module (pybind11, pip with Debian's setuptools: no package index) and its tests
   pybind11-dev python3-dev python3-pip python3-setuptools python3-pytest
+  # medfast report's page is checked in a real (headless) browser
+  chromium
   # reference implementations for golden tests and benchmarks
   python3 python3-numpy python3-nibabel python3-torch python3-scipy
   # benchmarks

@@ -226,7 +226,7 @@ int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Co
                                      fmt(*r.time_to_target, 1), " s")
                                      .c_str()
                                : (trainer->options().target_dice > 0 ? "target not reached" : "no target set"));
-  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json\n", r.run_dir.c_str());
+  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json, machine.json\n", r.run_dir.c_str());
   return 0;
 }
 

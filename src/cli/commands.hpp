@@ -32,6 +32,7 @@ Command register_infer(CLI::App& root);
 Command register_eval(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_trace(CLI::App& root);
+Command register_report(CLI::App& root);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
                                        cli::register_io(app), cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
                                        cli::register_infer(app), cli::register_eval(app),
-                                       cli::register_launch(app), cli::register_trace(app)};
+                                       cli::register_launch(app), cli::register_trace(app),
+                                       cli::register_report(app)};
 
   try {
     app.parse(argc, argv);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,6 +141,30 @@ std::string self_executable() {
   if (n <= 0) throw OsError(str("readlink(/proc/self/exe): ", errno_text(errno)), errno);
   buf.resize(static_cast<std::size_t>(n));
   return buf;
+}
+
+MachineInfo machine_info() {
+  MachineInfo m;
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) == 0) m.hostname = host;
+  struct utsname u {};
+  if (::uname(&u) == 0) m.kernel = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  m.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) m.memory_bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+  const int fd = ::open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    std::string text(1 << 16, '\0');
+    const ssize_t n = ::read(fd, text.data(), text.size());
+    ::close(fd);
+    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    const auto at = text.find("model name");
+    if (at != std::string::npos) {
+      const auto colon = text.find(':', at), end = text.find('\n', at);
+      if (colon != std::string::npos && colon < end) m.cpu = text.substr(colon + 2, end - colon - 2);
+    }
+  }
+  return m;
 }
 
 std::uint64_t peak_rss_bytes() {

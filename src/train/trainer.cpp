@@ -33,6 +33,7 @@
 #include "medfast/train/optim.hpp"
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/version.hpp"
 
 namespace medfast::train {
 
@@ -265,6 +266,7 @@ class Run {
     if (rank0_) {
       os::make_directories(t_.run_dir);
       write_text(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
+      write_text(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
     }
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
             "device ", t_.device, ", amp ", precision_name(precision_), ", ", model_threads_, " libtorch threads, ",
@@ -612,6 +614,24 @@ class Run {
       write_metrics(t_.run_dir, result_.history);
     }
     if (rank0_ && cb_.epoch) cb_.epoch(rec);
+  }
+
+  /// What `medfast report` shows about where the run ran.
+  nlohmann::json machine_json() const {
+    const os::MachineInfo m = os::machine_info();
+    nlohmann::json j{{"hostname", m.hostname},
+                     {"cpu", m.cpu},
+                     {"cores", m.cores},
+                     {"memory", format_bytes(m.memory_bytes)},
+                     {"kernel", m.kernel},
+                     {"medfast", kVersion},
+                     {"libtorch", str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)},
+                     {"device", t_.device},
+                     {"libtorch_threads", model_threads_},
+                     {"loader_threads", pipeline_.loader.threads},
+                     {"ranks", comm_ ? comm_->world_size() : 1}};
+    if (device_.is_cuda()) j["cuda_devices"] = static_cast<int>(torch::cuda::device_count());
+    return j;
   }
 
   nlohmann::json checkpoint_meta(int epochs_done, double elapsed) const {

@@ -860,3 +860,57 @@ TEST(TrainerProfile, WritesATraceOfTheActiveStepsAndItsSummary) {
 
 }  // namespace
 }  // namespace medfast::train
+
+namespace medfast::train {
+namespace {
+
+// medfast report on two real runs (one profiled), rendered by headless Chromium:
+// no console error, every curve drawn (the page's script counts them into
+// data-plots), and a screenshot written.
+TEST(ReportCli, TwoRunsRenderInHeadlessChromium) {
+  const std::string chromium = MEDFAST_TEST_CHROMIUM;
+  if (chromium.empty()) GTEST_SKIP() << "no chromium here (scripts/setup.sh installs Debian's chromium)";
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["run_dir"] = dir / "a";
+  c["train"]["profile"] = "0,1,2,1";
+  test::write_file(dir / "a.json", c.dump());
+  c["train"]["run_dir"] = dir / "b";
+  c["train"].erase("profile");
+  c["optimizer"]["lr"] = 0.001;
+  test::write_file(dir / "b.json", c.dump());
+  const std::string bin = test::medfast_binary() + " --threads 1 --progress off ";
+  for (const char* run : {"a", "b"}) {
+    const auto r = test::run(bin + "train --config " + dir / (std::string(run) + ".json"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_TRUE(os::exists(dir / "a/machine.json"));
+  auto r = test::run(bin + "report " + dir / "a" + " " + dir / "b" + " --out " + dir / "report.html");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string html = test::read_file(dir / "report.html");
+  int paths = 0;
+  for (auto at = html.find("<path class=\"series"); at != std::string::npos; at = html.find("<path class=\"series", at + 1)) ++paths;
+  EXPECT_GE(paths, 12);  // 6 curves x 2 runs at least
+  EXPECT_NE(html.find("trace summary 3-trace_summary.txt"), std::string::npos);
+
+  const std::string flags = " --headless --no-sandbox --disable-gpu --enable-logging=stderr --v=0 "
+                            "--virtual-time-budget=3000 --window-size=1240,1800 ";
+  r = test::run(chromium + flags + "--dump-dom file://" + dir / "report.html");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(str("data-plots=\"", paths, "\"")), std::string::npos)
+      << "the page's script did not count every curve drawn";
+  EXPECT_EQ(r.err.find("Uncaught"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(":CONSOLE"), std::string::npos) << "the page logged to its console:\n" << r.err;
+  r = test::run(chromium + flags + "--screenshot=" + dir / "report.png file://" + dir / "report.html");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string png = test::read_file(dir / "report.png");
+  ASSERT_GT(png.size(), 20000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+
+  r = test::run(bin + "report " + dir / "nowhere");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("nowhere"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace medfast::train

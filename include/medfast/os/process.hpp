@@ -44,6 +44,14 @@ int pending_signal();
 /// This program's own executable (/proc/self/exe).
 std::string self_executable();
 
+/// What a run report says about the machine: host, CPU model, cores, memory, kernel.
+struct MachineInfo {
+  std::string hostname, cpu, kernel;
+  int cores = 0;
+  std::uint64_t memory_bytes = 0;
+};
+MachineInfo machine_info();
+
 /// The process's peak resident set size in bytes since it started or since the
 /// last reset_peak_rss() (VmHWM in /proc/self/status; getrusage's maxrss where
 /// that cannot be read).
