@@ -1,8 +1,11 @@
 #include "detail.hpp"
 
 #if MEDFAST_TORCH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
+
+#include <cstdio>
 
 #include "medfast/train/metrics.hpp"
 
@@ -22,6 +25,20 @@ std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::De
 #endif
   (void)device;
   return std::nullopt;
+}
+
+std::string cuda_pci_bus_id(c10::Device device) {
+#if MEDFAST_TORCH_CUDA
+  if (device.is_cuda()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
+    char id[32];
+    std::snprintf(id, sizeof id, "%08X:%02X:%02X.0", static_cast<unsigned>(p->pciDomainID),
+                  static_cast<unsigned>(p->pciBusID), static_cast<unsigned>(p->pciDeviceID));
+    return id;
+  }
+#endif
+  (void)device;
+  return "";
 }
 
 void reset_cuda_memory_peaks(c10::Device device) {

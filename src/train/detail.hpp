@@ -22,6 +22,9 @@ inline nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann
 /// the last reset; nullopt on the CPU or where this libtorch has no CUDA.
 std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::Device device);
 void reset_cuda_memory_peaks(c10::Device device);
+/// The PCI bus id of a CUDA device ("00000000:3B:00.0", NVML's form), so NVML samples
+/// the same GPU whatever CUDA_VISIBLE_DEVICES says; empty where unknown.
+std::string cuda_pci_bus_id(c10::Device device);
 
 /// A device name (cpu, cuda, cuda:N); ValueError naming `what` otherwise.
 c10::Device parse_device(const std::string& name, const std::string& what);

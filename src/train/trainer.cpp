@@ -24,6 +24,7 @@
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/profile/gpu_sampler.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/collective.hpp"
@@ -80,6 +81,7 @@ nlohmann::json EpochRecord::to_json() const {
                    {"peak_rss_bytes", peak_rss_bytes}};
   if (cuda_peak_allocated) j["cuda_peak_allocated_bytes"] = *cuda_peak_allocated;
   if (cuda_peak_reserved) j["cuda_peak_reserved_bytes"] = *cuda_peak_reserved;
+  if (!gpu.is_null()) j["gpu"] = gpu;
   if (dice) {
     j["dice"] = nan_to_null(*dice);
     nlohmann::json per = nlohmann::json::array();
@@ -105,6 +107,7 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
   r.peak_rss_bytes = j.value("peak_rss_bytes", std::uint64_t{0});
   if (j.contains("cuda_peak_allocated_bytes")) r.cuda_peak_allocated = j["cuda_peak_allocated_bytes"].get<std::uint64_t>();
   if (j.contains("cuda_peak_reserved_bytes")) r.cuda_peak_reserved = j["cuda_peak_reserved_bytes"].get<std::uint64_t>();
+  if (j.contains("gpu")) r.gpu = j["gpu"];
   if (j.contains("dice")) {
     r.dice = null_to_nan(j["dice"]);
     for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
@@ -278,6 +281,7 @@ class Run {
                        {"rank", comm_ ? comm_->rank() : 0}});
     if (t_.profile.enabled && !rank0_) profiler_ = std::make_unique<StepProfiler>(ProfileOptions{}, "", nullptr);
     trace::set_thread_name("main");
+    start_gpu_sampler();
     for (int epoch = first_epoch_; epoch < t_.epochs && !result_.reached_target; ++epoch) {
       const auto epoch_start = Clock::now();
       os::reset_peak_rss();
@@ -403,6 +407,16 @@ class Run {
   std::function<void(std::size_t, std::size_t)> fill_progress(const std::string& what) const {
     if (!rank0_ || !cb_.progress) return {};
     return [this, what](std::size_t done, std::size_t total) { cb_.progress(what, done, total); };
+  }
+
+  /// On CUDA: this rank's GPU sampled every second through NVML (one line where it cannot be).
+  void start_gpu_sampler() {
+    if (!device_.is_cuda()) return;
+    std::string why;
+    const int index = device_.has_index() ? device_.index() : 0;
+    gpu_sampler_ = profile::GpuSampler::start({{detail::cuda_pci_bus_id(device_), static_cast<unsigned>(index)}},
+                                              std::chrono::milliseconds(1000), why);
+    if (!gpu_sampler_) say(str("GPU sampling off: ", why));
   }
 
   void build_model_and_optimizer() {
@@ -590,6 +604,10 @@ class Run {
     rec.seconds = since(epoch_start);
     rec.elapsed = elapsed_before_ + since(start_);
     rec.peak_rss_bytes = os::peak_rss_bytes();
+    if (gpu_sampler_) {
+      const profile::GpuEpochStats g = gpu_sampler_->take();
+      if (g.samples > 0) rec.gpu = g.to_json();
+    }
     if (const auto peaks = detail::cuda_memory_peaks(device_)) {
       rec.cuda_peak_allocated = peaks->first;
       rec.cuda_peak_reserved = peaks->second;
@@ -672,6 +690,7 @@ class Run {
   std::unique_ptr<data::SmartCacheDataset> smart_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<StepProfiler> profiler_;
+  std::unique_ptr<profile::GpuSampler> gpu_sampler_;
   Model model_;
   std::vector<at::Tensor> params_, buffers_;
   std::unique_ptr<GradientSync> grad_sync_;

@@ -526,6 +526,13 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   const TrainResult ra = Trainer(a, "", one_thread()).run(false);
   ASSERT_EQ(ra.history.size(), 2u);
   for (const auto& e : ra.history) EXPECT_TRUE(std::isfinite(e.loss));
+  // The caching allocator's peaks, and where the driver's NVML is there, the GPU's readings.
+  const auto first = nlohmann::json::parse(test::read_file(dir / "a/metrics.jsonl").substr(0, test::read_file(dir / "a/metrics.jsonl").find('\n')));
+  EXPECT_GT(first.value("cuda_peak_allocated_bytes", std::uint64_t{0}), 0u) << first.dump();
+  EXPECT_GE(first.value("cuda_peak_reserved_bytes", std::uint64_t{0}), first.value("cuda_peak_allocated_bytes", std::uint64_t{0}));
+  if (first.contains("gpu")) {
+    EXPECT_GT(first["gpu"]["memory_used_max_bytes"].get<std::uint64_t>(), 0u) << first.dump();
+  }
   nlohmann::json b = c;
   b["train"]["run_dir"] = dir / "b";
   TrainCallbacks stop;

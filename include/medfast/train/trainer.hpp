@@ -55,6 +55,8 @@ struct EpochRecord {
   std::uint64_t peak_rss_bytes = 0;  ///< this process's peak resident memory during the epoch
   /// On CUDA: the caching allocator's peak allocated and reserved bytes during the epoch.
   std::optional<std::uint64_t> cuda_peak_allocated, cuda_peak_reserved;
+  /// On CUDA with NVML: this rank's GPU over the epoch (profile::GpuEpochStats::to_json).
+  nlohmann::json gpu;
   nlohmann::json to_json() const;
   static EpochRecord from_json(const nlohmann::json& j);
 };
