@@ -80,6 +80,7 @@ std::int64_t now_us() {
       .count();
 }
 
+#if !MEDFAST_NO_TRACE_RANGES
 void Range::begin(const char* name, const char* category) {
   const unsigned flags = detail::g_flags.load(std::memory_order_relaxed);
 #if MEDFAST_HAVE_CUDA_TOOLKIT
@@ -107,6 +108,7 @@ void Range::end() {
   e.args = std::move(args_);
   record(std::move(e));
 }
+#endif
 
 void record(Event event) {
   ThreadBuffer& b = buffer();

@@ -30,13 +30,15 @@ nlohmann::json event_json(const trace::Event& e) {
   return j;
 }
 
-/// A complete event as read back: name, start and end in microseconds, thread.
+/// A complete event as read back: name, start, duration and end in microseconds,
+/// thread. The duration is kept as written: Kineto's timestamps are large (epoch
+/// microseconds with fractions), and end - ts would round it.
 struct Span {
   std::string name;
-  double ts = 0, end = 0;
+  double ts = 0, dur = 0, end = 0;
   std::string tid;
   const nlohmann::json* args = nullptr;
-  double ms() const { return (end - ts) / 1e3; }
+  double ms() const { return dur / 1e3; }
 };
 
 std::vector<Span> spans_of(const nlohmann::json& events, const std::string& path) {
@@ -53,7 +55,8 @@ std::vector<Span> spans_of(const nlohmann::json& events, const std::string& path
     s.tid = e.contains("tid") ? e["tid"].dump() : "0";
     if (e.contains("args")) s.args = &e["args"];
     if (ph == "X") {
-      s.end = s.ts + (e.contains("dur") && e["dur"].is_number() ? e["dur"].get<double>() : 0.0);
+      s.dur = e.contains("dur") && e["dur"].is_number() ? e["dur"].get<double>() : 0.0;
+      s.end = s.ts + s.dur;
       out.push_back(std::move(s));
     } else if (ph == "B") {
       open[s.tid].push_back(std::move(s));
@@ -63,6 +66,7 @@ std::vector<Span> spans_of(const nlohmann::json& events, const std::string& path
       Span b = std::move(stack.back());
       stack.pop_back();
       b.end = s.ts;
+      b.dur = b.end - b.ts;
       out.push_back(std::move(b));
     }
   }
@@ -71,7 +75,10 @@ std::vector<Span> spans_of(const nlohmann::json& events, const std::string& path
   return out;
 }
 
-bool inside(const Span& inner, const Span& outer) { return inner.ts >= outer.ts && inner.end <= outer.end; }
+/// Within 1 ns: ts + dur of Kineto's large timestamps rounds by less than that.
+bool inside(const Span& inner, const Span& outer) {
+  return inner.ts >= outer.ts - 1e-3 && inner.end <= outer.end + 1e-3;
+}
 
 /// Calls f for every span (sorted by start) that starts within `outer`, `outer` itself included.
 template <typename F>

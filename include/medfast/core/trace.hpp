@@ -59,6 +59,19 @@ struct ThreadInfo {
   std::string name;
 };
 
+#if MEDFAST_NO_TRACE_RANGES
+// Built with -DMEDFAST_TRACE_RANGES=OFF: ranges compile to nothing (the baseline of
+// bench/trace_overhead.py, which measures what they cost while tracing is off).
+class Range {
+ public:
+  explicit Range(const char*, const char* = "medfast") {}
+  Range(const std::string&, const char*) {}
+  Range(const Range&) = delete;
+  Range& operator=(const Range&) = delete;
+  void cancel() {}
+  Range& arg(const char*, double) { return *this; }
+};
+#else
 /// A range on the calling thread, from construction to destruction, recorded when
 /// tracing was on at construction.
 class Range {
@@ -91,6 +104,7 @@ class Range {
   const char* category_ = nullptr;
   std::vector<std::pair<std::string, double>> args_;
 };
+#endif
 
 /// Records an event on the calling thread (while tracing is on). For ranges whose
 /// start and end are known only afterwards (e.g. libtorch's operator callbacks).
