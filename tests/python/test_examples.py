@@ -20,7 +20,7 @@ def test_tensor_io_example(tmp_path):
 
 def test_monai_example_trains_to_its_dice(tmp_path):
     # MONAI is a peer to compare with, not a dependency: this runs where MONAI_PATH
-    # names a MONAI (the project's benchmarks use ../shared/peers/monai-1.3.2).
+    # names a MONAI (the project's benchmarks use the MONAI 1.3.2 peer copy beside the repository).
     path = os.environ.get("MONAI_PATH")
     if not path and importlib.util.find_spec("monai") is None:
         pytest.skip("MONAI is not importable and MONAI_PATH is not set")
