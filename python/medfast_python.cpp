@@ -363,35 +363,9 @@ py::object train_run(const py::object& config, bool resume, bool overwrite, cons
   return from_json(result.to_json());
 }
 
-}  // namespace
+// The submodules, one function each.
 
-PYBIND11_MODULE(_medfast, m) {
-  m.doc() = "medfast's engine: tensor file I/O, NIfTI, cached pipelines and the threaded loader, training";
-  m.attr("__version__") = kVersion;
-  m.attr("libtorch_version") = str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH);
-
-  // The library logs through a sink the caller sets; Python sees warnings on stderr.
-  log::set_sink([](log::Level level, const std::string& message) {
-    if (level >= log::Level::warn) std::fprintf(stderr, "medfast: %s: %s\n", log::level_name(level), message.c_str());
-  });
-
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const OsError& e) {
-      PyErr_SetObject(PyExc_OSError, py::make_tuple(e.errno_value(), e.what()).ptr());
-    } catch (const ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const FormatError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    } catch (const Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    }
-  });
-
-  // settings
+void def_settings(py::module_& m) {
   auto ms = m.def_submodule("settings", "medfast's settings (flag > environment > file > default; here: set > env > default)");
   ms.def("get", [](const std::string& name) { return settings_copy().get(name); }, py::arg("name"));
   ms.def(
@@ -412,6 +386,9 @@ PYBIND11_MODULE(_medfast, m) {
   });
 
   // io
+}
+
+void def_io(py::module_& m) {
   auto mio = m.def_submodule("io", "Tensor file I/O through medfast's engine (posix, O_DIRECT, io_uring, cuFile)");
   py::class_<Future>(mio, "Future")
       .def("wait", &Future::wait, "Waits for the transfer; returns the bytes moved")
@@ -459,6 +436,9 @@ PYBIND11_MODULE(_medfast, m) {
       py::arg("path"), py::arg("device") = "cpu", py::arg("verify") = true);
 
   // nifti
+}
+
+void def_nifti(py::module_& m) {
   auto mn = m.def_submodule("nifti", "NIfTI-1/2 (.nii, .nii.gz) read and written as nibabel does");
   mn.def(
       "load",
@@ -485,6 +465,9 @@ PYBIND11_MODULE(_medfast, m) {
       py::arg("path"), py::arg("tensor"), py::arg("affine"));
 
   // data
+}
+
+void def_data(py::module_& m) {
   auto md = m.def_submodule("data", "Cached pipelines and the threaded loader");
   py::class_<Pipeline>(md, "Pipeline")
       .def(py::init<const py::object&>(), py::arg("config"))
@@ -506,10 +489,50 @@ PYBIND11_MODULE(_medfast, m) {
       .def("__len__", &Loader::batches);
 
   // train
+}
+
+void def_train(py::module_& m) {
   auto mt = m.def_submodule("train", "Training runs from a run config");
   mt.def(
       "default_config", [] { return from_json(train::default_run_config()); },
       "The built-in default run config (what `medfast train` runs without --config), as a dict");
   mt.def("run", &train_run, py::arg("config"), py::arg("resume") = false, py::arg("overwrite") = false,
          py::arg("on_epoch") = py::none());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_medfast, m) {
+  m.doc() = "medfast's engine: tensor file I/O, NIfTI, cached pipelines and the threaded loader, training";
+  m.attr("__version__") = kVersion;
+  m.attr("libtorch_version") = str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH);
+
+  // The library logs through a sink the caller sets; Python sees warnings on stderr.
+  log::set_sink([](log::Level level, const std::string& message) {
+    if (level >= log::Level::warn) std::fprintf(stderr, "medfast: %s: %s\n", log::level_name(level), message.c_str());
+  });
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const OsError& e) {
+      PyErr_SetObject(PyExc_OSError, py::make_tuple(e.errno_value(), e.what()).ptr());
+    } catch (const ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const FormatError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    }
+  });
+
+  // settings
+
+  def_settings(m);
+  def_io(m);
+  def_nifti(m);
+  def_data(m);
+  def_train(m);
 }

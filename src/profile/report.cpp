@@ -266,8 +266,10 @@ std::string machine_text(const nlohmann::json& m) {
 
 }  // namespace
 
-std::string render_report(const std::vector<RunData>& runs) {
-  if (runs.empty()) throw ValueError("report: no run folders");
+namespace {
+
+/// The curves: one chart per metric, a series per run (and per class for Dice).
+std::vector<std::pair<std::string, std::string>> curve_charts(const std::vector<RunData>& runs) {
   std::vector<std::pair<std::string, std::string>> charts;  // section title, svg
   auto chart = [&](const std::string& title, const std::function<double(const nlohmann::json&)>& f,
                    const std::string& format = "") {
@@ -323,7 +325,43 @@ std::string render_report(const std::vector<RunData>& runs) {
       return e.contains("gpu") ? value_of(e["gpu"], "memory_used_max_bytes") : std::nan("");
     }, "bytes");
   }
+  return charts;
+}
 
+/// One row per run: epochs, best Dice, last loss, mean epoch time and samples/s.
+std::string runs_table(const std::vector<RunData>& runs) {
+  std::ostringstream h;
+  h << "<table><tr><th>run</th><th>epochs</th><th>best Dice</th><th>at epoch</th><th>last loss</th>"
+       "<th>mean epoch s</th><th>mean samples/s</th><th>elapsed s</th></tr>";
+  for (const auto& run : runs) {
+    double best = -1, epoch_s = 0, sps = 0, last_loss = std::nan(""), elapsed = 0;
+    int best_epoch = 0;
+    for (const auto& e : run.epochs) {
+      const double d = value_of(e, "dice");
+      if (std::isfinite(d) && d > best) {
+        best = d;
+        best_epoch = e.value("epoch", 0);
+      }
+      epoch_s += value_of(e, "seconds");
+      sps += std::isfinite(value_of(e, "samples_per_second")) ? value_of(e, "samples_per_second") : 0;
+      last_loss = value_of(e, "loss");
+      elapsed = value_of(e, "elapsed");
+    }
+    const double n = std::max<double>(1, static_cast<double>(run.epochs.size()));
+    h << "<tr><td>" << escape(run.dir) << "</td><td>" << run.epochs.size() << "</td><td>"
+      << (best >= 0 ? num(best, 4) : "-") << "</td><td>" << (best >= 0 ? std::to_string(best_epoch) : "-")
+      << "</td><td>" << num(last_loss, 4) << "</td><td>" << num(epoch_s / n, 3) << "</td><td>" << num(sps / n, 4)
+      << "</td><td>" << num(elapsed, 4) << "</td></tr>";
+  }
+  h << "</table>\n";
+  return h.str();
+}
+
+}  // namespace
+
+std::string render_report(const std::vector<RunData>& runs) {
+  if (runs.empty()) throw ValueError("report: no run folders");
+  const auto charts = curve_charts(runs);
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>medfast report: ";
   for (std::size_t r = 0; r < runs.size(); ++r) h << (r ? ", " : "") << escape(runs[r].name);
@@ -350,29 +388,8 @@ std::string render_report(const std::vector<RunData>& runs) {
     h << "<span data-run=\"" << run_class(r) << "\" title=\"click to hide or show\"><i style=\"background:"
       << kColors[r % 8] << "\"></i>" << escape(runs[r].name) << "</span>";
   }
-  h << "</div>\n<table><tr><th>run</th><th>epochs</th><th>best Dice</th><th>at epoch</th><th>last loss</th>"
-       "<th>mean epoch s</th><th>mean samples/s</th><th>elapsed s</th></tr>";
-  for (const auto& run : runs) {
-    double best = -1, epoch_s = 0, sps = 0, last_loss = std::nan(""), elapsed = 0;
-    int best_epoch = 0;
-    for (const auto& e : run.epochs) {
-      const double d = value_of(e, "dice");
-      if (std::isfinite(d) && d > best) {
-        best = d;
-        best_epoch = e.value("epoch", 0);
-      }
-      epoch_s += value_of(e, "seconds");
-      sps += std::isfinite(value_of(e, "samples_per_second")) ? value_of(e, "samples_per_second") : 0;
-      last_loss = value_of(e, "loss");
-      elapsed = value_of(e, "elapsed");
-    }
-    const double n = std::max<double>(1, static_cast<double>(run.epochs.size()));
-    h << "<tr><td>" << escape(run.dir) << "</td><td>" << run.epochs.size() << "</td><td>"
-      << (best >= 0 ? num(best, 4) : "-") << "</td><td>" << (best >= 0 ? std::to_string(best_epoch) : "-")
-      << "</td><td>" << num(last_loss, 4) << "</td><td>" << num(epoch_s / n, 3) << "</td><td>" << num(sps / n, 4)
-      << "</td><td>" << num(elapsed, 4) << "</td></tr>";
-  }
-  h << "</table>\n<h2>Curves</h2><div class=\"grid-charts\">\n";
+  h << "</div>\n" << runs_table(runs);
+  h << "<h2>Curves</h2><div class=\"grid-charts\">\n";
   for (const auto& [title, svg] : charts) h << svg << "\n";
   h << "</div>\n<h2>Time per stage</h2><div class=\"grid-charts\">\n";
   for (const auto& run : runs) h << svg_stage_bars(run) << "\n";
