@@ -31,26 +31,13 @@ import torch
 
 import medfast
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cache_fill import machine as host_machine  # noqa: E402
+from io_bench import drop_cache  # noqa: E402
+
 
 def machine():
-    cpu = "unknown CPU"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
-
-
-def drop_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    return f"{host_machine()}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def timed(f):

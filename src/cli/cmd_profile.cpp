@@ -41,9 +41,7 @@ int run_report(const ReportArgs& a) {
   for (const auto& r : a.runs) runs.push_back(profile::read_run(r));
   const std::string html = profile::render_report(runs);
   const std::string out = a.out.empty() ? a.runs.front() + "/report.html" : a.out;
-  os::AtomicWriter w(out);
-  w.append(html.data(), html.size());
-  w.commit();
+  os::write_text_file(out, html);
   std::printf("report: %s (%zu run%s)\n", out.c_str(), runs.size(), runs.size() > 1 ? "s" : "");
   return 0;
 }

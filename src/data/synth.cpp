@@ -209,9 +209,7 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
                          {"size_max", o.size_max},
                          {"spacing", o.spacing}};
   const std::string text = ds.dump(2) + "\n";
-  os::AtomicWriter w(o.out_dir + "/dataset.json");
-  w.append(text.data(), text.size());
-  w.commit();
+  os::write_text_file(o.out_dir + "/dataset.json", text);
   r.bytes += text.size();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;

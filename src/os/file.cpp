@@ -313,6 +313,12 @@ void sync_directory(const std::string& path) {
   }
 }
 
+void write_text_file(const std::string& path, const std::string& text) {
+  AtomicWriter w(path);
+  w.append(text.data(), text.size());
+  w.commit();
+}
+
 std::string read_text_file(const std::string& path) {
   File f = File::open(path, File::Mode::read);
   std::string text(f.size(), '\0');

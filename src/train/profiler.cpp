@@ -175,9 +175,7 @@ void StepProfiler::write(long step) {
     text += str("(no step summary: ", e.what(), ")\n");
   }
   text += "\n" + trace::key_averages_table(events) + "\n";
-  os::AtomicWriter w(base + "-trace_summary.txt");
-  w.append(text.data(), text.size());
-  w.commit();
+  os::write_text_file(base + "-trace_summary.txt", text);
   written_.push_back(trace_path);
   active_steps_ = 0;
 }

@@ -233,15 +233,7 @@ std::string diff_section(const nlohmann::json& a, const nlohmann::json& b) {
 void write_metrics(const std::string& dir, const std::vector<EpochRecord>& history) {
   std::string text;
   for (const auto& e : history) text += e.to_json().dump() + "\n";
-  os::AtomicWriter w(dir + "/metrics.jsonl");
-  w.append(text.data(), text.size());
-  w.commit();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  os::AtomicWriter w(path);
-  w.append(text.data(), text.size());
-  w.commit();
+  os::write_text_file(dir + "/metrics.jsonl", text);
 }
 
 }  // namespace
@@ -268,18 +260,18 @@ class Run {
     if (resume) restore();
     if (rank0_) {
       os::make_directories(t_.run_dir);
-      write_text(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
-      write_text(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
+      os::write_text_file(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
+      os::write_text_file(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
     }
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
             "device ", t_.device, ", amp ", precision_name(precision_), ", ", model_threads_, " libtorch threads, ",
             pipeline_.loader.threads, " loader threads; ", loader_->batches_per_epoch(), " steps per epoch"));
     model_.module->train();
+    // Only rank 0 writes files: the other ranks' profilers stay off.
     profiler_ = std::make_unique<StepProfiler>(
-        t_.profile, t_.run_dir + "/profiler",
+        rank0_ ? t_.profile : ProfileOptions{}, t_.run_dir + "/profiler",
         nlohmann::json{{"run_dir", t_.run_dir}, {"config", c_.path}, {"device", t_.device},
                        {"rank", comm_ ? comm_->rank() : 0}});
-    if (t_.profile.enabled && !rank0_) profiler_ = std::make_unique<StepProfiler>(ProfileOptions{}, "", nullptr);
     trace::set_thread_name("main");
     start_gpu_sampler();
     for (int epoch = first_epoch_; epoch < t_.epochs && !result_.reached_target; ++epoch) {

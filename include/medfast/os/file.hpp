@@ -129,6 +129,8 @@ void make_directories(const std::string& path);
 void sync_directory(const std::string& path);
 std::string parent_directory(const std::string& path);
 std::string read_text_file(const std::string& path);
+/// Writes `text` to `path` through an AtomicWriter (temporary name, fsync, rename).
+void write_text_file(const std::string& path, const std::string& text);
 /// The names in a directory (without . and ..), sorted. OsError naming it.
 std::vector<std::string> list_directory(const std::string& dir);
 
