@@ -1,25 +1,42 @@
 #!/usr/bin/env python3
-"""Random chain + loader throughput (issue 5).
+"""Random chain + loader throughput: medfast against MONAI, measured in the same run (issues 5, 11).
 
 Usage: /usr/bin/python3 bench/loader_bench.py [--build build] [--cases 8] [--size 512,512,40-100]
-                                             [--threads 2] [--epochs 5]
+           [--threads 2] [--epochs 5 (heavy: 2)] [--rounds 3] [--chain spleen|heavy]
+           [--monai ../shared/peers/monai-1.3.2]
 
-Writes 8 spleen-like volumes, then `medfast --threads T bench loader` fills a
-memory cache with the spleen deterministic chain and times epochs of the spleen
-fast-training random chain (RandCropByPosNegLabel 96^3 x4 pos=1 neg=1,
-RandFlip on each axis p=0.5, RandRotate90 p=0.5, RandScaleIntensity 0.1 p=0.5,
-RandShiftIntensity 0.1 p=0.5), batch size 2. It checks that every epoch
-delivered cases x 4 samples. The baseline measured in the same run is the same
-random chain in plain numpy on one producer thread (like MONAI's
-ThreadDataLoader) over the same deterministic outputs, computed by the
-independent Python chain of bench/cache_fill.py. MONAI 1.3 cannot be installed
-here; its figure from the issue (about 25 samples/s with CacheDataset +
-ThreadDataLoader on this machine) is quoted.
+Writes spleen-like volumes (`medfast data synth`), then --rounds rounds; each round runs,
+in turn, --epochs epochs of each contender over the same files with the same threads:
+  - medfast: `medfast --threads T bench loader` (fills a memory cache with the
+    deterministic chain, then times epochs of the random chain; prefetch 4);
+  - MONAI 1.3, as its fast-training tutorial: CacheDataset(cache_rate=1, num_workers=T) of
+    the same chains (monai_peer.transforms) + ThreadDataLoader(num_workers=0),
+    torch.set_num_threads(T). The cache is filled once, before the rounds.
+Figures are samples/s per epoch, the median over all rounds' epochs.
+
+--chain spleen (default): the spleen deterministic chain (cache_fill.CHAIN), then
+RandCropByPosNegLabel 96^3 x4 pos=1 neg=1 from the cached fg/bg indices, RandFlip per axis
+p=0.5, RandRotate90 p=0.5 max_k=3, RandScaleIntensity 0.1 p=0.5, RandShiftIntensity 0.1
+p=0.5; batch size 2 items (8 crops). MONAI's deterministic chain ends with
+EnsureTyped(track_meta=False) and meta tracking is off for the random part, as in the
+tutorial. Also measured: the same random chain in plain numpy on one producer thread.
+--chain heavy: a cache of the chain up to Spacing, then RandRotate(0.1, 0.1, 0.3, p=1) +
+RandZoom(0.8-1.2, p=1) (image bilinear, label nearest) + ResizeWithPadOrCrop(200, 210, 220),
+batch size 1. MONAI runs it twice, with Compose and with Compose(lazy=True) (one fused
+resampling; per-key modes passed as `overrides`, without which MONAI 1.3.2 resamples the
+label bilinearly), and the faster counts. Also measured: scipy, image only.
+
+Verified: medfast's epochs each deliver cases x samples-per-item samples, and one extra
+untimed epoch written with --save-batches has every batch at the expected shape with labels
+in {0, 1}; every MONAI epoch is checked the same way (the check's time is not counted).
+Without the MONAI peer the MONAI rows are skipped (with a message) and medfast still runs.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -28,10 +45,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache_fill import CHAIN, machine, python_chain  # noqa: E402
-
-MONAI_SAMPLES_PER_SECOND = 25.0
-MONAI_HEAVY_SAMPLES_PER_SECOND = 0.21
+import monai_peer  # noqa: E402
+from cache_fill import CHAIN, machine, python_chain, synth  # noqa: E402
 
 HEAVY_DETERMINISTIC = CHAIN[:4]  # LoadImage, EnsureChannelFirst, Orientation, Spacing
 HEAVY_RANDOM = [
@@ -82,52 +97,168 @@ def numpy_random_chain(im, lb, fg, bg, rng):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--cases", type=int, default=8)
-    ap.add_argument("--size", default="512,512,40-100")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--chain", choices=["spleen", "heavy"], default="spleen")
-    a = ap.parse_args()
-    if a.chain == "heavy":
-        return heavy(a)
+def read_mft(path, payload=False):
+    """An MFTENSOR file (medfast's save_tensor): (dtype, shape), and the array with payload=True."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+        magic, version, json_len = struct.unpack("<8sII", head)
+        assert magic == b"MFTENSOR" and version == 1, path
+        meta = json.loads(f.read(json_len))
+        if not payload:
+            return meta["dtype"], tuple(meta["shape"]), None
+        f.seek((16 + json_len + 4095) // 4096 * 4096)
+        data = np.frombuffer(f.read(meta["bytes"]), dtype=np.dtype(meta["dtype"]).newbyteorder("<"))
+    return meta["dtype"], tuple(meta["shape"]), data.reshape(meta["shape"])
+
+
+def medfast_loader(medfast, cfg, threads, epochs, save=None):
+    cmd = [medfast, "--threads", str(threads), "bench", "loader", "--config", cfg, "--epochs", str(epochs), "--json"]
+    if save:
+        cmd += ["--save-batches", save]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def check_labels(label, where):
+    if bool(((label != 0) & (label != 1)).any()):
+        sys.exit(f"verification failed: {where}: label values outside {{0, 1}}")
+
+
+def verify_medfast(medfast, cfg, threads, folder, samples, shape):
+    """One untimed epoch written with --save-batches: every batch's shape, labels in {0, 1}, the sample count."""
+    r = medfast_loader(medfast, cfg, threads, 1, save=folder)
+    assert r["epochs"][0]["samples"] == samples, r
+    n = 0
+    for name in sorted(f for f in os.listdir(folder) if f.endswith("_image.mft")):
+        _, s_image, _ = read_mft(os.path.join(folder, name))
+        _, s_label, label = read_mft(os.path.join(folder, name.replace("_image", "_label")), payload=True)
+        if s_image[1:] != shape or s_label[1:] != shape or s_image[0] != s_label[0]:
+            sys.exit(f"verification failed: medfast batch {name}: image {s_image}, label {s_label}; "
+                     f"want (B,) + {shape}")
+        check_labels(label, f"medfast batch {name}")
+        n += s_image[0]
+    shutil.rmtree(folder)
+    if n != samples:
+        sys.exit(f"verification failed: medfast's saved epoch has {n} samples, not {samples}")
+
+
+def medfast_rates(medfast, cfg, threads, epochs, samples):
+    r = medfast_loader(medfast, cfg, threads, epochs)
+    for e in r["epochs"]:
+        if e["samples"] != samples:
+            sys.exit(f"verification failed: a medfast epoch delivered {e['samples']} samples, not {samples}")
+    return r, [e["samples_per_second"] for e in r["epochs"]]
+
+
+def monai_loader(monai, files, deterministic, random, threads, batch_size, lazy=False, overrides=None):
+    """MONAI's CacheDataset (filled now) + ThreadDataLoader over the two chains, as the fast-training tutorial."""
+    import torch
+    torch.set_num_threads(threads)
+    mt = monai.transforms
+    chain = mt.Compose(monai_peer.transforms(monai, deterministic) + monai_peer.transforms(monai, random),
+                       lazy=lazy, overrides=overrides)
+    monai.utils.set_determinism(seed=0)
+    ds = monai.data.CacheDataset(files, transform=chain, cache_rate=1.0, num_workers=threads, progress=False)
+    return monai.data.ThreadDataLoader(ds, batch_size=batch_size, num_workers=0, shuffle=True)
+
+
+def monai_epoch(loader, samples, shape):
+    """samples/s of one epoch; every batch checked (shapes, labels in {0, 1}) off the clock."""
+    n, checking = 0, 0.0
+    t0 = time.perf_counter()
+    for batch in loader:
+        c0 = time.perf_counter()
+        image, label = batch["image"], batch["label"]
+        if tuple(image.shape[1:]) != shape or tuple(label.shape) != tuple(image.shape):
+            sys.exit(f"verification failed: MONAI batch image {tuple(image.shape)}, label {tuple(label.shape)}; "
+                     f"want (B,) + {shape}")
+        check_labels(label, "MONAI batch")
+        n += image.shape[0]
+        checking += time.perf_counter() - c0
+    seconds = time.perf_counter() - t0 - checking
+    if n != samples:
+        sys.exit(f"verification failed: a MONAI epoch delivered {n} samples, not {samples}")
+    return n / seconds
+
+
+def loader_config(tmp, deterministic, random, batch_size, prefetch):
+    cfg = f"{tmp}/config.json"
+    json.dump({"data": {"dataset": f"{tmp}/ds/dataset.json", "deterministic": deterministic, "random": random,
+                        "cache": {"kind": "memory"}, "seed": 0,
+                        "loader": {"batch_size": batch_size, "prefetch": prefetch}}}, open(cfg, "w"))
+    return cfg
+
+
+def numpy_rate(files):
+    """The numpy random chain, one producer thread, over 2 volumes' deterministic outputs, for 10 s."""
+    cached = [python_chain(f["image"], f["label"]) for f in files[:2]]
+    rng = np.random.default_rng(0)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 10:
+        for im, lb, fg, bg in cached:
+            n += len(numpy_random_chain(im, lb, fg, bg, rng))
+    return n / (time.perf_counter() - t0)
+
+
+def table(rows, digits):
+    """rows: (name, [samples/s per epoch]); prints the median (min-max) of each."""
+    print(f"\n{'':52} {'samples/s':>10}  (min-max)")
+    for name, rates in rows:
+        print(f"{name:52} {statistics.median(rates):10.{digits}f}  ({min(rates):.{digits}f}-{max(rates):.{digits}f})")
+
+
+def verdict(name, ratio, target):
+    return f"{ratio:.1f}x {name} (target >= {target}x: {'met' if ratio >= target else 'NOT met'})"
+
+
+def run_rounds(a, medfast, cfg, samples, monai_loaders, shape):
+    """--rounds rounds: medfast's epochs, then each MONAI loader's, in turn. Returns the per-epoch rates."""
+    m_rates, o_rates, first = [], {name: [] for name in monai_loaders}, None
+    for _ in range(a.rounds):
+        r, rates = medfast_rates(medfast, cfg, a.threads, a.epochs, samples)
+        first = first or r
+        m_rates += rates
+        for name, loader in monai_loaders.items():
+            o_rates[name] += [monai_epoch(loader, samples, shape) for _ in range(a.epochs)]
+    return first, m_rates, o_rates
+
+
+def spleen(a, monai):
     medfast = os.path.join(a.build, "medfast")
+    samples, shape = a.cases * 4, (1, 96, 96, 96)
     with tempfile.TemporaryDirectory(prefix="medfast-loader-bench-", dir=os.path.abspath(a.build)) as tmp:
-        subprocess.run([medfast, "data", "synth", "--out", f"{tmp}/ds", "--cases", str(a.cases), "--size", a.size],
-                       check=True, stdout=subprocess.DEVNULL)
-        cfg = f"{tmp}/config.json"
-        json.dump({"data": {"dataset": f"{tmp}/ds/dataset.json", "deterministic": CHAIN, "random": RANDOM,
-                            "cache": {"kind": "memory"}, "seed": 0,
-                            "loader": {"batch_size": 2, "prefetch": 4}}}, open(cfg, "w"))
-        out = subprocess.run([medfast, "--threads", str(a.threads), "bench", "loader", "--config", cfg,
-                              "--epochs", str(a.epochs), "--json"], check=True, capture_output=True, text=True).stdout
-        r = json.loads(out)
-        for e in r["epochs"]:
-            assert e["samples"] == a.cases * 4, e
-        rates = [e["samples_per_second"] for e in r["epochs"]]
-        # Baseline: numpy random chain, one producer thread, over 2 volumes' deterministic outputs.
-        ds = json.load(open(f"{tmp}/ds/dataset.json"))["training"]
-        cached = [python_chain(f"{tmp}/ds/{ds[i]['image']}", f"{tmp}/ds/{ds[i]['label']}") for i in range(2)]
-        rng = np.random.default_rng(0)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 10:
-            for im, lb, fg, bg in cached:
-                n += len(numpy_random_chain(im, lb, fg, bg, rng))
-        py_rate = n / (time.perf_counter() - t0)
-        med = statistics.median(rates)
-        print(f"machine: {machine()}")
-        print(f"dataset: {a.cases} spleen-like volumes {a.size}; memory cache filled in {r['fill_seconds']:.1f} s; "
-              f"loader threads {r['threads']}, batch size {r['batch_size']} items x {r['samples_per_item']} crops; "
-              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
-        print(f"verified: every epoch delivered {a.cases * 4} samples of 96^3")
-        print(f"medfast samples/s per epoch: {', '.join(f'{x:.1f}' for x in rates)}")
-        print(f"\n{'':40} {'samples/s':>10}")
-        print(f"{'medfast loader (median epoch)':40} {med:10.1f}")
-        print(f"{'numpy random chain, 1 thread (this run)':40} {py_rate:10.1f}")
-        print(f"{'MONAI CacheDataset+ThreadDataLoader (issue)':40} {MONAI_SAMPLES_PER_SECOND:10.1f}")
-        print(f"\nspeed: {med / py_rate:.1f}x the numpy chain, {med / MONAI_SAMPLES_PER_SECOND:.1f}x MONAI's figure")
+        files = synth(medfast, f"{tmp}/ds", a.cases, a.size)
+        cfg = loader_config(tmp, CHAIN, RANDOM, 2, 4)
+        verify_medfast(medfast, cfg, a.threads, f"{tmp}/batches", samples, shape)
+        loaders = {}
+        if monai:
+            keys = ["image", "label"]
+            loaders["MONAI CacheDataset + ThreadDataLoader"] = monai_loader(
+                monai, files, CHAIN + [{"name": "EnsureType", "keys": keys, "track_meta": False}], RANDOM,
+                a.threads, 2)
+            monai.data.set_track_meta(False)  # the tutorial's fast path: no meta in the random chain
+        r, m_rates, o_rates = run_rounds(a, medfast, cfg, samples, loaders, shape)
+        py_rate = numpy_rate(files)
+        print(f"machine: {machine()}" + (f"; {monai_peer.version(monai)}" if monai else ""))
+        print(f"dataset: {a.cases} spleen-like volumes {a.size}; medfast memory cache filled in "
+              f"{r['fill_seconds']:.1f} s; batch size {r['batch_size']} items x {r['samples_per_item']} crops; "
+              f"medfast {r['threads']} loader threads, MONAI {a.threads} torch threads + ThreadDataLoader's producer "
+              f"thread; medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.epochs} epochs")
+        print(f"verified: every epoch of {'medfast and MONAI' if o_rates else 'medfast'} delivered {samples} samples "
+              f"of 96^3 (image and label), labels in {{0, 1}}")
+        print_rates(m_rates, o_rates, 1)
+        table([("medfast loader", m_rates)] + list(o_rates.items()) +
+              [("numpy random chain, 1 thread (10 s, 2 volumes)", [py_rate])], 1)
+        med = statistics.median(m_rates)
+        line = f"\nspeed: {verdict('the numpy chain', med / py_rate, 1.5)}"
+        for name, rates in o_rates.items():
+            line += f"; {verdict(name, med / statistics.median(rates), 8)}"
+        print(line if o_rates else line + "; MONAI not measured (peer not found)")
+
+
+def print_rates(m_rates, o_rates, digits):
+    """Every epoch's samples/s, medfast's then each MONAI loader's."""
+    for name, rates in [("medfast", m_rates)] + list(o_rates.items()):
+        print(f"{name} samples/s per epoch: {', '.join(f'{x:.{digits}f}' for x in rates)}")
 
 
 def scipy_heavy(im, rng):
@@ -155,41 +286,59 @@ def scipy_heavy(im, rng):
     return out
 
 
-def heavy(a):
+def heavy(a, monai):
     medfast = os.path.join(a.build, "medfast")
+    shape = (1, 200, 210, 220)
     with tempfile.TemporaryDirectory(prefix="medfast-loader-bench-", dir=os.path.abspath(a.build)) as tmp:
-        subprocess.run([medfast, "data", "synth", "--out", f"{tmp}/ds", "--cases", str(a.cases), "--size", a.size],
-                       check=True, stdout=subprocess.DEVNULL)
-        cfg = f"{tmp}/config.json"
-        json.dump({"data": {"dataset": f"{tmp}/ds/dataset.json", "deterministic": HEAVY_DETERMINISTIC,
-                            "random": HEAVY_RANDOM, "cache": {"kind": "memory"}, "seed": 0,
-                            "loader": {"batch_size": 1, "prefetch": 2}}}, open(cfg, "w"))
-        out = subprocess.run([medfast, "--threads", str(a.threads), "bench", "loader", "--config", cfg,
-                              "--epochs", str(a.epochs), "--json"], check=True, capture_output=True, text=True).stdout
-        r = json.loads(out)
-        for e in r["epochs"]:
-            assert e["samples"] == a.cases, e
-        rates = [e["samples_per_second"] for e in r["epochs"]]
-        med = statistics.median(rates)
-        ds = json.load(open(f"{tmp}/ds/dataset.json"))["training"]
-        im = python_chain(f"{tmp}/ds/{ds[0]['image']}", f"{tmp}/ds/{ds[0]['label']}")[0]  # close enough input size
-        rng = np.random.default_rng(0)
+        files = synth(medfast, f"{tmp}/ds", a.cases, a.size)
+        cfg = loader_config(tmp, HEAVY_DETERMINISTIC, HEAVY_RANDOM, 1, 2)
+        verify_medfast(medfast, cfg, a.threads, f"{tmp}/batches", a.cases, shape)
+        loaders = {}
+        if monai:
+            modes = {k: {"mode": m} for k, m in zip(HEAVY_RANDOM[0]["keys"], HEAVY_RANDOM[0]["mode"])}
+            loaders["MONAI Compose"] = monai_loader(monai, files, HEAVY_DETERMINISTIC, HEAVY_RANDOM, a.threads, 1)
+            loaders["MONAI Compose(lazy=True)"] = monai_loader(monai, files, HEAVY_DETERMINISTIC, HEAVY_RANDOM,
+                                                              a.threads, 1, lazy=True, overrides=modes)
+        r, m_rates, o_rates = run_rounds(a, medfast, cfg, a.cases, loaders, shape)
+        im = python_chain(files[0]["image"], files[0]["label"])[0]  # close enough input size
         t0 = time.perf_counter()
-        scipy_heavy(im, rng)
+        scipy_heavy(im, np.random.default_rng(0))
         py_rate = 1 / (time.perf_counter() - t0)
-        print(f"machine: {machine()}")
+        print(f"machine: {machine()}" + (f"; {monai_peer.version(monai)}" if monai else ""))
         print(f"dataset: {a.cases} spleen-like volumes {a.size}; memory cache of the Spacing(1.5, 1.5, 2) output "
-              f"filled in {r['fill_seconds']:.1f} s; loader threads {r['threads']}, batch size 1; "
-              f"peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB")
+              f"(medfast filled it in {r['fill_seconds']:.1f} s); batch size 1; medfast {r['threads']} loader threads, "
+              f"MONAI {a.threads} torch threads + ThreadDataLoader's producer thread; "
+              f"medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.epochs} epochs")
         print("chain: RandRotate(0.1, 0.1, 0.3, p=1) + RandZoom(0.8-1.2, p=1) on image (bilinear) and label (nearest), "
-              "ResizeWithPadOrCrop(200, 210, 220), composed into one resampling per key")
-        print(f"verified: every epoch delivered {a.cases} samples of 200x210x220")
-        print(f"medfast samples/s per epoch: {', '.join(f'{x:.2f}' for x in rates)}")
-        print(f"\n{'':46} {'samples/s':>10}")
-        print(f"{'medfast loader (median epoch)':46} {med:10.2f}")
-        print(f"{'scipy, image only, two resamplings (this run)':46} {py_rate:10.2f}")
-        print(f"{'MONAI 1.3 (issue)':46} {MONAI_HEAVY_SAMPLES_PER_SECOND:10.2f}")
-        print(f"\nspeed: {med / py_rate:.1f}x scipy, {med / MONAI_HEAVY_SAMPLES_PER_SECOND:.1f}x MONAI's figure")
+              "ResizeWithPadOrCrop(200, 210, 220); medfast composes them into one resampling per key")
+        print(f"verified: every epoch of {'medfast and MONAI' if o_rates else 'medfast'} delivered {a.cases} samples "
+              f"of 200x210x220 (image and label), labels in {{0, 1}}")
+        print_rates(m_rates, o_rates, 2)
+        table([("medfast loader", m_rates)] + list(o_rates.items()) +
+              [("scipy, image only, two resamplings (1 sample)", [py_rate])], 2)
+        med = statistics.median(m_rates)
+        line = f"\nspeed: {med / py_rate:.1f}x scipy"
+        if o_rates:
+            best = max(o_rates, key=lambda k: statistics.median(o_rates[k]))
+            line += f"; {verdict(f'the faster MONAI ({best})', med / statistics.median(o_rates[best]), 30)}"
+        print(line if o_rates else line + "; MONAI not measured (peer not found)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--cases", type=int, default=8)
+    ap.add_argument("--size", default="512,512,40-100")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=None, help="epochs per contender per round (spleen 5, heavy 2)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--chain", choices=["spleen", "heavy"], default="spleen")
+    monai_peer.add_argument(ap)
+    a = ap.parse_args()
+    if a.epochs is None:
+        a.epochs = 5 if a.chain == "spleen" else 2
+    monai = monai_peer.load(a.monai)
+    return heavy(a, monai) if a.chain == "heavy" else spleen(a, monai)
 
 
 if __name__ == "__main__":

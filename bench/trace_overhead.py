@@ -41,7 +41,7 @@ def ensure_baseline(build):
         subprocess.run(["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                         "-DMEDFAST_TRACE_RANGES=OFF", "-DMEDFAST_BUILD_TESTS=OFF", "-DMEDFAST_BUILD_PYTHON=OFF"],
                        check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["cmake", "--build", build, "--target", "medfast_cli"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["cmake", "--build", build, "--target", "medfast_front"], check=True, stdout=subprocess.DEVNULL)
     return binary
 
 

@@ -60,7 +60,8 @@ COMMON=(
   liburing-dev libdeflate-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-nibabel python3-scipy fio time
-  pybind11-dev python3-dev python3-pytest
+  pybind11-dev python3-dev python3-pytest libopenblas0-openmp
+  libcharls-dev libopenjp2-7-dev libjpeg-dev libgdcm-dev python3-pydicom dcmtk libopenjp2-tools
 )
 if [ "$variant" = cpu ]; then
   PACKAGES=("${COMMON[@]}" libtorch-dev python3-torch libgloo-dev)

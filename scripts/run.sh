@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 # Only the command: the tests (scripts/test.sh builds them) are most of the build.
-cmake --build build -j "$(nproc)" --target medfast_cli
+cmake --build build -j "$(nproc)" --target medfast_front
 
 # Run again, the default run continues where it stopped (or reports that it finished).
 if [ $# -eq 0 ] && [ -f runs/default/last.ckpt ]; then

@@ -50,6 +50,9 @@ class MemoryStore final : public Store {
   }
   void put(const std::string& key, const Sample& sample, const nlohmann::json&) override {
     Sample stored = device_ ? to_device(sample, *device_) : sample;
+    // In C order, as disk entries store them: the random chain's resamplings and gathers
+    // then read along rows (a chain may end on data in the file's x-fastest order).
+    for (auto& [k, v] : stored.volumes) v.data = v.data.contiguous();
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = items_.find(key);
     if (it != items_.end()) stats_.bytes -= it->second.bytes();

@@ -11,6 +11,13 @@
 #include "medfast/io/tensor_file.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/train/losses.hpp"
+#include "medfast/train/optim.hpp"
+
+#include <torch/torch.h>
+
+#include <algorithm>
 
 namespace medfast::cli {
 
@@ -22,6 +29,14 @@ struct LoaderArgs {
   int batch_size = 0;
   bool json = false;
   std::string save_batches;  ///< write every batch's tensors here (MFTENSOR files)
+};
+
+struct StepArgs {
+  std::string model = R"({"name": "UNet", "in_channels": 1, "out_channels": 2, "channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "num_res_units": 2, "norm": "batch"})";
+  std::vector<std::int64_t> input{2, 1, 96, 96, 96};
+  int steps = 10, warmup = 3;
+  bool channels_last = false;
+  bool json = false;
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -94,6 +109,89 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
   return 0;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// One training step's forward, backward and optimizer (DiceCE, Adam) on random data, and a
+/// validation forward under NoGradGuard and under InferenceMode: the medians over --steps.
+int run_step(const StepArgs& a, Context& ctx) {
+  MEDFAST_CHECK_T(ValueError, a.input.size() == 5, "bench step: --input needs B,C,X,Y,Z (5 numbers)");
+  MEDFAST_CHECK_T(ValueError, a.steps >= 1 && a.warmup >= 0, "bench step: --steps must be >= 1, --warmup >= 0");
+  const nlohmann::json spec = nlohmann::json::parse(a.model);
+  torch::manual_seed(0);
+  torch::nn::AnyModule net = nn::make_network(spec, "--model");
+  const auto format = a.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+  if (a.channels_last) {
+    for (auto& p : net.ptr()->parameters()) {
+      if (p.dim() == 5) p.set_data(p.data().contiguous(format));
+    }
+  }
+  const std::int64_t classes = spec.value("out_channels", std::int64_t{2});
+  const at::Tensor x = torch::rand(a.input).contiguous(format);
+  const at::Tensor y = torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}).to(at::kFloat);
+  train::LossOptions lo;
+  lo.to_onehot_y = lo.softmax = true;
+  const train::Loss loss(lo);
+  train::OptimizerOptions oo;
+  oo.name = "Adam";
+  oo.lr = 1e-4;
+  auto opt = train::make_optimizer(net.ptr()->parameters(), oo);
+  std::vector<double> fwd, bwd, step, val_nograd, val_inference;
+  using Clock = std::chrono::steady_clock;
+  net.ptr()->train();
+  for (int i = 0; i < a.warmup + a.steps; ++i) {
+    const auto t0 = Clock::now();
+    opt->zero_grad();
+    at::Tensor l = loss(net.forward<at::Tensor>(x), y);
+    const double f = since(t0);
+    const auto t1 = Clock::now();
+    l.backward();
+    const double b = since(t1);
+    const auto t2 = Clock::now();
+    opt->step();
+    if (i >= a.warmup) fwd.push_back(f), bwd.push_back(b), step.push_back(since(t2));
+  }
+  net.ptr()->eval();
+  for (int i = 0; i < a.warmup + a.steps; ++i) {
+    auto t0 = Clock::now();
+    {
+      torch::NoGradGuard g;
+      (void)net.forward<at::Tensor>(x);
+    }
+    const double n = since(t0);
+    t0 = Clock::now();
+    {
+      c10::InferenceMode g;
+      (void)net.forward<at::Tensor>(x);
+    }
+    if (i >= a.warmup) val_nograd.push_back(n), val_inference.push_back(since(t0));
+  }
+  const nlohmann::json out{{"model", spec},
+                           {"input", a.input},
+                           {"threads", at::get_num_threads()},
+                           {"channels_last", a.channels_last},
+                           {"steps", a.steps},
+                           {"forward", median(fwd)},
+                           {"backward", median(bwd)},
+                           {"optimizer", median(step)},
+                           {"train_step", median(fwd) + median(bwd) + median(step)},
+                           {"eval_forward_no_grad", median(val_nograd)},
+                           {"eval_forward_inference_mode", median(val_inference)},
+                           {"blas", os::library_of_symbol("sgemm_")}};
+  (void)ctx;
+  if (a.json) {
+    print_json(out.dump(2));
+  } else {
+    std::printf("forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads); eval forward "
+                "%.4f s (no_grad), %.4f s (inference mode)\n",
+                median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), median(val_nograd),
+                median(val_inference));
+  }
+  return 0;
+}
+
 }  // namespace
 
 Command register_bench(CLI::App& root) {
@@ -109,7 +207,19 @@ Command register_bench(CLI::App& root) {
   loader->add_option("--save-batches", la->save_batches,
                      "Also write every batch's tensors to this folder (epoch<E>_batch<B>_<key>.mft, load_tensor's format; "
                      "timings then include the writes)");
-  return Command{bench, [la](Context& ctx) { return run_loader(*la, ctx); }};
+  auto sa = std::make_shared<StepArgs>();
+  auto* step = bench->add_subcommand(
+      "step", "Time a training step (forward, backward, Adam) and an eval forward of a network on random data");
+  step->add_option("--model", sa->model, "The model section as JSON (default: the spleen recipe's UNet)");
+  step->add_option("--input", sa->input, "Batch shape B,C,X,Y,Z")->delimiter(',')->capture_default_str();
+  step->add_option("--steps", sa->steps, "Timed steps (the median is reported)")->capture_default_str();
+  step->add_option("--warmup", sa->warmup, "Untimed steps first")->capture_default_str();
+  step->add_flag("--channels-last", sa->channels_last, "Input and 5-D weights in channels-last (NDHWC) memory format");
+  step->add_flag("--json", sa->json, "Print JSON");
+  return Command{bench, [la, sa, loader, step](Context& ctx) {
+                   if (step->parsed()) return run_step(*sa, ctx);
+                   return run_loader(*la, ctx);
+                 }};
 }
 
 }  // namespace medfast::cli

@@ -1,4 +1,7 @@
-// medfast data synth: the built-in synthetic dataset.
+// medfast data synth: the built-in synthetic dataset; medfast data convert: DICOM (or NIfTI)
+// to NIfTI.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -6,6 +9,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/synth.hpp"
+#include "medfast/image/image_file.hpp"
 
 namespace medfast::cli {
 
@@ -16,8 +20,81 @@ struct SynthArgs {
   std::string size;
   std::vector<double> spacing;
   std::uint64_t seed = 0;
+  std::string format = "nifti";
   bool json = false;
 };
+
+struct ConvertArgs {
+  std::string in, out, reference, series_uid, label_dict;
+  bool json = false;
+};
+
+/// --label-dict: JSON such as '{"GTV-1": 1}' or '[["GTV-1", 1], ["Lung", 2]]' (in order).
+dicom::LabelDict parse_label_dict(const std::string& text) {
+  dicom::LabelDict out;
+  if (text.empty()) return out;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw ValueError(str("data convert: --label-dict: '", text, "' is not JSON (expected e.g. '{\"GTV-1\": 1}')"));
+  }
+  auto add = [&](const nlohmann::json& name, const nlohmann::json& value) {
+    if (!name.is_string() || !value.is_number_integer() || value.get<int>() < 0 || value.get<int>() > 255) {
+      throw ValueError(str("data convert: --label-dict: expected segment name: class (0..255), got ", name.dump(), ": ",
+                           value.dump()));
+    }
+    out.emplace_back(name.get<std::string>(), value.get<int>());
+  };
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) add(k, v);
+    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  } else if (j.is_array()) {
+    for (const auto& p : j) {
+      if (!p.is_array() || p.size() != 2) throw ValueError(str("data convert: --label-dict: expected [name, class] pairs"));
+      add(p[0], p[1]);
+    }
+  } else {
+    throw ValueError("data convert: --label-dict: expected a JSON object or a list of [name, class] pairs");
+  }
+  return out;
+}
+
+int run_convert(const ConvertArgs& a, Context& ctx) {
+  ImageReadOptions o;
+  o.nifti = NiftiReadOptions::from(ctx.settings);
+  o.series_uid = a.series_uid;
+  o.label_dict = parse_label_dict(a.label_dict);
+  const auto t0 = std::chrono::steady_clock::now();
+  Volume v;
+  if (is_dicom(a.in) && dicom::is_seg_file(a.in)) {
+    if (a.reference.empty()) {
+      throw ValueError(str("data convert: ", a.in, " is a DICOM SEG: give --reference SERIES_DIR, the CT series it labels"));
+    }
+    const Volume reference = read_image(a.reference, o);
+    v = read_seg_volume(a.in, reference, o);
+    v.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
+  } else {
+    if (!a.reference.empty()) throw ValueError(str("data convert: --reference is for a DICOM SEG; ", a.in, " is not one"));
+    v = read_image(a.in, o);
+  }
+  v.meta.descrip = v.meta.dicom ? "medfast data convert (DICOM)" : v.meta.descrip;
+  write_nifti(a.out, v, NiftiWriteOptions::from(ctx.settings));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto shape = v.shape();
+  if (a.json) {
+    print_json(nlohmann::json{{"in", a.in}, {"out", a.out}, {"shape", shape}, {"dtype", v.dtype_name()},
+                              {"orientation", v.axcodes()}, {"spacing", v.spacing()}, {"seconds", seconds}}
+                   .dump(2));
+  } else {
+    std::string sh;
+    for (auto s : shape) sh += (sh.empty() ? "" : " x ") + std::to_string(s);
+    std::printf("wrote %s: %s %s, %s, in %.2f s\n", a.out.c_str(), sh.c_str(), v.dtype_name().c_str(),
+                v.axcodes().c_str(), seconds);
+  }
+  return 0;
+}
+
 }  // namespace
 
 Command register_data(CLI::App& root) {
@@ -33,10 +110,28 @@ Command register_data(CLI::App& root) {
                         ",", kDefaultSynthSizeMin[1], ",", kDefaultSynthSizeMin[2], "-", kDefaultSynthSizeMax[2], "]"));
   synth->add_option("--spacing", a->spacing, "Voxel spacing in mm: X,Y,Z [default 0.8,0.8,5]")->delimiter(',')->expected(3);
   synth->add_option("--seed", a->seed, "Seed: the same seed writes the same files")->capture_default_str();
+  synth->add_option("--format", a->format,
+                    "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder and a DICOM SEG "
+                    "with segment GTV-1)")
+      ->capture_default_str();
   synth->add_flag("--json", a->json, "Print JSON");
+
+  auto ca = std::make_shared<ConvertArgs>();
+  auto* convert = data->add_subcommand(
+      "convert", "Write a DICOM series (a folder or a multi-frame file) or a DICOM SEG as NIfTI");
+  convert->add_option("--in", ca->in, "A DICOM series folder, a DICOM file, a SEG file or a NIfTI file")->required();
+  convert->add_option("--out", ca->out, "The .nii or .nii.gz to write")->required();
+  convert->add_option("--reference", ca->reference, "For a SEG: the DICOM series folder it labels");
+  convert->add_option("--series-uid", ca->series_uid, "The SeriesInstanceUID to read from a folder with several");
+  convert->add_option("--label-dict", ca->label_dict,
+                      "For a SEG: class numbers by segment, JSON: '{\"GTV-1\": 1}' or '[[\"GTV-1\", 1], ...]' "
+                      "(later entries win where segments overlap) [default: each segment's SegmentNumber]");
+  convert->add_flag("--json", ca->json, "Print JSON");
+
   Command c;
   c.app = data;
-  c.run = [a](Context& ctx) {
+  c.run = [a, ca, convert](Context& ctx) {
+    if (convert->parsed()) return run_convert(*ca, ctx);
     SynthOptions o;
     o.out_dir = a->out;
     o.set_cases(a->cases);
@@ -45,6 +140,7 @@ Command register_data(CLI::App& root) {
     o.seed = a->seed;
     o.threads = ctx.settings.threads();
     o.gzip_level = static_cast<int>(ctx.settings.get_int("gzip_level"));
+    o.set_format(a->format);
     const SynthResult r = synthesize_dataset(o);
     if (a->json) {
       print_json(nlohmann::json{{"out", o.out_dir},

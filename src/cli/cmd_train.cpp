@@ -32,7 +32,7 @@ struct TrainArgs {
 };
 
 struct InferArgs {
-  std::string checkpoint, output, device = "cpu", amp = "false";
+  std::string checkpoint, config, output, device = "cpu", amp = "false";
   std::vector<std::string> inputs;
   std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
   bool json = false;
@@ -237,6 +237,13 @@ int run_infer(const InferArgs& a, Context& ctx) {
   nlohmann::json sw = nlohmann::json::object();
   for (const auto& s : a.sets) train::apply_override(sw, s);
   o.sliding_window = sw;
+  if (a.checkpoint.empty() == a.config.empty()) {
+    throw ValueError("infer: pass either --checkpoint (a medfast checkpoint) or --config (a run config with model.pretrained)");
+  }
+  if (!a.config.empty()) {
+    o.config = run_config(a.config, {});
+    o.config_path = a.config;
+  }
   std::function<void(const std::string&)> say;
   auto progress = std::make_shared<ProgressLines>(Progress::style_from(ctx.settings.get("progress")));
   if (!a.json) {
@@ -259,6 +266,9 @@ int run_infer(const InferArgs& a, Context& ctx) {
 int run_eval(const EvalArgs& a, Context& ctx) {
   nlohmann::json cfg = a.config.empty() ? nlohmann::json() : run_config(a.config, a.sets);
   if (a.config.empty() && !a.sets.empty()) throw ValueError("eval: --set needs --config");
+  if (a.checkpoint.empty() && a.config.empty()) {
+    throw ValueError("eval: pass --checkpoint (a medfast checkpoint), or --config with model.pretrained");
+  }
   train::EvalOptions o;
   o.device = a.device;
   o.amp = data::parse_yaml(a.amp, "--amp");
@@ -312,7 +322,11 @@ Command register_train(CLI::App& root) {
 Command register_infer(CLI::App& root) {
   auto a = std::make_shared<InferArgs>();
   auto* app = root.add_subcommand("infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid");
-  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->required()->check(CLI::ExistingFile);
+  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->check(CLI::ExistingFile);
+  app->add_option("--config", a->config,
+                  "Instead of --checkpoint: a run config whose model.pretrained names a MONAI state_dict (its "
+                  "deterministic chain and sliding window are used)")
+      ->check(CLI::ExistingFile);
   app->add_option("--input", a->inputs, "NIfTI file or folder of them (repeatable)")->required();
   app->add_option("--output", a->output, "Output folder (<name>_seg.nii.gz per input)")->required();
   app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
@@ -325,7 +339,9 @@ Command register_infer(CLI::App& root) {
 Command register_eval(CLI::App& root) {
   auto a = std::make_shared<EvalArgs>();
   auto* app = root.add_subcommand("eval", "Dice per case and mean of a checkpoint on a config's validation items");
-  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->required()->check(CLI::ExistingFile);
+  app->add_option("--checkpoint", a->checkpoint,
+                  "A checkpoint written by medfast train (without it: --config's model.pretrained weights)")
+      ->check(CLI::ExistingFile);
   app->add_option("--config", a->config, "Run config (default: the one the checkpoint was trained with)")
       ->check(CLI::ExistingFile);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable)");

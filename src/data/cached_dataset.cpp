@@ -11,11 +11,15 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/rank_env.hpp"
+#include <optional>
+
+#include "medfast/core/parallel.hpp"
 #include "medfast/core/thread_pool.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
 #include "medfast/data/smart_cache.hpp"
+#include "medfast/image/dicom.hpp"
 
 namespace medfast::data {
 
@@ -64,6 +68,20 @@ std::string content_digest(const std::string& path) {
   return hex64(h);
 }
 
+/// What identifies an input: path, size and mtime (or the content's digest); for a DICOM
+/// series folder, those of every file in it, so a slice added, removed or rewritten
+/// changes the key.
+nlohmann::json identity(const std::string& path, bool content_hash) {
+  const os::FileInfo fi = os::stat(path);
+  if (fi.is_directory) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const std::string& f : dicom::files_of(path)) files.push_back(identity(f, content_hash));
+    return {{"path", path}, {"files", files}};
+  }
+  if (content_hash) return {{"path", path}, {"xxh3", content_digest(path)}};
+  return {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
+}
+
 }  // namespace
 
 CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheConfig config)
@@ -92,14 +110,8 @@ std::string CachedDataset::key(std::size_t i) const {
   const DatasetItem& item = dataset_.items.at(indices_.at(i));
   nlohmann::json inputs = nlohmann::json::object();
   try {
-    for (const auto& [k, path] : item.files) {
-      if (config_.content_hash) {
-        inputs[k] = {{"path", path}, {"xxh3", content_digest(path)}};
-      } else {
-        const os::FileInfo fi = os::stat(path);
-        inputs[k] = {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
-      }
-    }
+    for (const auto& [k, path] : item.files) inputs[k] = identity(path, config_.content_hash);
+    for (const auto& [k, value] : item.attrs) inputs[k] = value;
   } catch (...) {
     rethrow_with_context(item_context(dataset_, indices_.at(i)));
   }
@@ -114,6 +126,7 @@ std::string CachedDataset::key(std::size_t i) const {
 Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t g) {
   Sample s;
   for (const auto& [k, path] : dataset.items.at(g).files) s.meta[k] = path;
+  for (const auto& [k, value] : dataset.items.at(g).attrs) s.meta[k] = value;
   s.meta["index"] = g;
   try {
     chain.apply(s);
@@ -156,6 +169,9 @@ FillReport CachedDataset::fill(const std::function<void(std::size_t, std::size_t
         } else {
           trace::Range range("cache_fill", "cache");
           range.arg("item", static_cast<double>(i));
+          // Items are the parallelism when there are several: each one's kernels run serially.
+          std::optional<ItemWorkerScope> serial;
+          if (cached_count_ > 1 && config_.threads > 1) serial.emplace();
           const Sample s = compute(i);
           bytes += s.bytes();
           store_->put(k, s, {{"chain", chain_hash_}, {"dataset", dataset_.source}});

@@ -46,6 +46,8 @@ Dataset from_json(const std::string& path, const std::string& section) {
         if (k == "fold") {
           if (!v.is_number_integer()) throw FormatError(str(path, ": ", section, "[", i, "].fold is not a whole number"));
           item.fold = v.get<int>();
+        } else if (v.is_string() && is_attribute_key(k)) {
+          item.attrs[k] = v.get<std::string>();
         } else if (v.is_string()) {
           item.files[k] = resolve_path(base, v.get<std::string>());
         }
@@ -93,6 +95,8 @@ Dataset from_csv(const std::string& path) {
         } catch (const std::exception&) {
           throw FormatError(str(path, ": line ", row, ", column fold: '", cells[c], "' is not a whole number"));
         }
+      } else if (is_attribute_key(header[c])) {
+        if (!cells[c].empty()) item.attrs[header[c]] = cells[c];
       } else {
         item.files[header[c]] = resolve_path(base, cells[c]);
       }

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/parallel.hpp"
 #include "medfast/core/random.hpp"
 
 namespace medfast::data {
@@ -73,6 +74,7 @@ void Loader::start(std::uint64_t epoch) {
   for (int t = 0; t < options_.threads; ++t) {
     workers_.emplace_back([this, t] {
       trace::set_thread_name(str("loader ", t));
+      ItemWorkerScope serial_kernels;  // the workers are the parallelism
       work();
     });
   }
@@ -142,7 +144,11 @@ Batch Loader::build(std::size_t b) {
     guard.emplace(device.type());
     on_side_stream.emplace(guard->getStreamFromGlobalPool(device));
   }
-  std::map<std::string, std::vector<at::Tensor>> parts;
+  // Every sample of the batch with its last composed steps (flips, turns, intensity steps
+  // or a resampling) still pending: they are written straight into the batch (one pass
+  // per sample and key from the cached volume).
+  std::vector<Sample> samples;
+  std::vector<transforms::PendingSteps> pending;
   for (std::size_t p = first; p < last; ++p) {
     const std::size_t item = order_[p];
     batch.items.push_back(item);
@@ -161,36 +167,45 @@ Batch Loader::build(std::size_t b) {
         if (v.data.is_cuda()) v.data.record_stream(on_side_stream->current_stream());
       }
     }
-    std::vector<Sample> samples;
     try {
-      samples = chain_.run(input, epoch_, item_id_ ? item_id_(item) : item);
+      std::vector<transforms::PendingSteps> plans;
+      std::vector<Sample> out = chain_.run(input, epoch_, item_id_ ? item_id_(item) : item, plans);
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        samples.push_back(std::move(out[k]));
+        pending.push_back(std::move(plans[k]));
+      }
     } catch (...) {
       rethrow_with_context(str("loader: ", files_of(input, item)));
     }
-    for (auto& s : samples) {
-      for (auto& [k, v] : s.volumes) parts[k].push_back(v.data);
-    }
   }
   trace::Range collate("collate", "loader");
-  for (auto& [k, list] : parts) {
-    for (const auto& t : list) {
-      if (t.sizes() != list.front().sizes() || t.device() != list.front().device()) {
-        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes or devices (",
-                             t.sizes(), " on ", t.device(), " vs ", list.front().sizes(), " on ", list.front().device(),
-                             "); crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
+  if (samples.empty()) return batch;
+  for (const auto& [k, first_volume] : samples.front().volumes) {
+    const auto [shape, dtype] = transforms::planned_output(samples.front(), pending.front(), k);
+    const at::Device where = first_volume.data.device();
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const auto [si, ti] = transforms::planned_output(samples[i], pending[i], k);
+      const at::Device di = samples[i].volume(k).data.device();
+      if (si != shape || ti != dtype || di != where) {
+        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes, dtypes or devices (",
+                             at::IntArrayRef(si), " ", ti, " on ", di, " vs ", at::IntArrayRef(shape), " ", dtype,
+                             " on ", where, "); crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
       }
     }
-    const bool on_host = list.front().is_cpu();
+    std::vector<std::int64_t> batch_shape = shape;
+    batch_shape.insert(batch_shape.begin(), static_cast<std::int64_t>(samples.size()));
     at::Tensor stacked;
-    if (on_host && (options_.pin_memory || !device.is_cpu())) {
-      // Host samples bound for a GPU: stacked into pinned memory, so that the copy
+    if (where.is_cpu() && (options_.pin_memory || !device.is_cpu())) {
+      // Host samples bound for a GPU: gathered into pinned memory, so that the copy
       // below is asynchronous (pin_memory needs a CUDA-capable libtorch).
-      auto shape = list.front().sizes().vec();
-      shape.insert(shape.begin(), static_cast<std::int64_t>(list.size()));
-      stacked = at::empty(shape, list.front().options().pinned_memory(at::hasCUDA()));
-      at::stack_out(stacked, list);
+      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).pinned_memory(at::hasCUDA()));
+    } else if (where.is_cpu()) {
+      stacked = pooled_empty(batch_shape, dtype);  // recycled pages, not freshly zeroed ones
     } else {
-      stacked = at::stack(list);  // on the samples' device (the side stream for GPU samples)
+      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).device(where));  // the side stream
+    }
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      transforms::write_into(samples[i], pending[i], k, stacked[static_cast<std::int64_t>(i)]);
     }
     // Queued here, on the side stream, so it overlaps the consumer's compute.
     const bool there = stacked.device().type() == device.type() &&

@@ -25,7 +25,18 @@ nlohmann::json to_json(const YAML::Node& n) {
     }
     case YAML::NodeType::Map: {
       nlohmann::json o = nlohmann::json::object();
-      for (const auto& kv : n) o[kv.first.as<std::string>()] = to_json(kv.second);
+      for (const auto& kv : n) {
+        const std::string key = kv.first.as<std::string>();
+        if (key == "label_dict" && kv.second.IsMap()) {
+          // Kept as [[name, class], ...]: the order written decides which segment wins
+          // where segments overlap, and a JSON object would sort it.
+          nlohmann::json pairs = nlohmann::json::array();
+          for (const auto& e : kv.second) pairs.push_back({e.first.as<std::string>(), to_json(e.second)});
+          o[key] = pairs;
+        } else {
+          o[key] = to_json(kv.second);
+        }
+      }
       return o;
     }
     case YAML::NodeType::Scalar: {
@@ -80,7 +91,8 @@ void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& lis
   int cases = o.cases;
   std::string size;
   std::array<double, 3> spacing = o.spacing;
-  r.read("cases", cases).read("size", size).read("spacing", spacing).read("seed", o.seed);
+  std::string format = o.format;
+  r.read("cases", cases).read("size", size).read("spacing", spacing).read("seed", o.seed).read("format", format);
   r.finish();
   const auto checked = [&](const char* key, auto&& set) {
     try {
@@ -92,6 +104,7 @@ void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& lis
   checked("cases", [&] { o.set_cases(cases); });
   if (!size.empty()) checked("size", [&] { o.set_size(size); });
   checked("spacing", [&] { o.set_spacing(spacing); });
+  checked("format", [&] { o.set_format(format); });
   if (os::exists(list)) return;
   const std::string dir = os::parent_directory(list);
   if (list != dir + "/dataset.json") {

@@ -10,6 +10,8 @@
 #include "medfast/core/parallel.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/core/units.hpp"
+#include "medfast/image/dicom.hpp"
+#include "medfast/image/dicom_write.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/os/file.hpp"
 
@@ -18,6 +20,12 @@ namespace medfast {
 SynthOptions& SynthOptions::set_cases(int v) {
   if (v < 1) throw ValueError(str("data synth: --cases ", v, " must be at least 1"));
   cases = v;
+  return *this;
+}
+
+SynthOptions& SynthOptions::set_format(const std::string& v) {
+  if (v != "nifti" && v != "dicom") throw ValueError(str("data synth: --format is '", v, "'; expected nifti or dicom"));
+  format = v;
   return *this;
 }
 
@@ -170,9 +178,61 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
   return c;
 }
 
+namespace {
+
+/// The DICOM flavour: per case a CT series and a SEG, and a dataset.json pairing them.
+SynthResult synthesize_dicom(const SynthOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SynthResult r;
+  for (int i = 0; i < o.cases; ++i) {
+    const SynthCase c = make_synth_case(o, i);
+    const std::string name = str("case_", i < 10 ? "00" : i < 100 ? "0" : "", i);
+    // File order (x fastest) is the contiguous layout of the reversed dims.
+    const at::Tensor hu = c.image.data.permute({2, 1, 0}).contiguous();
+    const at::Tensor label = c.label.data.permute({2, 1, 0}).contiguous();
+    dicom::CtToWrite ct;
+    ct.shape = {c.image.data.size(0), c.image.data.size(1), c.image.data.size(2)};
+    ct.hu = hu.data_ptr<std::int16_t>();
+    ct.affine = c.image.affine;
+    const std::string root = str("medfast-synth/", o.seed, "/", i);
+    ct.study_uid = dicom::make_uid(root + "/study");
+    ct.series_uid = dicom::make_uid(root + "/series");
+    ct.frame_of_reference_uid = dicom::make_uid(root + "/frame-of-reference");
+    ct.patient_id = str("SYNTH-", i);
+    const std::string series_dir = name + "/CT";
+    const auto uids = dicom::write_ct_series(o.out_dir + "/" + series_dir, ct);
+    dicom::write_seg(o.out_dir + "/" + name + "/seg.dcm", ct, uids, label.data_ptr<std::uint8_t>(), "GTV-1");
+    r.images.push_back(series_dir);
+    r.labels.push_back(name + "/seg.dcm");
+    for (const std::string& f : dicom::files_of(o.out_dir + "/" + name)) r.bytes += os::stat(f).size;
+  }
+  nlohmann::json ds;
+  ds["name"] = "NsclcSynth";
+  ds["description"] = "Synthetic NSCLC-like CT series with DICOM SEG lesions, written by medfast data synth";
+  ds["reference"] = "medfast";
+  ds["licence"] = "CC0";
+  ds["modality"] = {{"0", "CT"}};
+  ds["labels"] = {{"0", "background"}, {"1", "GTV-1"}};
+  ds["numTraining"] = o.cases;
+  ds["training"] = nlohmann::json::array();
+  for (int i = 0; i < o.cases; ++i) {
+    ds["training"].push_back({{"image", "./" + r.images[i]}, {"label", "./" + r.labels[i]}});
+  }
+  ds["medfast_synth"] = {{"seed", o.seed}, {"size_min", o.size_min}, {"size_max", o.size_max},
+                         {"spacing", o.spacing}, {"format", "dicom"}};
+  const std::string text = ds.dump(2) + "\n";
+  os::write_text_file(o.out_dir + "/dataset.json", text);
+  r.bytes += text.size();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace
+
 SynthResult synthesize_dataset(const SynthOptions& o) {
   o.validate();
   MEDFAST_CHECK_T(ValueError, !o.out_dir.empty(), "data synth: --out is required");
+  if (o.format == "dicom") return synthesize_dicom(o);
   const auto t0 = std::chrono::steady_clock::now();
   os::make_directories(o.out_dir + "/imagesTr");
   os::make_directories(o.out_dir + "/labelsTr");

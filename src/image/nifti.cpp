@@ -107,15 +107,7 @@ at::ScalarType scaled_type(const Header&) { return at::kDouble; }
 
 }  // namespace
 
-std::string memory_dtype(const Header& h) {
-  if (h.has_scaling()) return scaled_type(h) == at::kFloat ? "float32" : "float64";
-  switch (h.datatype) {
-    case DT_UINT16: return "int32";
-    case DT_UINT32:
-    case DT_UINT64: return "int64";
-    default: return datatype_name(h.datatype);
-  }
-}
+std::string memory_dtype(const Header& h) { return memory_dtype_name(h); }  // scaled: float64 (scaled_type)
 
 Volume volume_from_raw(RawImage raw, const std::string& source) {
   const Header h = raw.header;

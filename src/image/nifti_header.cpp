@@ -63,6 +63,25 @@ std::string printable(const std::uint8_t* p, std::size_t n) {
 
 }  // namespace
 
+std::string memory_dtype_name(const Header& h) {
+  if (h.has_scaling()) return "float64";
+  switch (h.datatype) {
+    case DT_UINT16: return "int32";
+    case DT_UINT32:
+    case DT_UINT64: return "int64";
+    default: return datatype_name(h.datatype);
+  }
+}
+
+std::size_t dtype_name_bytes(const std::string& name) {
+  if (name == "uint8" || name == "int8" || name == "bool" || name == "binary") return 1;
+  if (name == "int16" || name == "uint16" || name == "float16") return 2;
+  if (name == "int32" || name == "uint32" || name == "float32") return 4;
+  if (name == "int64" || name == "uint64" || name == "float64" || name == "complex64") return 8;
+  if (name == "complex128") return 16;
+  return 0;
+}
+
 const char* datatype_name(int code) {
   switch (code) {
     case DT_BINARY: return "binary";

@@ -1,5 +1,7 @@
 #include "medfast/image/volume.hpp"
 
+#include "medfast/os/memory.hpp"
+
 #include <ATen/ATen.h>
 
 #include "medfast/core/error.hpp"
@@ -42,6 +44,20 @@ std::string Volume::dtype_name() const { return data.defined() ? medfast::dtype_
 
 std::uint64_t Volume::bytes_in_memory() const {
   return data.defined() ? static_cast<std::uint64_t>(data.numel()) * data.element_size() : 0;
+}
+
+}  // namespace medfast
+
+namespace medfast {
+
+at::Tensor pooled_empty(at::IntArrayRef shape, at::ScalarType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(c10::multiply_integers(shape)) * c10::elementSize(dtype);
+  if (bytes == 0) return at::empty(shape, at::TensorOptions().dtype(dtype));
+  os::Buffer b = os::Buffer::allocate(bytes);
+  const std::size_t capacity = b.size();
+  void* p = b.release();
+  return at::from_blob(p, shape, [p, capacity](void*) { os::Buffer::free(p, capacity); },
+                       at::TensorOptions().dtype(dtype));
 }
 
 }  // namespace medfast

@@ -6,6 +6,8 @@
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
+#include "medfast/nn/pretrained.hpp"
 #include "medfast/nn/segresnet.hpp"
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/nn/unet.hpp"
@@ -44,6 +46,11 @@ NetworkOptions parse_network(const nlohmann::json& spec, const std::string& wher
   const std::string name = spec["name"];
   ConfigReader a(spec, where, ConfigReader::Naming{ConfigReader::Style::argument, "argument", name});
   a.known("name");
+  if (spec.contains("pretrained") && !spec["pretrained"].is_string() && !spec["pretrained"].is_null()) {
+    throw ConfigError(str(where, ".pretrained: expected a file name (a state_dict saved by torch.save), got ",
+                          spec["pretrained"].dump()));
+  }
+  a.known("pretrained");
   {
     if (name == "UNet") {
       UNetOptions o;
@@ -116,9 +123,15 @@ NetworkOptions parse_network(const nlohmann::json& spec, const std::string& wher
 
 torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where) {
   const NetworkOptions options = parse_network(spec, where);
-  return construct(where, [&] {
+  torch::nn::AnyModule net = construct(where, [&] {
     return std::visit([](const auto& o) { return torch::nn::AnyModule(network_for(o)); }, options);
   });
+  if (spec.contains("pretrained") && spec["pretrained"].is_string()) {
+    const std::string file = spec["pretrained"].get<std::string>();
+    const PretrainedReport r = load_state_dict_file(file, *net.ptr());
+    log::info(where, ": ", r.tensors, " tensors (", r.elements, " values) from ", file);
+  }
+  return net;
 }
 
 }  // namespace medfast::nn

@@ -23,29 +23,34 @@ void UNetOptions::validate() const {
 
 namespace {
 
-// MONAI's Convolution: conv (or transposed conv), then ADN = norm, dropout, PReLU.
+// Module names are MONAI's (`model.0.conv.unit0.adn.N.weight`, `model.1.submodule.2.0.conv.weight`,
+// ...), so a state_dict of MONAI's UNet with the same arguments loads by name (nn/pretrained).
+
+// MONAI's Convolution: `conv` (or a transposed conv), then `adn` = N (norm), D (dropout), A (PReLU).
 Block convolution(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride,
-                                  std::int64_t kernel, bool transposed, bool conv_only) {
+                  std::int64_t kernel, bool transposed, bool conv_only) {
   Block s;
   const std::int64_t pad = (kernel - 1) / 2;
   if (transposed) {
-    s->push_back(torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, kernel)
-                                                .stride(stride)
-                                                .padding(pad)
-                                                .output_padding(stride - 1)));
+    s->push_back("conv", torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, kernel)
+                                                        .stride(stride)
+                                                        .padding(pad)
+                                                        .output_padding(stride - 1)));
   } else {
-    s->push_back(torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad)));
+    s->push_back("conv", torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad)));
   }
   if (conv_only) return s;
-  if (o.norm == "batch") s->push_back(torch::nn::BatchNorm3d(out));
-  if (o.norm == "instance") s->push_back(torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
-  if (o.dropout > 0) s->push_back(torch::nn::Dropout(o.dropout));
-  s->push_back(torch::nn::PReLU());
+  Block adn;
+  if (o.norm == "batch") adn->push_back("N", torch::nn::BatchNorm3d(out));
+  if (o.norm == "instance") adn->push_back("N", torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
+  if (o.dropout > 0) adn->push_back("D", torch::nn::Dropout(o.dropout));
+  adn->push_back("A", torch::nn::PReLU());
+  s->push_back("adn", adn);
   return s;
 }
 
-// MONAI's ResidualUnit: `subunits` Convolutions plus a residual path that
-// adapts channels/size (1x1 conv if only channels change).
+// MONAI's ResidualUnit: `subunits` Convolutions (conv.unit0, conv.unit1, ...) plus a residual
+// path that adapts channels/size (1x1 conv if only channels change).
 class ResidualUnitImpl : public torch::nn::Module {
  public:
   ResidualUnitImpl(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride, int subunits,
@@ -54,7 +59,8 @@ class ResidualUnitImpl : public torch::nn::Module {
     std::int64_t c = in, s = stride;
     subunits = std::max(1, subunits);
     for (int su = 0; su < subunits; ++su) {
-      conv_->push_back(convolution(o, c, out, s, o.kernel_size, false, last_conv_only && su == subunits - 1));
+      conv_->push_back(str("unit", su),
+                       convolution(o, c, out, s, o.kernel_size, false, last_conv_only && su == subunits - 1));
       c = out;
       s = 1;
     }
@@ -78,35 +84,37 @@ TORCH_MODULE(ResidualUnit);
 // SkipConnection: cat([x, submodule(x)], dim=1).
 class SkipImpl : public torch::nn::Module {
  public:
-  explicit SkipImpl(Block sub) : sub_(register_module("submodule", sub)) {}
-  torch::Tensor forward(torch::Tensor x) { return torch::cat({x, sub_->forward(x)}, 1); }
+  explicit SkipImpl(torch::nn::AnyModule sub) : sub_(std::move(sub)) { register_module("submodule", sub_.ptr()); }
+  torch::Tensor forward(torch::Tensor x) { return torch::cat({x, sub_.forward(x)}, 1); }
 
  private:
-  Block sub_;
+  torch::nn::AnyModule sub_;
 };
 TORCH_MODULE(Skip);
 
-Block down_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride) {
-  Block s;
-  if (o.num_res_units > 0) s->push_back(ResidualUnit(o, in, out, stride, o.num_res_units, false));
-  else s->push_back(convolution(o, in, out, stride, o.kernel_size, false, false));
-  return s;
+// A ResidualUnit, else a Convolution (MONAI's _get_down_layer; the bottom layer is one with stride 1).
+torch::nn::AnyModule down_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride) {
+  if (o.num_res_units > 0) return torch::nn::AnyModule(ResidualUnit(o, in, out, stride, o.num_res_units, false));
+  return torch::nn::AnyModule(convolution(o, in, out, stride, o.kernel_size, false, false));
 }
 
-Block up_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride,
-                               bool is_top) {
+// A transposed Convolution, followed by a one-subunit ResidualUnit when num_res_units > 0.
+torch::nn::AnyModule up_layer(const UNetOptions& o, std::int64_t in, std::int64_t out, std::int64_t stride,
+                              bool is_top) {
+  Block conv = convolution(o, in, out, stride, o.up_kernel_size, true, is_top && o.num_res_units == 0);
+  if (o.num_res_units == 0) return torch::nn::AnyModule(conv);
   Block s;
-  s->push_back(convolution(o, in, out, stride, o.up_kernel_size, true, is_top && o.num_res_units == 0));
-  if (o.num_res_units > 0) s->push_back(ResidualUnit(o, out, out, 1, 1, is_top));
-  return s;
+  s->push_back(conv);
+  s->push_back(ResidualUnit(o, out, out, 1, 1, is_top));
+  return torch::nn::AnyModule(s);
 }
 
 Block block(const UNetOptions& o, std::int64_t in, std::int64_t out, std::size_t level, bool is_top) {
   const std::int64_t c = o.channels[level], s = o.strides[level];
-  Block sub;
+  torch::nn::AnyModule sub;
   std::int64_t up_in;
   if (o.channels.size() - level > 2) {
-    sub = block(o, c, c, level + 1, false);
+    sub = torch::nn::AnyModule(block(o, c, c, level + 1, false));
     up_in = c * 2;
   } else {
     sub = down_layer(o, c, o.channels[level + 1], 1);  // the bottom layer
@@ -114,7 +122,7 @@ Block block(const UNetOptions& o, std::int64_t in, std::int64_t out, std::size_t
   }
   Block seq;
   seq->push_back(down_layer(o, in, c, s));
-  seq->push_back(Skip(sub));
+  seq->push_back(Skip(std::move(sub)));
   seq->push_back(up_layer(o, up_in, out, s, is_top));
   return seq;
 }

@@ -1,6 +1,8 @@
 #include "medfast/os/process.hpp"
 
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
@@ -141,6 +143,27 @@ std::string self_executable() {
   if (n <= 0) throw OsError(str("readlink(/proc/self/exe): ", errno_text(errno)), errno);
   buf.resize(static_cast<std::size_t>(n));
   return buf;
+}
+
+void exec_program(const std::string& path, const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  ::execv(path.c_str(), args.data());
+  const int e = errno;
+  throw OsError(str("cannot run ", path, ": ", errno_text(e),
+                    e == ENOENT ? " (medfast runs the commands that need libtorch with medfast-torch, which belongs "
+                                  "beside it: build the medfast_cli target, or set MEDFAST_TORCH_BINARY)"
+                                : ""),
+                e);
+}
+
+std::string library_of_symbol(const char* symbol) {
+  void* address = ::dlsym(RTLD_DEFAULT, symbol);
+  Dl_info info{};
+  if (address == nullptr || ::dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
+  char resolved[PATH_MAX];
+  return ::realpath(info.dli_fname, resolved) ? std::string(resolved) : std::string(info.dli_fname);
 }
 
 MachineInfo machine_info() {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/train/optim.hpp"
 
@@ -101,6 +102,37 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module, c
 
 nlohmann::json read_checkpoint_meta(const std::string& path) { return read_parts(path).meta; }
 
+namespace {
+
+/// Checkpoints written before medfast's UNet took MONAI's layer names (`model.0.conv.unit0...`
+/// instead of `model.0.0.conv.0.0...`) hold the same tensors in the same order under the old
+/// names. When none of the network's names is in the archive but its tensors, in order, have
+/// exactly the network's shapes, they are loaded by position (with a warning); false
+/// otherwise, and the by-name load reports the first missing name.
+bool load_by_position(torch::serialize::InputArchive& archive,
+                      const std::vector<std::pair<std::string, torch::Tensor>>& targets, const std::string& path) {
+  c10::IValue v;
+  for (const auto& [name, t] : targets) {
+    if (archive.try_read("model." + name, v)) return false;
+  }
+  std::vector<torch::Tensor> stored;
+  for (const auto& key : archive.keys()) {
+    if (key.rfind("model.", 0) != 0) continue;
+    if (!archive.try_read(key, v) || !v.isTensor()) return false;
+    stored.push_back(v.toTensor());
+  }
+  if (stored.size() != targets.size() || stored.empty()) return false;
+  for (std::size_t i = 0; i < stored.size(); ++i) {
+    if (stored[i].sizes() != targets[i].second.sizes() || stored[i].dtype() != targets[i].second.dtype()) return false;
+  }
+  for (std::size_t i = 0; i < stored.size(); ++i) targets[i].second.copy_(stored[i]);
+  log::warn("checkpoint ", path, ": written with earlier layer names; its ", stored.size(),
+            " tensors were loaded by position (their shapes match the network's one for one)");
+  return true;
+}
+
+}  // namespace
+
 nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
   Parts parts = read_parts(path);
   auto fail = [&](const std::string& what) { return FormatError(str("checkpoint ", path, ": ", what)); };
@@ -126,8 +158,12 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
     }
     target.copy_(t);
   };
-  for (auto& p : module.named_parameters(true)) load(p.key(), p.value());
-  for (auto& b : module.named_buffers(true)) load(b.key(), b.value());
+  std::vector<std::pair<std::string, torch::Tensor>> targets;
+  for (auto& p : module.named_parameters(true)) targets.emplace_back(p.key(), p.value());
+  for (auto& b : module.named_buffers(true)) targets.emplace_back(b.key(), b.value());
+  if (!load_by_position(archive, targets, path)) {
+    for (auto& [name, t] : targets) load(name, t);
+  }
   if (optimizer) {
     torch::serialize::InputArchive opt;
     if (!archive.try_read("optimizer", opt)) throw fail("has no optimizer state");

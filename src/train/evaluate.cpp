@@ -9,8 +9,11 @@
 #include <cmath>
 #include <filesystem>
 
+#include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/data/dataset.hpp"
 #include "medfast/data/pipeline.hpp"
+#include "medfast/image/image_file.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
@@ -35,13 +38,19 @@ struct Loaded {
   std::shared_ptr<torch::nn::Module> module;
 };
 
+/// The model section without `pretrained`: a checkpoint's own weights replace those.
+nlohmann::json without_pretrained(nlohmann::json model) {
+  if (model.is_object()) model.erase("pretrained");
+  return model;
+}
+
 Loaded load_network(const std::string& checkpoint, c10::Device device) {
   Loaded l;
   l.meta = read_checkpoint_meta(checkpoint);
   if (l.meta.value("format", "") != "medfast-checkpoint" || !l.meta.contains("config")) {
     throw FormatError(str("checkpoint ", checkpoint, ": not a medfast training checkpoint (no config inside)"));
   }
-  l.any = nn::make_network(l.meta["config"].at("model"), checkpoint + ": model");
+  l.any = nn::make_network(without_pretrained(l.meta["config"].at("model")), checkpoint + ": model");
   l.module = l.any.ptr();
   load_checkpoint(checkpoint, *l.module, nullptr);
   l.module->to(device);
@@ -49,6 +58,28 @@ Loaded load_network(const std::string& checkpoint, c10::Device device) {
   return l;
 }
 
+/// No checkpoint: the network of a run config whose model names `pretrained` weights (a
+/// MONAI state_dict), with that config standing in for the checkpoint's.
+Loaded load_pretrained(const nlohmann::json& config, const std::string& path, c10::Device device) {
+  if (!config.is_object() || !config.contains("model") || !config["model"].is_object()) {
+    throw ConfigError(str(path, ": model: expected a mapping with a name (UNet, SegResNet, SwinUNETR)"));
+  }
+  nlohmann::json model = config["model"];
+  if (!model.contains("pretrained") || !model["pretrained"].is_string()) {
+    throw ConfigError(str(path, ": model.pretrained is not set: pass --checkpoint (a medfast checkpoint) or set "
+                          "model.pretrained to a state_dict file"));
+  }
+  const std::string base = path.empty() ? "." : os::parent_directory(path);
+  model["pretrained"] = data::resolve_path(base, model["pretrained"].get<std::string>());
+  Loaded l;
+  l.meta = {{"format", "medfast-checkpoint"}, {"config", config}, {"config_dir", base}};
+  l.meta["config"]["model"] = model;
+  l.any = nn::make_network(model, path + ": model");
+  l.module = l.any.ptr();
+  l.module->to(device);
+  l.module->eval();
+  return l;
+}
 
 }  // namespace
 
@@ -78,7 +109,8 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   const bool hd95 = o.hd95;
   const std::string& section = o.section;
   const c10::Device device = detail::usable_device(o.device, "--device");
-  Loaded net = load_network(checkpoint, device);
+  if (checkpoint.empty() && config.is_null()) throw ValueError("eval: pass --checkpoint, or --config with model.pretrained");
+  Loaded net = checkpoint.empty() ? load_pretrained(config, path, device) : load_network(checkpoint, device);
   std::string cfg_path = path, base_dir;
   if (config.is_null()) {  // the checkpoint's own config, anchored where it was written
     config = net.meta["config"];
@@ -86,7 +118,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     base_dir = net.meta.value("config_dir", os::parent_directory(checkpoint));
   }
   RunConfig c = load_run_config(config, cfg_path, settings, base_dir);
-  if (c.model != net.meta["config"]["model"]) {
+  if (!checkpoint.empty() && without_pretrained(c.model) != without_pretrained(net.meta["config"]["model"])) {
     throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
   }
   apply_network_threads(c.train.threads, settings);
@@ -196,7 +228,9 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
                                const std::function<void(const std::string&)>& message) {
   const std::vector<std::string> files = expand_inputs(inputs);
   const c10::Device device = detail::usable_device(o.device, "--device");
-  Loaded net = load_network(checkpoint, device);
+  if (checkpoint.empty() && o.config.is_null()) throw ValueError("infer: pass --checkpoint, or --config with model.pretrained");
+  Loaded net = checkpoint.empty() ? load_pretrained(o.config, o.config_path, device)
+                                  : load_network(checkpoint, device);
   const nlohmann::json& cfg = net.meta["config"];
   const std::string image_key = cfg.value("train", nlohmann::json::object()).value("image_key", std::string("image"));
   nlohmann::json sw = cfg.value("validation", nlohmann::json::object()).value("sliding_window", nlohmann::json::object());
@@ -225,7 +259,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
       const at::Tensor labels = predicted_labels(logits, sigmoid)[0].cpu();  // [C, X, Y, Z]: channel-first
       // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
-      const Volume original = read_nifti(file);
+      const Volume original = read_image(file);
       const auto shape = original.shape();
       if (shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
       const std::array<std::int64_t, 3> grid{shape[0], shape[1], shape[2]};

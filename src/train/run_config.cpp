@@ -37,7 +37,7 @@ data:
     - {name: FgBgToIndices, keys: label, image_key: image}
   random:
     - {name: RandCropByPosNegLabel, keys: [image, label], label_key: label, spatial_size: [32, 32, 16],
-       pos: 1, neg: 1, num_samples: 4, fg_indices_key: label_fg, bg_indices_key: label_bg}
+       pos: 1, neg: 1, num_samples: 4, fg_indices_key: label_fg_indices, bg_indices_key: label_bg_indices}
     - {name: RandFlip, keys: [image, label], spatial_axis: [0], prob: 0.5}
     - {name: RandFlip, keys: [image, label], spatial_axis: [1], prob: 0.5}
     - {name: RandShiftIntensity, keys: image, offsets: 0.1, prob: 0.5}
@@ -160,6 +160,11 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
     }
   };
   in_config([&] { nn::parse_network(c.model, "model"); });
+  if (c.model.contains("pretrained") && c.model["pretrained"].is_string()) {  // relative to the config's folder
+    const std::string file = data::resolve_path(base, c.model["pretrained"].get<std::string>());
+    if (!os::exists(file)) throw fail("model.pretrained", str("no such file: ", file));
+    c.model["pretrained"] = file;
+  }
   in_config([&] { c.loss = LossOptions::from_json(section("loss"), "loss"); });
   in_config([&] { c.optimizer = OptimizerOptions::from_json(section("optimizer"), "optimizer"); });
   if (root.contains("schedule")) {  // absent: a constant learning rate

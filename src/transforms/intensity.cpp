@@ -1,9 +1,13 @@
 #include "medfast/transforms/intensity.hpp"
 
+#include "kernel_for.hpp"
+
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include "medfast/core/error.hpp"
+#include "medfast/image/image_file.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/transforms/indices.hpp"
 #include "medfast/transforms/spatial.hpp"
@@ -31,27 +35,35 @@ class ScaleIntensityRange final : public Transform {
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
-      // MONAI's operations in MONAI's order, in float32 (its default dtype),
-      // fused into one pass over a copy in the data's own memory order.
-      at::Tensor x = v.data.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-      if (!use_native_kernels(x)) {  // CUDA/ROCm: the same operations as libtorch ops
+      // MONAI's operations in MONAI's order, in float32 (its default dtype), fused into
+      // one pass from the input (any real dtype) into a new tensor in its memory order.
+      if (!use_native_kernels(v.data) || !v.data.is_non_overlapping_and_dense() ||
+          !(v.data.scalar_type() == at::kFloat || v.data.scalar_type() == at::kDouble ||
+            v.data.scalar_type() == at::kShort || v.data.scalar_type() == at::kInt ||
+            v.data.scalar_type() == at::kByte || v.data.scalar_type() == at::kChar)) {
+        at::Tensor x = v.data.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);  // CUDA/ROCm, other dtypes
         x.sub_(o_.a_min).div_(o_.a_max - o_.a_min).mul_(o_.b_max - o_.b_min).add_(o_.b_min);
         if (o_.clip) x.clamp_(std::min(o_.b_min, o_.b_max), std::max(o_.b_min, o_.b_max));
         v.data = x;
         continue;
       }
-      if (!x.is_non_overlapping_and_dense()) x = x.contiguous();
+      const at::Tensor in = v.data;
+      at::Tensor x = at::empty_strided(in.sizes(), in.strides(), in.options().dtype(at::kFloat));
       const float a_min = static_cast<float>(o_.a_min), range = static_cast<float>(o_.a_max - o_.a_min);
       const float b_range = static_cast<float>(o_.b_max - o_.b_min), b_min = static_cast<float>(o_.b_min);
       const float lo = static_cast<float>(std::min(o_.b_min, o_.b_max)), hi = static_cast<float>(std::max(o_.b_min, o_.b_max));
       const bool clip = o_.clip;
       float* p = x.data_ptr<float>();
-      at::parallel_for(0, x.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; i < end; ++i) {
-          float y = (p[i] - a_min) / range * b_range + b_min;
-          if (clip) y = y < lo ? lo : (y > hi ? hi : y);
-          p[i] = y;
-        }
+      // Dense with the same strides: element i of the storage span is element i of both.
+      AT_DISPATCH_ALL_TYPES(in.scalar_type(), "scale_intensity_range", [&] {
+        const scalar_t* q = in.data_ptr<scalar_t>();
+        kernel_for(0, x.numel(), 1 << 16, [&](std::int64_t begin, std::int64_t end) {
+          for (std::int64_t i = begin; i < end; ++i) {
+            float y = (static_cast<float>(q[i]) - a_min) / range * b_range + b_min;
+            if (clip) y = y < lo ? lo : (y > hi ? hi : y);
+            p[i] = y;
+          }
+        });
       });
       v.data = x;
     }
@@ -126,26 +138,85 @@ class LoadImage final : public Transform {
     for (const auto& d : o_.dtype) {
       if (!d.empty()) parse_dtype(d, "LoadImage: argument dtype");
     }
+    for (const auto& [name, value] : o_.label_dict) {
+      if (value < 0 || value > 255) {
+        throw ValueError(str("LoadImage: argument label_dict: class ", value, " for '", name, "' is outside 0..255"));
+      }
+    }
   }
   std::string name() const override { return "LoadImage"; }
-  nlohmann::json config() const override { return {{"keys", o_.keys}, {"dtype", o_.dtype}}; }
+  nlohmann::json config() const override {
+    nlohmann::json c = {{"keys", o_.keys}, {"dtype", o_.dtype}};
+    if (!o_.label_dict.empty()) c["label_dict"] = o_.label_dict;  // (absent: NIfTI chains keep their hash)
+    return c;
+  }
   void apply(Sample& s) const override {
+    ImageReadOptions read;
+    read.nifti = o_.read;
+    read.label_dict = o_.label_dict;
+    if (s.meta.contains("series_uid") && s.meta["series_uid"].is_string()) {
+      read.series_uid = s.meta["series_uid"].get<std::string>();
+    }
+    // Images first, then DICOM SEG labels, which are placed on the series they reference.
+    std::vector<std::pair<std::size_t, std::string>> segs;
     for (std::size_t i = 0; i < o_.keys.size(); ++i) {
       const std::string& key = o_.keys[i];
-      if (!s.meta.contains(key) || !s.meta[key].is_string()) {
-        throw ValueError(str("LoadImage: the item has no file for key '", key, "'"));
+      const std::string path = path_of(s, key);
+      if (is_dicom(path) && dicom::is_seg_file(path)) {
+        segs.emplace_back(i, path);
+        continue;
       }
-      std::string path = s.meta[key].get<std::string>();
-      if (!path.empty() && path[0] != '/' && s.meta.contains("base_dir")) {
-        path = s.meta["base_dir"].get<std::string>() + "/" + path;
-      }
-      Volume v = read_nifti(path, o_.read);
-      if (!o_.dtype[i].empty()) v.data = v.data.to(parse_dtype(o_.dtype[i], "LoadImage"));
-      s.volumes[key] = std::move(v);
+      finish(s, i, read_image(path, read));
+    }
+    for (const auto& [i, path] : segs) {
+      const Volume& reference = reference_for(s, o_.keys[i], path);
+      finish(s, i, read_seg_volume(path, reference, read));
     }
   }
 
  private:
+  std::string path_of(const Sample& s, const std::string& key) const {
+    if (!s.meta.contains(key) || !s.meta[key].is_string()) {
+      throw ValueError(str("LoadImage: the item has no file for key '", key, "'"));
+    }
+    std::string path = s.meta[key].get<std::string>();
+    if (!path.empty() && path[0] != '/' && s.meta.contains("base_dir")) {
+      path = s.meta["base_dir"].get<std::string>() + "/" + path;
+    }
+    return path;
+  }
+
+  void finish(Sample& s, std::size_t i, Volume v) const {
+    if (!o_.dtype[i].empty()) v.data = v.data.to(parse_dtype(o_.dtype[i], "LoadImage"));
+    s.volumes[o_.keys[i]] = std::move(v);
+  }
+
+  /// The DICOM series volume of this sample that the SEG at `path` references.
+  const Volume& reference_for(const Sample& s, const std::string& key, const std::string& path) const {
+    const dicom::Series seg = dicom::scan_seg(path);
+    std::vector<const Volume*> candidates;
+    std::string loaded;
+    for (const auto& [k, v] : s.volumes) {
+      if (!v.meta.dicom) continue;
+      loaded += (loaded.empty() ? "" : ", ") + k + " (series " + v.meta.dicom->series_uid + ")";
+      const auto& refs = seg.referenced_series;
+      if (refs.empty() || std::find(refs.begin(), refs.end(), v.meta.dicom->series_uid) != refs.end()) {
+        candidates.push_back(&v);
+      }
+    }
+    if (candidates.size() == 1) return *candidates.front();
+    std::string refs;
+    for (const auto& r : seg.referenced_series) refs += (refs.empty() ? "" : ", ") + r;
+    if (candidates.empty()) {
+      throw FormatError(str("LoadImage: key '", key, "': ", path, ": the SEG references series ",
+                            refs.empty() ? std::string("(none named)") : refs, " (ReferencedSeriesSequence), but ",
+                            loaded.empty() ? std::string("no key of this item is a DICOM series")
+                                           : "this item's DICOM series are " + loaded));
+    }
+    throw FormatError(str("LoadImage: key '", key, "': ", path, ": the SEG names no ReferencedSeriesSequence and ",
+                          "this item has several DICOM series (", loaded, "): which one it labels is ambiguous"));
+  }
+
   LoadImageOptions o_;
 };
 
@@ -183,6 +254,30 @@ TransformPtr make_to_device(const ToDeviceOptions& o) { return std::make_shared<
 
 namespace {
 
+/// label_dict: [[name, class], ...] in order (a YAML/JSON mapping arrives as such a list,
+/// in the order written: data/pipeline.cpp keeps it), or a mapping (applied by class).
+dicom::LabelDict parse_label_dict(Args& a, const nlohmann::json& j) {
+  dicom::LabelDict out;
+  auto add = [&](const nlohmann::json& name, const nlohmann::json& value) {
+    if (!name.is_string() || !value.is_number_integer()) {
+      a.fail("label_dict", str("expected segment name: class number pairs, got ", name.dump(), ": ", value.dump()));
+    }
+    out.emplace_back(name.get<std::string>(), value.get<int>());
+  };
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) add(k, v);
+    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  } else if (j.is_array()) {
+    for (const auto& pair : j) {
+      if (!pair.is_array() || pair.size() != 2) a.fail("label_dict", str("expected [name, class] pairs, got ", pair.dump()));
+      add(pair[0], pair[1]);
+    }
+  } else if (!j.is_null()) {
+    a.fail("label_dict", str("expected a mapping such as {GTV-1: 1}, got ", j.dump()));
+  }
+  return out;
+}
+
 std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }
 std::array<std::int64_t, 3> three(const std::vector<std::int64_t>& v) { return {v[0], v[1], v[2]}; }
 
@@ -206,6 +301,7 @@ TransformPtr make(const std::string& name, const nlohmann::json& json) {
       o.dtype = a.per_key("dtype", "float32", o.keys.size());
     }
     a.flag("image_only", true);  // medfast always keeps the geometry with the image
+    if (a.has("label_dict")) o.label_dict = parse_label_dict(a, a.raw("label_dict"));
     t = make_load_image(o);
   } else if (name == "EnsureChannelFirst") {
     t = make_ensure_channel_first({a.keys()});

@@ -2,6 +2,7 @@
 #include "medfast/core/trace.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 
 #include <cmath>
 
@@ -12,6 +13,107 @@ namespace medfast::transforms {
 
 std::vector<Sample> RandomTransform::expand(const Sample& sample, Rng&) const { return {sample}; }
 bool RandomTransform::compose(SpatialPlan&, const Sample&, Rng&) const { return false; }
+bool RandomTransform::compose_index(IndexPlan&, const Sample&, Rng&) const { return false; }
+
+void IndexPlan::flip(const std::string& key, int axis) {
+  Key& k = keys[key];
+  k.reversed[static_cast<std::size_t>(axis)] = !k.reversed[static_cast<std::size_t>(axis)];
+}
+
+void IndexPlan::rot90(const std::string& key, int turns, int a, int b) {
+  turns = ((turns % 4) + 4) % 4;
+  Key& k = keys[key];
+  const auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+  for (int t = 0; t < turns; ++t) {  // torch.rot90(x, 1, (a, b)) == x.flip(b).transpose(a, b)
+    k.reversed[ub] = !k.reversed[ub];
+    std::swap(k.axis[ua], k.axis[ub]);
+    std::swap(k.reversed[ua], k.reversed[ub]);
+  }
+}
+
+void IndexPlan::op(const std::string& key, bool multiply, double value) { keys[key].ops.push_back({multiply, value}); }
+
+namespace {
+
+/// out[c, j0, j1, j2] = ops(in[c, i...]) with i[axis[d]] = reversed[d] ? n - 1 - j_d : j_d.
+template <typename T>
+void gather_kernel(const at::Tensor& in, at::Tensor& out, const IndexPlan::Key& k) {
+  const T* src = in.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  const auto n = in.sizes();
+  const auto st = in.strides();
+  std::int64_t step[3], start[3];  // per output axis: input stride, and the offset of j_d = 0
+  for (int d = 0; d < 3; ++d) {
+    const int a = k.axis[static_cast<std::size_t>(d)] + 1;
+    const bool rev = k.reversed[static_cast<std::size_t>(d)];
+    step[d] = rev ? -st[a] : st[a];
+    start[d] = rev ? (n[a] - 1) * st[a] : 0;
+  }
+  const std::int64_t m0 = out.size(1), m1 = out.size(2), m2 = out.size(3);
+  // The ops as (multiply, value) in the values' type, applied in order: the roundings of
+  // applying them one tensor at a time.
+  std::vector<std::pair<bool, T>> ops;
+  for (const auto& o : k.ops) ops.emplace_back(o.multiply, static_cast<T>(o.value));
+  const bool plain = ops.empty();
+  const bool mul_add = ops.size() == 2 && ops[0].first && !ops[1].first;
+  // One row along output axis 2: `load(j)` reads its j-th input value. Written per case so
+  // that the common rows (stride +1 or -1, no op or one multiply-add) vectorise.
+  auto row = [&](T* q, auto load) {
+    if (plain) {
+      for (std::int64_t j = 0; j < m2; ++j) q[j] = static_cast<T>(load(j));
+    } else if (mul_add) {
+      const T a = ops[0].second, b = ops[1].second;
+      for (std::int64_t j = 0; j < m2; ++j) {
+        const T t = static_cast<T>(load(j)) * a;
+        q[j] = t + b;
+      }
+    } else if (ops.size() == 1) {
+      const T x = ops[0].second;
+      if (ops[0].first) {
+        for (std::int64_t j = 0; j < m2; ++j) q[j] = static_cast<T>(load(j)) * x;
+      } else {
+        for (std::int64_t j = 0; j < m2; ++j) q[j] = static_cast<T>(load(j)) + x;
+      }
+    } else {
+      for (std::int64_t j = 0; j < m2; ++j) {
+        T v = static_cast<T>(load(j));
+        for (const auto& [mul, x] : ops) v = mul ? v * x : v + x;
+        q[j] = v;
+      }
+    }
+  };
+  const std::int64_t s2 = step[2];
+  for (std::int64_t c = 0; c < n[0]; ++c) {
+    for (std::int64_t j0 = 0; j0 < m0; ++j0) {
+      for (std::int64_t j1 = 0; j1 < m1; ++j1) {
+        const T* p = src + c * st[0] + start[0] + j0 * step[0] + start[1] + j1 * step[1] + start[2];
+        T* q = dst + ((c * m0 + j0) * m1 + j1) * m2;
+        if (s2 == 1) {
+          row(q, [p](std::int64_t j) { return p[j]; });
+        } else if (s2 == -1) {
+          row(q, [p](std::int64_t j) { return p[-j]; });
+        } else {
+          row(q, [p, s2](std::int64_t j) { return p[j * s2]; });
+        }
+      }
+    }
+  }
+}
+
+/// The same with torch operators (GPU tensors, and dtypes the kernel does not cover).
+at::Tensor gather_torch(at::Tensor x, const IndexPlan::Key& k) {
+  std::vector<std::int64_t> flips, order{0};
+  for (int d = 0; d < 3; ++d) order.push_back(k.axis[static_cast<std::size_t>(d)] + 1);
+  x = x.permute(order);
+  for (int d = 0; d < 3; ++d) {
+    if (k.reversed[static_cast<std::size_t>(d)]) flips.push_back(d + 1);
+  }
+  if (!flips.empty()) x = x.flip(flips);
+  for (const auto& o : k.ops) x = o.multiply ? x * o.value : x + o.value;
+  return x.contiguous();
+}
+
+}  // namespace
 
 void apply_plan(Sample& s, SpatialPlan& plan) {
   if (!plan.active) return;
@@ -24,7 +126,101 @@ void apply_plan(Sample& s, SpatialPlan& plan) {
   plan = SpatialPlan{};
 }
 
+namespace {
+
+std::pair<std::vector<std::int64_t>, at::ScalarType> index_output(const Sample& s, const IndexPlan& plan,
+                                                                  const std::string& key) {
+  const Volume& v = s.volume(key);
+  auto it = plan.keys.find(key);
+  if (it == plan.keys.end()) return {v.data.sizes().vec(), v.data.scalar_type()};
+  const Shape3 n = spatial_shape(v.data, key);
+  const IndexPlan::Key& k = it->second;
+  at::ScalarType t = v.data.scalar_type();
+  if (!k.ops.empty() && !at::isFloatingType(t)) t = at::kFloat;  // as the intensity steps do
+  return {{v.data.size(0), n[static_cast<std::size_t>(k.axis[0])], n[static_cast<std::size_t>(k.axis[1])],
+           n[static_cast<std::size_t>(k.axis[2])]},
+          t};
+}
+
+void gather_into(const Sample& s, const IndexPlan& plan, const std::string& key, at::Tensor dst) {
+  const Volume& v = s.volume(key);
+  static const IndexPlan::Key identity;
+  auto it = plan.keys.find(key);
+  // No steps: still this loop rather than copy_, which would start libtorch's intra-op
+  // threads from every loader thread (they then spin, competing with the loader).
+  const IndexPlan::Key& k = it == plan.keys.end() ? identity : it->second;
+  at::Tensor x = v.data;
+  if (!k.ops.empty() && !at::isFloatingType(x.scalar_type())) x = x.to(at::kFloat);
+  const at::ScalarType in = x.scalar_type();
+  const bool kernel = x.is_cpu() && dst.is_cpu() && dst.is_contiguous() && dst.scalar_type() == in &&
+                      (in == at::kFloat || in == at::kDouble || in == at::kByte || in == at::kShort ||
+                       in == at::kInt || in == at::kLong || in == at::kChar);
+  if (kernel) {
+    AT_DISPATCH_ALL_TYPES(in, "gather", [&] { gather_kernel<scalar_t>(x, dst, k); });
+  } else {
+    dst.copy_(gather_torch(x, k));
+  }
+}
+
+}  // namespace
+
+std::pair<std::vector<std::int64_t>, at::ScalarType> planned_output(const Sample& s, const PendingSteps& pending,
+                                                                    const std::string& key) {
+  const SpatialPlan& sp = pending.spatial;
+  auto mode = sp.active ? sp.mode.find(key) : sp.mode.end();
+  if (mode == sp.mode.end()) return index_output(s, pending.index, key);
+  const Volume& v = s.volume(key);
+  const bool nearest = mode->second == "nearest";
+  const at::ScalarType t = v.data.scalar_type();
+  return {{v.data.size(0), sp.shape[0], sp.shape[1], sp.shape[2]},
+          nearest || t == at::kFloat || t == at::kDouble ? t : at::kFloat};
+}
+
+void write_into(const Sample& s, const PendingSteps& pending, const std::string& key, at::Tensor dst) {
+  const SpatialPlan& sp = pending.spatial;
+  auto mode = sp.active ? sp.mode.find(key) : sp.mode.end();
+  if (mode == sp.mode.end()) {
+    gather_into(s, pending.index, key, dst);
+    return;
+  }
+  resample_index_affine_into(s.volume(key).data, sp.out_to_in, sp.shape, mode->second == "nearest",
+                             sp.padding == "zeros", sp.box_lo, sp.box_hi, dst);
+}
+
+void apply_index_plan(Sample& s, IndexPlan& plan) {
+  for (const auto& [key, k] : plan.keys) {
+    Volume& v = s.volume(key);
+    const Shape3 n = spatial_shape(v.data, key);
+    const auto [shape, dtype] = index_output(s, plan, key);
+    at::Tensor out = v.data.is_cpu() ? pooled_empty(shape, dtype) : at::empty(shape, v.data.options().dtype(dtype));
+    gather_into(s, plan, key, out);
+    Affine m;  // output index -> input index
+    for (int d = 0; d < 3; ++d) {
+      const int a = k.axis[static_cast<std::size_t>(d)];
+      const bool rev = k.reversed[static_cast<std::size_t>(d)];
+      for (int r = 0; r < 3; ++r) m(r, d) = 0;
+      m(a, d) = rev ? -1 : 1;
+      m(a, 3) = rev ? static_cast<double>(n[static_cast<std::size_t>(a)] - 1) : 0.0;
+    }
+    v.data = out;
+    v.affine = v.affine * m;
+  }
+  plan = IndexPlan{};
+}
+
 std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const {
+  std::vector<PendingSteps> pending;
+  std::vector<Sample> samples = run(input, epoch, item, pending);
+  trace::Range range("apply_plan", "transform");  // the composed steps' single copy per sample and key
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    apply_index_plan(samples[k], pending[k].index);
+    apply_plan(samples[k], pending[k].spatial);
+  }
+  return samples;
+}
+
+std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item,
+                                     std::vector<PendingSteps>& pending) const {
   // Item-level draws (crop centres) come from the item's generator; every
   // sample has its own generator per stage (a stage ends at each expansion),
   // so no stream is shared or reused.
@@ -35,12 +231,17 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
   std::vector<Sample> samples{input};
   std::vector<Rng> rngs{Rng(derive_seed({seed_, epoch, item, stage, 0}))};
   std::vector<SpatialPlan> plans(1);
+  std::vector<IndexPlan> index(1);
+  auto flush = [&](std::size_t k) {  // pending steps, in the order they were composed
+    if (index[k].active()) apply_index_plan(samples[k], index[k]);
+    apply_plan(samples[k], plans[k]);
+  };
   for (std::size_t t = 0; t < transforms_.size(); ++t) {
     const auto& tr = transforms_[t];
     trace::Range range(tr->name(), "transform");
     try {
       if (tr->expands()) {
-        for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
+        for (std::size_t k = 0; k < samples.size(); ++k) flush(k);
         std::vector<Sample> out;
         for (auto& s : samples) {
           for (auto& m : tr->expand(s, item_rng)) out.push_back(std::move(m));
@@ -50,8 +251,17 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
         rngs.clear();
         for (std::size_t k = 0; k < samples.size(); ++k) rngs.emplace_back(derive_seed({seed_, epoch, item, stage, k}));
         plans.assign(samples.size(), SpatialPlan{});
+        index.assign(samples.size(), IndexPlan{});
       } else {
         for (std::size_t k = 0; k < samples.size(); ++k) {
+          // Index steps fold in after any pending resampling has been applied; a resampling
+          // step first applies pending index steps (it needs the grid they make).
+          if (fuse_index_ && tr->index_step()) {
+            apply_plan(samples[k], plans[k]);
+            tr->compose_index(index[k], samples[k], rngs[k]);
+            continue;
+          }
+          if (index[k].active()) apply_index_plan(samples[k], index[k]);
           if (!tr->compose(plans[k], samples[k], rngs[k])) {
             apply_plan(samples[k], plans[k]);
             tr->apply(samples[k], rngs[k]);
@@ -62,8 +272,11 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
       rethrow_with_context(str("random transform ", t, " (", tr->name(), ")"));
     }
   }
-  trace::Range range("apply_plan", "transform");  // the composed steps' single copy per sample
-  for (std::size_t k = 0; k < samples.size(); ++k) apply_plan(samples[k], plans[k]);
+  pending.resize(samples.size());
+  for (std::size_t k = 0; k < samples.size(); ++k) {
+    pending[k].index = std::move(index[k]);
+    pending[k].spatial = std::move(plans[k]);
+  }
   return samples;
 }
 
@@ -157,7 +370,15 @@ class RandCropByPosNegLabel final : public RandomTransform {
   std::vector<Sample> expand(const Sample& s, Rng& rng) const override {
     const Shape3 n = spatial_shape(s.volume(c_.label_key).data, c_.label_key);
     at::Tensor fg, bg;
-    if (!c_.fg_indices_key.empty() && s.arrays.count(c_.fg_indices_key)) {
+    if (!c_.fg_indices_key.empty()) {
+      if (!s.arrays.count(c_.fg_indices_key)) {  // a misspelt key must not silently recompute every sample
+        std::string have;
+        for (const auto& [k, v] : s.arrays) have += (have.empty() ? "" : ", ") + k;
+        throw ValueError(str("RandCropByPosNegLabel: fg_indices_key '", c_.fg_indices_key,
+                             "' is not in the sample (its index arrays: ", have.empty() ? "none" : have,
+                             "); FgBgToIndices in the deterministic chain writes <key>_fg_indices and "
+                             "<key>_bg_indices (or its fg_postfix/bg_postfix)"));
+      }
       fg = s.arrays.at(c_.fg_indices_key);
       require(s.arrays.count(c_.bg_indices_key) > 0,
               str("RandCropByPosNegLabel: the sample has ", c_.fg_indices_key, " but no ", c_.bg_indices_key));
@@ -167,8 +388,8 @@ class RandCropByPosNegLabel final : public RandomTransform {
       fg = mask_to_runs(label);
       bg = mask_to_runs(label.logical_not());
     }
-    fg = fg.to(at::kLong).contiguous();
-    bg = bg.to(at::kLong).contiguous();
+    fg = fg.contiguous();  // cached runs are int32 or int64: read as they are, not converted per sample
+    bg = bg.contiguous();
     const std::int64_t n_fg = runs_count(fg), n_bg = runs_count(bg);
     require(n_fg + n_bg > 0, "RandCropByPosNegLabel: the label has neither foreground nor background indices");
     Shape3 size = c_.spatial_size;
@@ -246,6 +467,15 @@ class RandFlip final : public RandomTransform {
     if (!(rng.uniform() < prob_)) return;
     for (int a : axes_) flip_axis(s, keys_, a);
   }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : keys_) (void)s.volume(key);  // a missing key fails as apply() would
+    if (!(rng.uniform() < prob_)) return true;
+    for (const auto& key : keys_) {
+      for (int a : axes_) plan.flip(key, a);
+    }
+    return true;
+  }
 
  private:
   std::vector<std::string> keys_;
@@ -271,6 +501,14 @@ class RandRotate90 final : public RandomTransform {
     const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
     if (!(rng.uniform() < prob_)) return;
     rot90(s, keys_, k, axes_[0], axes_[1]);
+  }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : keys_) (void)s.volume(key);
+    const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
+    if (!(rng.uniform() < prob_)) return true;
+    for (const auto& key : keys_) plan.rot90(key, k, axes_[0], axes_[1]);
+    return true;
   }
 
  private:
@@ -301,8 +539,23 @@ class RandIntensity : public RandomTransform {
       v.data = transform(x, params, rng, owned);
     }
   }
+  bool index_step() const override {
+    bool multiply = false;
+    return affine_op(&multiply);
+  }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    bool multiply = false;
+    if (!affine_op(&multiply)) return false;
+    for (const auto& key : keys_) (void)s.volume(key);
+    if (!(rng.uniform() < prob_)) return true;
+    const auto params = draw(rng);
+    for (const auto& key : keys_) plan.op(key, multiply, multiply ? 1.0 + params[0] : params[0]);
+    return true;
+  }
 
  protected:
+  /// Steps that are x * v (multiply) or x + v: foldable into an index plan.
+  virtual bool affine_op(bool* multiply) const { (void)multiply; return false; }
   virtual std::vector<double> draw(Rng& rng) const = 0;
   virtual at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng& rng, bool in_place) const = 0;
   std::string name_;
@@ -321,6 +574,7 @@ class RandScaleIntensity final : public RandIntensity {
   at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool in_place) const override {
     return in_place ? x.mul_(1.0 + p[0]) : x * (1.0 + p[0]);
   }
+  bool affine_op(bool* multiply) const override { return *multiply = true; }
 
  private:
   double lo_, hi_;
@@ -336,6 +590,10 @@ class RandShiftIntensity final : public RandIntensity {
   std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
   at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool in_place) const override {
     return in_place ? x.add_(p[0]) : x + p[0];
+  }
+  bool affine_op(bool* multiply) const override {
+    *multiply = false;
+    return true;
   }
 
  private:

@@ -1,10 +1,18 @@
 #include "medfast/transforms/spatial.hpp"
 
+#include "kernel_for.hpp"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <optional>
+#include <type_traits>
 #include <cmath>
 #include <cstring>
 
@@ -234,8 +242,24 @@ at::Tensor empty_in_layout_of(const at::Tensor& like, const std::vector<std::int
   return at::empty(permuted_sizes, like.options().dtype(dtype)).permute(inverse);
 }
 
+// The input of a resampling as the kernel reads it: per spatial axis d (1..3) of the
+// grid the tables index, the element stride in memory, counted from the axis' far end
+// when `flip` (an Orientation not applied: its flips and axis order are read through
+// here instead of copied first).
+struct InputView {
+  std::int64_t stride[4] = {0, 0, 0, 0};
+  bool flip[4] = {false, false, false, false};
+  std::int64_t size[4] = {0, 0, 0, 0};
+  std::int64_t offset(int d, std::int64_t i) const { return (flip[d] ? size[d] - 1 - i : i) * stride[d]; }
+  static InputView of(const at::Tensor& t) {
+    InputView v;
+    for (int d = 0; d < 4; ++d) v.stride[d] = t.stride(d), v.size[d] = t.size(d);
+    return v;
+  }
+};
+
 template <typename T, bool Nearest>
-void resample_kernel(const at::Tensor& in, at::Tensor& out, const AxisTable (&t)[3]) {
+void resample_kernel(const at::Tensor& in, const InputView& view, at::Tensor& out, const AxisTable (&t)[3]) {
   const T* src = in.data_ptr<T>();
   T* dst = out.data_ptr<T>();
   // Loop levels: spatial dims from largest to smallest output stride, so the
@@ -253,14 +277,14 @@ void resample_kernel(const at::Tensor& in, at::Tensor& out, const AxisTable (&t)
     lv[l].n = out.size(d);
     lv[l].out_stride = out.stride(d);
     for (std::int64_t j = 0; j < lv[l].n; ++j) {
-      lv[l].a.push_back(tab.i0[static_cast<std::size_t>(j)] * in.stride(d));
-      lv[l].b.push_back(tab.i1[static_cast<std::size_t>(j)] * in.stride(d));
+      lv[l].a.push_back(view.offset(d, tab.i0[static_cast<std::size_t>(j)]));
+      lv[l].b.push_back(view.offset(d, tab.i1[static_cast<std::size_t>(j)]));
       lv[l].w.push_back(static_cast<T>(tab.w[static_cast<std::size_t>(j)]));
     }
   }
-  const std::int64_t channels = out.size(0), in_c = in.stride(0), out_c = out.stride(0);
+  const std::int64_t channels = out.size(0), in_c = view.stride[0], out_c = out.stride(0);
   const Level &L0 = lv[0], &L1 = lv[1], &L2 = lv[2];
-  at::parallel_for(0, channels * L0.n, 1, [&](std::int64_t begin, std::int64_t end) {
+  kernel_for(0, channels * L0.n, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t o = begin; o < end; ++o) {
       const std::int64_t c = o / L0.n, i = o % L0.n;
       const T* base = src + c * in_c;
@@ -292,8 +316,13 @@ void resample_kernel(const at::Tensor& in, at::Tensor& out, const AxisTable (&t)
 
 }  // namespace
 
-at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& to, bool nearest) {
-  const Shape3 in = spatial_shape(data, "resample");
+namespace {
+
+/// The axis-aligned resampling of `x` (read through `view`, whose grid is `in` with
+/// index->world `from`) onto `to`, in one pass; an undefined tensor when the map is not
+/// axis-aligned or the native kernels do not apply. `layout` gives the output's memory order.
+at::Tensor resample_aligned(at::Tensor x, const InputView& view, const at::Tensor& layout, const Shape3& in,
+                            const Affine& from, const Geometry& to, bool nearest) {
   const Affine m = from.inverse() * to.affine;  // output index -> input index
   double scale_max = 0, off_diag = 0;
   for (int i = 0; i < 3; ++i)
@@ -301,25 +330,34 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
       if (i == j) scale_max = std::max(scale_max, std::abs(m(i, j)));
       else off_diag = std::max(off_diag, std::abs(m(i, j)));
     }
+  if (!(off_diag <= 1e-9 * std::max(1.0, scale_max)) || !use_native_kernels(x)) return {};
+  // Axis-aligned (always the case after Orientation for non-oblique data): one pass, in
+  // the data's own memory order. (Linear resampling takes float or double input.)
+  TORCH_INTERNAL_ASSERT(nearest || x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+  const AxisTable tables[3] = {axis_table(in[0], to.shape[0], m(0, 0), m(0, 3), nearest),
+                               axis_table(in[1], to.shape[1], m(1, 1), m(1, 3), nearest),
+                               axis_table(in[2], to.shape[2], m(2, 2), m(2, 3), nearest)};
+  at::Tensor out = empty_in_layout_of(layout, {x.size(0), to.shape[0], to.shape[1], to.shape[2]}, x.scalar_type());
+  if (nearest) {
+    AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, x.scalar_type(), "resample_nearest",
+                               [&] { resample_kernel<scalar_t, true>(x, view, out, tables); });
+  } else {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "resample_linear",
+                               [&] { resample_kernel<scalar_t, false>(x, view, out, tables); });
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& to, bool nearest) {
+  const Shape3 in = spatial_shape(data, "resample");
   at::Tensor x = data;
   if (!nearest && !at::isFloatingType(x.scalar_type())) x = x.to(at::kFloat);
-  if (off_diag <= 1e-9 * std::max(1.0, scale_max) && use_native_kernels(x)) {
-    // Axis-aligned (always the case after Orientation for non-oblique data):
-    // one pass, in the data's own memory order.
-    if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
-    const AxisTable tables[3] = {axis_table(in[0], to.shape[0], m(0, 0), m(0, 3), nearest),
-                                 axis_table(in[1], to.shape[1], m(1, 1), m(1, 3), nearest),
-                                 axis_table(in[2], to.shape[2], m(2, 2), m(2, 3), nearest)};
-    at::Tensor out = empty_in_layout_of(x, {x.size(0), to.shape[0], to.shape[1], to.shape[2]}, x.scalar_type());
-    if (nearest) {
-      AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, x.scalar_type(), "resample_nearest",
-                                 [&] { resample_kernel<scalar_t, true>(x, out, tables); });
-    } else {
-      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "resample_linear",
-                                 [&] { resample_kernel<scalar_t, false>(x, out, tables); });
-    }
-    return out;
-  }
+  const at::Tensor xa = nearest || x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  at::Tensor aligned = resample_aligned(xa, InputView::of(xa), xa, in, from, to, nearest);
+  if (aligned.defined()) return aligned;
+  const Affine m = from.inverse() * to.affine;  // output index -> input index
   // General affine: grid_sampler with align_corners=True normalisation of
   // input indices (so that index i maps exactly to voxel centre i).
   at::Tensor src = x;
@@ -345,6 +383,21 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
 
 namespace {
 
+template <typename T>
+inline T lerp(T a, T b, T w) {
+  return a + (b - a) * w;
+}
+
+/// std::nearbyint under the default rounding mode (to nearest, ties to even) as one
+/// instruction (cvtsd2si; nearbyint is a library call on baseline x86-64).
+inline std::int64_t round_half_even(double v) {
+#if defined(__x86_64__)
+  return _mm_cvtsd_si64(_mm_set_sd(v));
+#else
+  return static_cast<std::int64_t>(std::nearbyint(v));
+#endif
+}
+
 template <typename T, bool Nearest>
 void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool zeros_outside, const Shape3& lo,
                    const Shape3& hi) {
@@ -354,7 +407,7 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
   const std::int64_t nx = in.size(1), ny = in.size(2), nz = in.size(3);
   const std::int64_t sc = in.stride(0), sx = in.stride(1), sy = in.stride(2), sz = in.stride(3);
   const double maxc[3] = {static_cast<double>(nx - 1), static_cast<double>(ny - 1), static_cast<double>(nz - 1)};
-  at::parallel_for(0, C * X, 1, [&](std::int64_t begin, std::int64_t end) {
+  kernel_for(0, C * X, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t ci = begin; ci < end; ++ci) {
       const std::int64_t c = ci / X, i = ci % X;
       const T* base = src + c * sc;
@@ -370,10 +423,11 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
           p0[a] = m(a, 0) * static_cast<double>(i) + m(a, 1) * static_cast<double>(j) + m(a, 3);
           d[a] = m(a, 2);
         }
-        for (std::int64_t k = 0; k < Z; ++k) {
+        // Every case (box, outside, border clamps) voxel by voxel.
+        auto generic = [&](std::int64_t k) {
           if (k < lo[2] || k >= hi[2]) {
             line[k] = T(0);
-            continue;
+            return;
           }
           double p[3];
           bool outside = false;
@@ -384,13 +438,11 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
           }
           if (outside && zeros_outside) {
             line[k] = T(0);
-            continue;
+            return;
           }
           if (Nearest) {
-            line[k] = base[static_cast<std::int64_t>(std::nearbyint(p[0])) * sx +
-                           static_cast<std::int64_t>(std::nearbyint(p[1])) * sy +
-                           static_cast<std::int64_t>(std::nearbyint(p[2])) * sz];
-            continue;
+            line[k] = base[round_half_even(p[0]) * sx + round_half_even(p[1]) * sy + round_half_even(p[2]) * sz];
+            return;
           }
           const std::int64_t x0 = static_cast<std::int64_t>(p[0]), y0 = static_cast<std::int64_t>(p[1]),
                              z0 = static_cast<std::int64_t>(p[2]);
@@ -398,11 +450,55 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
           const T wx = static_cast<T>(p[0] - static_cast<double>(x0)), wy = static_cast<T>(p[1] - static_cast<double>(y0)),
                   wz = static_cast<T>(p[2] - static_cast<double>(z0));
           auto at3 = [&](std::int64_t x, std::int64_t y, std::int64_t z) { return base[x * sx + y * sy + z * sz]; };
-          auto lerp = [](T a, T b, T w) { return a + (b - a) * w; };
           const T c00 = lerp(at3(x0, y0, z0), at3(x1, y0, z0), wx), c10 = lerp(at3(x0, y1, z0), at3(x1, y1, z0), wx);
           const T c01 = lerp(at3(x0, y0, z1), at3(x1, y0, z1), wx), c11 = lerp(at3(x0, y1, z1), at3(x1, y1, z1), wx);
           line[k] = lerp(lerp(c00, c10, wy), lerp(c01, c11, wy), wz);
+        };
+        // The interior run [ka, kb) of the row: inside the box, every position within
+        // [0, max] (nearest) or [0, max) (linear: both neighbours exist), so no clamp,
+        // test or zero applies there and the same arithmetic runs without branches.
+        const double top_margin = Nearest ? 0.0 : 1e-9;
+        std::int64_t ka = std::max<std::int64_t>(lo[2], 0), kb = std::min<std::int64_t>(hi[2], Z);
+        for (int a = 0; a < 3 && ka < kb; ++a) {
+          const double lo_p = 0.0, hi_p = maxc[a] - top_margin;
+          if (d[a] == 0) {
+            if (!(p0[a] >= lo_p && p0[a] <= hi_p)) ka = kb;
+            continue;
+          }
+          double k1 = (lo_p - p0[a]) / d[a], k2 = (hi_p - p0[a]) / d[a];
+          if (k1 > k2) std::swap(k1, k2);
+          ka = std::max<std::int64_t>(ka, static_cast<std::int64_t>(std::ceil(std::max(k1, -1.0))));
+          kb = std::min<std::int64_t>(kb, static_cast<std::int64_t>(std::floor(std::min(k2, static_cast<double>(Z)))) + 1);
         }
+        auto inside = [&](std::int64_t k) {
+          for (int a = 0; a < 3; ++a) {
+            const double p = p0[a] + d[a] * static_cast<double>(k);
+            if (!(p >= 0.0 && (Nearest ? p <= maxc[a] : p < maxc[a]))) return false;
+          }
+          return true;
+        };
+        while (ka < kb && !inside(ka)) ++ka;  // the bounds above are exact up to rounding
+        while (kb > ka && !inside(kb - 1)) --kb;
+        if (ka >= kb) ka = kb = 0;
+        for (std::int64_t k = 0; k < ka; ++k) generic(k);
+        const double px0 = p0[0], py0 = p0[1], pz0 = p0[2], dx = d[0], dy = d[1], dz = d[2];
+        for (std::int64_t k = ka; k < kb; ++k) {
+          const double px = px0 + dx * static_cast<double>(k), py = py0 + dy * static_cast<double>(k),
+                       pz = pz0 + dz * static_cast<double>(k);
+          if (Nearest) {
+            line[k] = base[round_half_even(px) * sx + round_half_even(py) * sy + round_half_even(pz) * sz];
+            continue;
+          }
+          const std::int64_t x0 = static_cast<std::int64_t>(px), y0 = static_cast<std::int64_t>(py),
+                             z0 = static_cast<std::int64_t>(pz);
+          const T wx = static_cast<T>(px - static_cast<double>(x0)), wy = static_cast<T>(py - static_cast<double>(y0)),
+                  wz = static_cast<T>(pz - static_cast<double>(z0));
+          const T* q = base + x0 * sx + y0 * sy + z0 * sz;
+          const T c00 = lerp(q[0], q[sx], wx), c10 = lerp(q[sy], q[sx + sy], wx);
+          const T c01 = lerp(q[sz], q[sx + sz], wx), c11 = lerp(q[sy + sz], q[sx + sy + sz], wx);
+          line[k] = lerp(lerp(c00, c10, wy), lerp(c01, c11, wy), wz);
+        }
+        for (std::int64_t k = std::max(kb, ka); k < Z; ++k) generic(k);
       }
     }
   });
@@ -436,15 +532,28 @@ at::Tensor resample_index_affine(const at::Tensor& data, const Affine& m, const 
   }
   at::Tensor x = data;
   if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
-  at::Tensor out = at::empty({x.size(0), shape[0], shape[1], shape[2]}, x.options());
+  at::Tensor out = pooled_empty({x.size(0), shape[0], shape[1], shape[2]}, x.scalar_type());
+  resample_index_affine_into(x, m, shape, nearest, zeros_outside, box_lo, box_hi, out);
+  return out;
+}
+
+void resample_index_affine_into(const at::Tensor& data, const Affine& m, const Shape3& shape, bool nearest,
+                                bool zeros_outside, const Shape3& box_lo, const Shape3& box_hi, at::Tensor dst) {
+  at::Tensor x = data;
+  if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
+  const bool direct = use_native_kernels(x) && dst.is_cpu() && dst.is_contiguous() && dst.scalar_type() == x.scalar_type() &&
+                      dst.sizes() == at::IntArrayRef({x.size(0), shape[0], shape[1], shape[2]});
+  if (!direct) {
+    dst.copy_(resample_index_affine(data, m, shape, nearest, zeros_outside, box_lo, box_hi));
+    return;
+  }
   if (nearest) {
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, x.scalar_type(), "resample_affine_nearest",
-                               [&] { affine_kernel<scalar_t, true>(x, out, m, zeros_outside, box_lo, box_hi); });
+                               [&] { affine_kernel<scalar_t, true>(x, dst, m, zeros_outside, box_lo, box_hi); });
   } else {
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "resample_affine_linear",
-                               [&] { affine_kernel<scalar_t, false>(x, out, m, zeros_outside, box_lo, box_hi); });
+                               [&] { affine_kernel<scalar_t, false>(x, dst, m, zeros_outside, box_lo, box_hi); });
   }
-  return out;
 }
 
 void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Shape3& start, const Shape3& end,
@@ -472,8 +581,10 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
       const std::int64_t offset = std::max<std::int64_t>(0, -start[axis]);
       x = x.narrow(axis + 1, start[axis] + offset, end[axis] - start[axis]);
     }
-    // A compact copy in the data's own memory order (a view would pin the uncropped storage).
-    v.data = compact || any_pad ? x.clone(at::MemoryFormat::Preserve) : x;
+    // A compact copy (a view would pin the uncropped storage), in C order: what cache
+    // entries store, and the order in which FgBgToIndices and the random chain's gathers
+    // read (NIfTI data arrives x-fastest).
+    v.data = compact || any_pad ? x.contiguous() : x;
     v.affine = translate(v.affine, start);
   }
 }
@@ -499,7 +610,7 @@ void flip_lines(const at::Tensor& in, at::Tensor& out, const std::vector<bool>& 
   // Lines: all index combinations of the other dims, in memory order.
   std::int64_t lines = 1;
   for (std::size_t i = 0; i + 1 < order.size(); ++i) lines *= in.size(order[i]);
-  at::parallel_for(0, lines, 64, [&](std::int64_t begin, std::int64_t end) {
+  kernel_for(0, lines, 64, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t line = begin; line < end; ++line) {
       std::int64_t rest = line, in_off = 0, out_off = 0;
       for (std::size_t i = order.size() - 1; i-- > 0;) {
@@ -576,20 +687,21 @@ class Orientation final : public Transform {
   std::string name() const override { return "Orientation"; }
   nlohmann::json config() const override { return {{"keys", o_.keys}, {"axcodes", o_.axcodes}}; }
   void apply(Sample& s) const override {
-    for (const auto& key : o_.keys) {
-      Volume& v = s.volume(key);
-      const auto plan = orientation_plan(spatial_shape(v.data, key), v.affine, o_.axcodes);
-      at::Tensor x = v.data;
-      std::vector<std::int64_t> flips;
-      for (int k = 0; k < 3; ++k) {
-        if (plan.flip[k]) flips.push_back(plan.source_axis[k] + 1);
-      }
-      if (!flips.empty()) x = flip_dims(x, flips);
-      // flip copies in the data's own memory order; the permute is a view.
-      v.data = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
-      v.affine = plan.affine;
-    }
+    for (const auto& key : o_.keys) orient(s.volume(key), key, o_.axcodes);
   }
+  static void orient(Volume& v, const std::string& key, const std::string& axcodes) {
+    const auto plan = orientation_plan(spatial_shape(v.data, key), v.affine, axcodes);
+    at::Tensor x = v.data;
+    std::vector<std::int64_t> flips;
+    for (int k = 0; k < 3; ++k) {
+      if (plan.flip[k]) flips.push_back(plan.source_axis[k] + 1);
+    }
+    if (!flips.empty()) x = flip_dims(x, flips);
+    // flip copies in the data's own memory order; the permute is a view.
+    v.data = x.permute({0, plan.source_axis[0] + 1, plan.source_axis[1] + 1, plan.source_axis[2] + 1});
+    v.affine = plan.affine;
+  }
+  const OrientationOptions& options() const { return o_; }
 
  private:
   OrientationOptions o_;
@@ -621,32 +733,86 @@ class Spacing final : public Transform {
             {"padding_mode", "border"}};
   }
   void apply(Sample& s) const override {
-    for (std::size_t i = 0; i < o_.keys.size(); ++i) {
-      Volume& v = s.volume(o_.keys[i]);
-      const Shape3 in = spatial_shape(v.data, o_.keys[i]);
-      const Geometry g = spacing_geometry(in, v.affine, o_.pixdim);
-      const auto sp = v.affine.spacing();
-      const std::string why = str("input spacing (", sp[0], ", ", sp[1], ", ", sp[2], ") mm on a ", in[0], "x", in[1],
-                                  "x", in[2], " grid resampled to pixdim (", o_.pixdim[0], ", ", o_.pixdim[1], ", ",
-                                  o_.pixdim[2], ")");
-      check_output_size(name(), o_.keys[i], v.data.size(0), g.shape, std::max<std::size_t>(v.data.element_size(), 4),
-                        why);
-      for (int a = 0; a < 3; ++a) {
-        // Many voxels into one: the file's spacing (pixdim, srow) is almost surely wrong.
-        if (in[a] >= kCollapseVoxels && g.shape[a] == 1) {
-          throw ValueError(str(name(), ": key ", o_.keys[i], ": ", why, " collapses axis ", a, "'s ", in[a],
-                               " voxels into 1 (output shape [", g.shape[0], ", ", g.shape[1], ", ", g.shape[2],
-                               "]): check the image's spacing (pixdim/srow) or the transform's pixdim"));
-        }
-      }
-      v.data = resample(v.data, v.affine, g, o_.mode[i] == "nearest");
-      v.affine = g.affine;
+    for (std::size_t i = 0; i < o_.keys.size(); ++i) apply_key(s, i, nullptr);
+  }
+  const SpacingOptions& options() const { return o_; }
+
+  /// Key i; with `axcodes`, first oriented as Orientation would, but read through the
+  /// orientation (flips, axis order) by the resampling instead of copied first.
+  void apply_key(Sample& s, std::size_t i, const std::string* axcodes) const {
+    const std::string& key = o_.keys[i];
+    Volume& v = s.volume(key);
+    Shape3 in = spatial_shape(v.data, key);
+    Affine from = v.affine;
+    std::optional<OrientationPlan> plan;
+    if (axcodes) {
+      plan = orientation_plan(in, v.affine, *axcodes);
+      in = plan->shape;
+      from = plan->affine;
     }
+    const Geometry g = spacing_geometry(in, from, o_.pixdim);
+    const auto sp = from.spacing();
+    const std::string why = str("input spacing (", sp[0], ", ", sp[1], ", ", sp[2], ") mm on a ", in[0], "x", in[1],
+                                "x", in[2], " grid resampled to pixdim (", o_.pixdim[0], ", ", o_.pixdim[1], ", ",
+                                o_.pixdim[2], ")");
+    check_output_size(name(), key, v.data.size(0), g.shape, std::max<std::size_t>(v.data.element_size(), 4), why);
+    for (int a = 0; a < 3; ++a) {
+      // Many voxels into one: the file's spacing (pixdim, srow) is almost surely wrong.
+      if (in[a] >= kCollapseVoxels && g.shape[a] == 1) {
+        throw ValueError(str(name(), ": key ", key, ": ", why, " collapses axis ", a, "'s ", in[a],
+                             " voxels into 1 (output shape [", g.shape[0], ", ", g.shape[1], ", ", g.shape[2],
+                             "]): check the image's spacing (pixdim/srow) or the transform's pixdim"));
+      }
+    }
+    const bool nearest = o_.mode[i] == "nearest";
+    at::Tensor out;
+    if (plan) {
+      at::Tensor x = v.data;
+      if (!nearest && x.scalar_type() != at::kFloat && x.scalar_type() != at::kDouble) x = x.to(at::kFloat);
+      InputView view;
+      view.stride[0] = x.stride(0);
+      view.size[0] = x.size(0);
+      for (int k = 0; k < 3; ++k) {
+        const int d = plan->source_axis[static_cast<std::size_t>(k)] + 1;
+        view.stride[k + 1] = x.stride(d);
+        view.size[k + 1] = x.size(d);
+        view.flip[k + 1] = plan->flip[static_cast<std::size_t>(k)];
+      }
+      const at::Tensor layout =
+          x.permute({0, plan->source_axis[0] + 1, plan->source_axis[1] + 1, plan->source_axis[2] + 1});
+      out = resample_aligned(x, view, layout, in, from, g, nearest);
+      if (!out.defined()) Orientation::orient(v, key, *axcodes);  // oblique: orient, then resample
+    }
+    if (!out.defined()) out = resample(v.data, v.affine, g, nearest);
+    v.data = out;
+    v.affine = g.affine;
   }
 
  private:
   SpacingOptions o_;
 };
+
+}  // namespace
+
+bool apply_orientation_spacing(const Transform& first, const Transform& second, Sample& s) {
+  const auto* o = dynamic_cast<const Orientation*>(&first);
+  const auto* sp = dynamic_cast<const Spacing*>(&second);
+  if (!o || !sp) return false;
+  const auto& okeys = o->options().keys;
+  const auto& skeys = sp->options().keys;
+  auto has = [](const std::vector<std::string>& keys, const std::string& k) {
+    return std::find(keys.begin(), keys.end(), k) != keys.end();
+  };
+  for (const auto& key : okeys) {
+    if (!has(skeys, key)) Orientation::orient(s.volume(key), key, o->options().axcodes);
+  }
+  for (std::size_t i = 0; i < skeys.size(); ++i) {
+    sp->apply_key(s, i, has(okeys, skeys[i]) ? &o->options().axcodes : nullptr);
+  }
+  return true;
+}
+
+namespace {
 
 // Smallest and largest index per spatial axis of voxels above `threshold` in
 // any channel, in one pass in memory order. False if there are none.

@@ -14,19 +14,28 @@
 #include "medfast/core/units.hpp"
 #include "medfast/core/settings.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/transforms/spatial.hpp"
 
 namespace medfast::transforms {
 
 void Compose::apply(Sample& sample) const {
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
+    std::size_t last = i;  // Orientation then Spacing run as one resampling
     try {
       const auto t0 = std::chrono::steady_clock::now();
-      transforms_[i]->apply(sample);
-      log::debug("transform ", transforms_[i]->name(), ": ",
+      if (fuse_ && i + 1 < transforms_.size() && apply_orientation_spacing(*transforms_[i], *transforms_[i + 1], sample)) {
+        last = i + 1;
+      } else {
+        transforms_[i]->apply(sample);
+      }
+      log::debug("transform ", transforms_[i]->name(), last > i ? "+" + transforms_[last]->name() : "", ": ",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
     } catch (...) {
-      rethrow_with_context(str("transform ", i, " (", transforms_[i]->name(), ")"));
+      rethrow_with_context(last > i ? str("transforms ", i, "-", last, " (", transforms_[i]->name(), ", ",
+                                          transforms_[last]->name(), ")")
+                                    : str("transform ", i, " (", transforms_[i]->name(), ")"));
     }
+    i = last;
   }
 }
 

@@ -28,6 +28,29 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_NE(none.exit_code, 0);
 }
 
+// `medfast` links no libtorch: --version, help and info run without loading it, and the
+// commands that need tensors are handed, arguments unchanged, to medfast-torch beside it.
+TEST(Cli, FrontRunsWithoutLibtorchAndHandsOverTheRest) {
+  const std::string bin = test::medfast_binary();
+  const auto deps = test::run("ldd " + bin);
+  ASSERT_EQ(deps.exit_code, 0) << deps.err;
+  EXPECT_EQ(deps.out.find("libtorch"), std::string::npos) << deps.out;
+  EXPECT_EQ(deps.out.find("libc10"), std::string::npos) << deps.out;
+  const auto v = medfast("--version");
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_NE(v.out.find("(libtorch "), std::string::npos) << v.out;
+  // A setting value that is also a command's name does not pick the command.
+  const auto h = medfast("--log-level info train --help");
+  EXPECT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("--resume"), std::string::npos) << h.out;  // the full binary's help
+  const auto bad = medfast("train --no-such-flag");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--no-such-flag"), std::string::npos) << bad.err;
+  const auto missing = test::run("MEDFAST_TORCH_BINARY=/nonexistent/medfast-torch " + bin + " train");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/medfast-torch"), std::string::npos) << missing.err;
+}
+
 TEST(Cli, ConfigShowReportsEachSource) {
   test::TempDir dir;
   test::write_file(dir / "cfg.yaml", "settings:\n  gzip_level: 3\n  threads: 2\n  log_level: warn\n");

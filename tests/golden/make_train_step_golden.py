@@ -28,15 +28,15 @@ def main(d):
     x, y = load("x"), load("y")
 
     def block(h, prefix, stride):
-        h = F.conv3d(h, P[prefix + ".0.weight"], P[prefix + ".0.bias"], stride=stride, padding=1)
+        h = F.conv3d(h, P[prefix + ".conv.weight"], P[prefix + ".conv.bias"], stride=stride, padding=1)
         h = F.instance_norm(h, eps=1e-5)
-        return F.prelu(h, P[prefix + ".2.weight"])
+        return F.prelu(h, P[prefix + ".adn.A.weight"])
 
     def forward(x):
-        down = block(x, "model.0.0", 2)
-        bottom = block(down, "model.1.submodule.0", 1)
+        down = block(x, "model.0", 2)  # MONAI's names: model.0.conv, model.0.adn.A, ...
+        bottom = block(down, "model.1.submodule", 1)
         cat = torch.cat([down, bottom], 1)
-        return F.conv_transpose3d(cat, P["model.2.0.0.weight"], P["model.2.0.0.bias"], stride=2, padding=1,
+        return F.conv_transpose3d(cat, P["model.2.conv.weight"], P["model.2.conv.bias"], stride=2, padding=1,
                                   output_padding=1)
 
     def dice_ce(logits, target):

@@ -26,3 +26,19 @@ TEST(OsPeakRss, GrowsWithTouchedMemoryAndResets) {
 
 }  // namespace
 }  // namespace medfast::os
+
+namespace medfast::os {
+namespace {
+
+// The library defining a symbol: what machine.json's "blas" and the reference-BLAS warning use.
+TEST(Process, LibraryOfSymbolNamesTheLoadedFile) {
+  // gnu_get_libc_version is libc's alone: sanitizers intercept malloc and friends, so under
+  // ASan "malloc" resolves into libasan.
+  const std::string libc = library_of_symbol("gnu_get_libc_version");
+  EXPECT_NE(libc.find("libc"), std::string::npos) << libc;
+  EXPECT_EQ(libc.front(), '/');  // a resolved path
+  EXPECT_EQ(library_of_symbol("medfast_no_such_symbol_anywhere"), "");
+}
+
+}  // namespace
+}  // namespace medfast::os

@@ -437,6 +437,74 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;
 }
 
+// model.pretrained (a MONAI state_dict, written here by python3-torch with MONAI's names: see
+// tests/golden/write_state_dict.py) starts training, and stands in for a checkpoint in eval
+// and infer. With lr 0 and no running statistics the weights stay the file's, so infer and
+// eval through --config (pretrained) and through the trained checkpoint must agree exactly.
+TEST(TrainCli, PretrainedMonaiWeightsFineTuneEvalAndInfer) {
+  test::TempDir dir;
+  const std::string weights = dir / "monai_unet.pt";
+  auto r = test::run(test::python() + " " + test::source_dir() +
+                     "/tests/golden/write_state_dict.py --case unet_res0_instance --out " + weights);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json ref = nlohmann::json::parse(test::read_file(test::source_dir() + "/tests/reference/monai_networks.json"));
+  nlohmann::json c = tiny_config(dir);
+  c["model"] = ref["networks"]["unet_res0_instance"]["model"];  // UNet(4, 8, 16), instance norm, 3 classes
+  c["model"]["pretrained"] = "monai_unet.pt";                    // relative to the config's folder
+  c["optimizer"] = {{"name", "SGD"}, {"lr", 0.0}};
+  c["train"]["run_dir"] = "run";
+  c["data"]["dataset"] = "data/dataset.json";
+  test::write_file(dir / "run.json", c.dump());
+  const std::string bin = test::medfast_binary() + " --threads 1 ";
+  r = test::run(bin + "train --config " + dir / "run.json" + " --set train.epochs=1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("14 tensors"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("monai_unet.pt"), std::string::npos) << r.err;
+  // The checkpoint holds the file's weights (lr 0).
+  nlohmann::json model = c["model"];
+  model.erase("pretrained");
+  const auto trained = checkpoint_tensors(dir / "run/last.ckpt", model);
+  nlohmann::json with_file = c["model"];
+  with_file["pretrained"] = weights;
+  auto net = nn::make_network(with_file);
+  for (const auto& p : net.ptr()->named_parameters()) {
+    EXPECT_TRUE(torch::equal(trained.at(p.key()), p.value())) << p.key();
+  }
+  // eval: --config alone (pretrained weights) gives the checkpoint's Dice.
+  r = test::run(bin + "eval --config " + dir / "run.json" + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto by_file = nlohmann::json::parse(r.out);
+  r = test::run(bin + "eval --checkpoint " + dir / "run/last.ckpt" + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto by_ckpt = nlohmann::json::parse(r.out);
+  EXPECT_EQ(by_file["cases"], by_ckpt["cases"]);
+  // infer: --config gives the same labels as --checkpoint.
+  const std::string input = dir / "data/imagesTr/spleen_5.nii.gz";
+  r = test::run(bin + "infer --config " + dir / "run.json" + " --input " + input + " --output " + dir / "a");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run(bin + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "b");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Volume a = read_nifti(dir / "a/spleen_5_seg.nii.gz"), b = read_nifti(dir / "b/spleen_5_seg.nii.gz");
+  EXPECT_TRUE(torch::equal(a.data, b.data));
+  EXPECT_EQ(a.affine.max_abs_diff(b.affine), 0.0);
+  // Errors name the file and the key; nothing is trained.
+  r = test::run(bin + "train --config " + dir / "run.json" + " --set train.run_dir=run2 --set model.channels=[4,8,32]");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("monai_unet.pt"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("has shape"), std::string::npos) << r.err;
+  r = test::run(bin + "train --config " + dir / "run.json" + " --set train.run_dir=run3 --set model.pretrained=nope.pt");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("model.pretrained: no such file"), std::string::npos) << r.err;
+  r = test::run(bin + "infer --input " + input + " --output " + dir / "c");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("either --checkpoint"), std::string::npos) << r.err;
+  c["model"].erase("pretrained");
+  test::write_file(dir / "plain.json", c.dump());
+  r = test::run(bin + "eval --config " + dir / "plain.json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("model.pretrained is not set"), std::string::npos) << r.err;
+}
+
 // amp: bf16 autocast on the CPU trains (finite losses, a Dice) and amp: true means bf16 there.
 TEST(Trainer, Bf16AutocastOnCpu) {
   test::TempDir dir;

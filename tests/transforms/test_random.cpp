@@ -157,6 +157,22 @@ TEST(RandomTransforms, CropsHaveTheSizeTheGeometryAndThePosNegRatio) {
     Rng rng(seed);
     for (const auto& s : all_pos->expand(in, rng)) EXPECT_GT(s.volume("label").data.sum().item<std::int64_t>(), 0);
   }
+  // A misspelt index key is an error naming it and the keys there are (it used to recompute
+  // the indices for every sample, silently, from the label alone).
+  const auto misspelt = rt(R"({"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [16, 12, 10],
+      "fg_indices_key": "label_fg_indices", "bg_indices_key": "label_bg_indices"})");
+  {
+    Rng r(0);
+    try {
+      misspelt->expand(in, r);
+      ADD_FAILURE() << "no error";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("fg_indices_key 'label_fg_indices' is not in the sample (its index arrays: "
+                                           "label_bg, label_fg)"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   const auto too_big = rt(R"({"name": "RandCropByPosNegLabel", "keys": "image", "spatial_size": [64, 12, 10]})");
   Rng rng(1);
   EXPECT_THROW(too_big->expand(in, rng), ValueError);
@@ -369,6 +385,59 @@ TEST(RandomTransforms, BadArgumentsNameTheTransform) {
     FAIL();
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("RandTwirl"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace medfast::transforms
+
+namespace medfast::transforms {
+namespace {
+
+// Flips, quarter turns and intensity scale/shift fold into one gather per sample and key:
+// the outputs (values, dtype, affine) equal applying every step on its own, for every seed,
+// around crops, resampling steps (which apply the pending gather first) and other intensity
+// steps; and the fused chain makes fewer tensors.
+TEST(RandomChainFusion, OneGatherEqualsStepByStep) {
+  Sample in = make_sample({20, 18, 14});
+  in.volume("image").data = at::rand({2, 20, 18, 14}, at::kFloat) * 100 - 20;  // two channels
+  const std::vector<std::string> chains = {
+      R"([{"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "label_key": "label", "spatial_size": [9, 8, 6],
+           "pos": 1, "neg": 1, "num_samples": 3},
+          {"name": "RandFlip", "keys": ["image", "label"], "spatial_axis": [0], "prob": 0.5},
+          {"name": "RandFlip", "keys": ["image", "label"], "spatial_axis": [1], "prob": 0.5},
+          {"name": "RandFlip", "keys": ["image", "label"], "spatial_axis": [2], "prob": 0.5},
+          {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.5, "max_k": 3},
+          {"name": "RandScaleIntensity", "keys": "image", "factors": 0.1, "prob": 0.5},
+          {"name": "RandShiftIntensity", "keys": "image", "offsets": 0.1, "prob": 0.5}])",
+      R"([{"name": "RandShiftIntensity", "keys": ["image", "label"], "offsets": 0.5, "prob": 0.7},
+          {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.8, "max_k": 3, "spatial_axes": [0, 2]},
+          {"name": "RandFlip", "keys": "image", "spatial_axis": [0, 2], "prob": 0.6},
+          {"name": "RandScaleIntensity", "keys": "image", "factors": 0.3, "prob": 0.9},
+          {"name": "RandZoom", "keys": ["image", "label"], "min_zoom": 0.9, "max_zoom": 1.1, "prob": 0.5,
+           "mode": ["bilinear", "nearest"]},
+          {"name": "RandRotate90", "keys": ["image", "label"], "prob": 0.5, "spatial_axes": [1, 2]},
+          {"name": "RandGaussianNoise", "keys": "image", "prob": 0.5, "std": 0.1},
+          {"name": "RandFlip", "keys": ["image", "label"], "spatial_axis": 1, "prob": 0.5},
+          {"name": "RandScaleIntensity", "keys": "image", "factors": 0.2, "prob": 0.5}])"};
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    RandomChain fused = make_random_chain(nlohmann::json::parse(chains[c]), 11);
+    RandomChain steps = make_random_chain(nlohmann::json::parse(chains[c]), 11);
+    steps.set_fuse_index_steps(false);
+    for (std::uint64_t item = 0; item < 40; ++item) {
+      const auto a = fused.run(in, 2, item), b = steps.run(in, 2, item);
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t k = 0; k < a.size(); ++k) {
+        for (const auto& [key, v] : b[k].volumes) {
+          const Volume& f = a[k].volume(key);
+          SCOPED_TRACE(str("chain ", c, " item ", item, " sample ", k, " key ", key));
+          ASSERT_EQ(f.data.sizes(), v.data.sizes());
+          EXPECT_EQ(f.data.scalar_type(), v.data.scalar_type());
+          EXPECT_TRUE(at::equal(f.data, v.data)) << (f.data.to(at::kDouble) - v.data.to(at::kDouble)).abs().max();
+          EXPECT_LT(f.affine.max_abs_diff(v.affine), 1e-12);  // the same matrices, multiplied in another order
+        }
+      }
+    }
   }
 }
 

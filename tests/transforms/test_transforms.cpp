@@ -182,6 +182,52 @@ TEST(Transforms, ObliqueSpacingUsesTheGeneralResamplerConsistently) {
   EXPECT_TRUE(at::equal(resample(labels, affine, g, true), labels));
 }
 
+// Orientation then Spacing run as one resampling that reads through the orientation's flips
+// and axis order: the same values (bit for bit), affines and layouts as one after the other,
+// for flipped and permuted inputs, int16 images (linear: float output), uint8 labels
+// (nearest), an oblique affine (the general resampler) and key sets that differ.
+TEST(Transforms, FusedOrientationSpacingEqualsOneAfterTheOther) {
+  const std::vector<std::vector<std::vector<double>>> affines = {
+      {{-0.8, 0, 0, 200}, {0, -0.8, 0, 180}, {0, 0, 5, -80}},        // LPS (CT from DICOM)
+      {{0, 0, 2.5, -40}, {-1.1, 0, 0, 90}, {0, 0.9, 0, -60}},        // axes permuted and flipped
+      {{1.2, 0, 0, 0}, {0, 1.2, 0, 0}, {0, 0, 3, 0}},                 // already RAS
+      {{0.9, -0.2, 0, 3}, {0.2, 0.9, 0, 1}, {0, 0, 2.2, -7}}};        // oblique
+  const std::string chain = R"([
+      {"name": "Orientation", "keys": ["image", "label", "extra"], "axcodes": "RAS"},
+      {"name": "Spacing", "keys": ["image", "label", "other"], "pixdim": [1.5, 1.5, 2.0],
+       "mode": ["bilinear", "nearest", "bilinear"]}])";
+  for (std::size_t a = 0; a < affines.size(); ++a) {
+    Sample in;
+    Affine aff;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 4; ++j) aff(i, j) = affines[a][static_cast<std::size_t>(i)][static_cast<std::size_t>(j)];
+    auto volume = [&](at::Tensor data) {
+      Volume v;
+      v.data = data;
+      v.affine = aff;
+      return v;
+    };
+    in.volumes["image"] = volume(at::randint(-1000, 1000, {1, 41, 37, 17}, at::kShort));
+    in.volumes["label"] = volume(at::randint(0, 3, {1, 41, 37, 17}, at::kByte));
+    in.volumes["extra"] = volume(at::rand({2, 41, 37, 17}));
+    in.volumes["other"] = volume(at::rand({1, 41, 37, 17}).permute({0, 3, 2, 1}).contiguous().permute({0, 3, 2, 1}));
+    Compose fused = make_chain(nlohmann::json::parse(chain)), steps = make_chain(nlohmann::json::parse(chain));
+    steps.set_fuse(false);
+    Sample x = in, y = in;
+    fused.apply(x);
+    steps.apply(y);
+    for (const auto& [key, v] : y.volumes) {
+      SCOPED_TRACE(str("affine ", a, " key ", key));
+      const Volume& f = x.volume(key);
+      ASSERT_EQ(f.data.sizes(), v.data.sizes());
+      EXPECT_EQ(f.data.scalar_type(), v.data.scalar_type());
+      EXPECT_EQ(f.data.strides(), v.data.strides());
+      EXPECT_TRUE(at::equal(f.data, v.data));
+      EXPECT_EQ(f.affine.max_abs_diff(v.affine), 0.0);
+    }
+  }
+}
+
 // An affine with absurd spacings: the output size is checked against max_volume_bytes
 // before anything is allocated, and many voxels collapsing into one is refused; both
 // errors name the transform, the input spacing and the output shape.
@@ -303,6 +349,82 @@ TEST(Transforms, ChainHashChangesWithAnyArgument) {
   const auto a = nlohmann::json::parse(R"([{"name": "Orientation", "keys": "image"}])");
   const auto b = nlohmann::json::parse(R"([{"name": "Orientation", "keys": ["image"], "axcodes": "RAS"}])");
   EXPECT_EQ(make_chain(a).hash(), make_chain(b).hash());
+}
+
+}  // namespace
+}  // namespace medfast::transforms
+
+namespace medfast::transforms {
+namespace {
+
+// resample_index_affine against a plain per-voxel reference (the definition: position
+// m * index, zeros outside the box and, with zeros_outside, beyond half a voxel past the
+// input; border clamp; trilinear or nearest with ties to even), on random rotations and
+// zooms that leave some rows partly inside: the branch-free interior runs and the edges
+// must both equal it exactly.
+TEST(Transforms, AffineResamplingEqualsThePerVoxelDefinition) {
+  at::manual_seed(3);
+  const Shape3 out_shape{23, 19, 29};
+  for (int round = 0; round < 12; ++round) {
+    const at::Tensor x = at::rand({2, 17, 21, 25});
+    const at::Tensor labels = at::randint(0, 5, {1, 17, 21, 25}, at::kByte);
+    Affine m;
+    const double a = 0.05 * (round + 1), z = 0.8 + 0.04 * round;
+    m.m = {{{z * std::cos(a), -std::sin(a), 0.1, -3.0 + round},
+            {std::sin(a), z * std::cos(a), -0.05, 2.5},
+            {0.02 * round, 0.1, z, -4.0 + 0.7 * round},
+            {0, 0, 0, 1}}};
+    const bool zeros = round % 2 == 0;
+    const Shape3 lo{round % 3, 1, 2}, hi{out_shape[0] - 1, out_shape[1], out_shape[2] - round % 4};
+    for (bool nearest : {false, true}) {
+      const at::Tensor in = nearest ? labels : x;
+      const at::Tensor got = resample_index_affine(in, m, out_shape, nearest, zeros, lo, hi);
+      const at::Tensor src = in.to(at::kDouble);
+      const auto n = in.sizes();
+      std::int64_t mismatches = 0;
+      for (std::int64_t c = 0; c < in.size(0); ++c)
+        for (std::int64_t i = 0; i < out_shape[0]; ++i)
+          for (std::int64_t j = 0; j < out_shape[1]; ++j)
+            for (std::int64_t k = 0; k < out_shape[2]; ++k) {
+              double want = 0;
+              const bool in_box = i >= lo[0] && i < hi[0] && j >= lo[1] && j < hi[1] && k >= lo[2] && k < hi[2];
+              double p[3];
+              bool outside = false;
+              for (int r = 0; r < 3; ++r) {
+                p[r] = m(r, 0) * i + m(r, 1) * j + m(r, 3) + m(r, 2) * static_cast<double>(k);
+                const double mx = static_cast<double>(n[r + 1] - 1);
+                if (p[r] < -0.5 || p[r] > mx + 0.5) outside = true;
+                p[r] = std::min(std::max(p[r], 0.0), mx);
+              }
+              if (in_box && !(outside && zeros)) {
+                auto at3 = [&](std::int64_t a0, std::int64_t a1, std::int64_t a2) {
+                  return src[c][a0][a1][a2].item<double>();
+                };
+                if (nearest) {
+                  want = at3(static_cast<std::int64_t>(std::nearbyint(p[0])), static_cast<std::int64_t>(std::nearbyint(p[1])),
+                             static_cast<std::int64_t>(std::nearbyint(p[2])));
+                } else {
+                  std::int64_t f[3], g[3];
+                  float w[3];
+                  for (int r = 0; r < 3; ++r) {
+                    f[r] = static_cast<std::int64_t>(p[r]);
+                    g[r] = std::min(f[r] + 1, n[r + 1] - 1);
+                    w[r] = static_cast<float>(p[r] - static_cast<double>(f[r]));
+                  }
+                  auto l = [](float u, float v, float t) { return u + (v - u) * t; };
+                  auto v = [&](std::int64_t a0, std::int64_t a1, std::int64_t a2) { return static_cast<float>(at3(a0, a1, a2)); };
+                  const float c00 = l(v(f[0], f[1], f[2]), v(g[0], f[1], f[2]), w[0]);
+                  const float c10 = l(v(f[0], g[1], f[2]), v(g[0], g[1], f[2]), w[0]);
+                  const float c01 = l(v(f[0], f[1], g[2]), v(g[0], f[1], g[2]), w[0]);
+                  const float c11 = l(v(f[0], g[1], g[2]), v(g[0], g[1], g[2]), w[0]);
+                  want = l(l(c00, c10, w[1]), l(c01, c11, w[1]), w[2]);
+                }
+              }
+              if (got[c][i][j][k].item<double>() != want) ++mismatches;
+            }
+      EXPECT_EQ(mismatches, 0) << "round " << round << (nearest ? " nearest" : " linear");
+    }
+  }
 }
 
 }  // namespace

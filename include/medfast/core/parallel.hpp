@@ -11,6 +11,23 @@
 
 namespace medfast {
 
+/// Whether this thread is one of a pool that already works on items in parallel (the
+/// loader's workers, the cache fill's pool): kernels then run serially on it rather than
+/// start libtorch's intra-op threads from every worker (oversubscribed, and their idle
+/// threads spin against the workers), as PyTorch's DataLoader workers set one thread.
+inline bool& item_worker_flag() {
+  thread_local bool flag = false;
+  return flag;
+}
+inline bool item_worker() { return item_worker_flag(); }
+/// Marks the calling thread as an item worker for its lifetime.
+struct ItemWorkerScope {
+  ItemWorkerScope() { item_worker_flag() = true; }
+  ~ItemWorkerScope() { item_worker_flag() = false; }
+  ItemWorkerScope(const ItemWorkerScope&) = delete;
+  ItemWorkerScope& operator=(const ItemWorkerScope&) = delete;
+};
+
 /// Calls fn(i) for i in [0, n) on up to `threads` threads (dynamic scheduling).
 template <typename Fn>
 void parallel_for(std::size_t n, int threads, Fn&& fn) {

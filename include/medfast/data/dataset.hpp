@@ -13,9 +13,14 @@
 namespace medfast::data {
 
 struct DatasetItem {
-  std::map<std::string, std::string> files;  ///< key -> absolute path
+  std::map<std::string, std::string> files;  ///< key -> absolute path (a file, or a DICOM series folder)
+  /// Values that are not files (is_attribute_key), e.g. series_uid: the DICOM series to read.
+  std::map<std::string, std::string> attrs;
   int fold = -1;
 };
+
+/// Item fields that hold a value rather than a path.
+inline bool is_attribute_key(const std::string& key) { return key == "series_uid"; }
 
 struct Dataset {
   std::string source;  ///< the list file

@@ -36,8 +36,14 @@ struct SynthOptions {
   std::uint64_t seed = 0;
   int threads = 1;
   int gzip_level = 6;
+  /// "nifti": the MSD layout (imagesTr/, labelsTr/); "dicom": an NSCLC-like set, per case a
+  /// CT series folder (case_N/CT/, one file per slice) and a DICOM SEG (case_N/seg.dcm) with
+  /// the lesion as segment "GTV-1".
+  std::string format = "nifti";
 
   SynthOptions& set_cases(int v);
+  /// "nifti" or "dicom"; ValueError otherwise.
+  SynthOptions& set_format(const std::string& v);
   /// "X,Y,Z" where each entry is a size or a range "lo-hi".
   SynthOptions& set_size(const std::string& spec);
   SynthOptions& set_spacing(const std::array<double, 3>& v);

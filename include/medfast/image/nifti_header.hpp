@@ -47,6 +47,11 @@ enum DataType : int {
 
 /// "int16", "rgb24", ... ("unknown" for codes outside the standard).
 const char* datatype_name(int code);
+/// The dtype medfast gives the voxels in memory (read_nifti's): float64 when the header
+/// scales them, int32/int64 for unsigned 16/32/64-bit, else the on-disk type's name.
+std::string memory_dtype_name(const struct Header& header);
+/// Bytes per element of a dtype name ("float32" -> 4); 0 for names it does not know.
+std::size_t dtype_name_bytes(const std::string& name);
 /// Bytes per voxel of a supported datatype, 0 for unsupported ones.
 std::size_t datatype_size(int code);
 bool datatype_supported(int code);

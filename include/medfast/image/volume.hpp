@@ -11,12 +11,17 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "medfast/image/affine.hpp"
 
 namespace medfast {
+
+namespace dicom {
+struct Series;
+}
 
 /// What a user needs from the header besides the tensor and affine.
 struct VolumeMeta {
@@ -30,6 +35,9 @@ struct VolumeMeta {
   int intent_code = 0;
   std::string descrip;
   std::array<double, 8> pixdim{};  ///< as stored (pixdim[4] is the time step)
+  /// Read from DICOM: the series (slices, UIDs, geometry; never patient identifiers),
+  /// which a SEG loaded with it is placed on.
+  std::shared_ptr<const dicom::Series> dicom;
 };
 
 /// A tensor with geometry.
@@ -53,5 +61,10 @@ std::string dtype_name(const at::Tensor& t);
 std::string dtype_name(at::ScalarType t);
 /// "uint8" -> at::kByte, ...; throws ValueError naming `what` and the choices.
 at::ScalarType parse_dtype(const std::string& name, const std::string& what);
+
+/// An uninitialised CPU tensor in medfast's pooled host memory (os::Buffer): a loader
+/// that makes batch after batch of one size reuses mapped pages instead of having the
+/// kernel zero fresh ones each time.
+at::Tensor pooled_empty(at::IntArrayRef shape, at::ScalarType dtype);
 
 }  // namespace medfast

@@ -41,8 +41,16 @@ void send_signal(pid_t pid, int signal);
 void catch_termination_signals();
 int pending_signal();
 
+/// Replaces this process with `path` run with `argv` (execv: the same process id,
+/// environment, open terminal). Returns only by throwing OsError naming the program.
+[[noreturn]] void exec_program(const std::string& path, const std::vector<std::string>& argv);
+
 /// This program's own executable (/proc/self/exe).
 std::string self_executable();
+
+/// The file (symlinks resolved) of the loaded library that defines `symbol`, e.g. the
+/// BLAS behind libtorch for "sgemm_"; "" when no loaded library defines it.
+std::string library_of_symbol(const char* symbol);
 
 /// What a run report says about the machine: host, CPU model, cores, memory, kernel.
 struct MachineInfo {

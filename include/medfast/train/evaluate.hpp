@@ -36,6 +36,7 @@ struct EvalOptions {
   std::function<void(std::size_t done, std::size_t total)> on_progress;
 };
 /// `config` null: the config stored in the checkpoint (paths relative to where it was trained).
+/// `checkpoint` empty: the weights are `config`'s model.pretrained (a MONAI state_dict).
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
                     const Settings& settings, const EvalOptions& options = {});
 
@@ -48,6 +49,10 @@ struct InferOptions {
   nlohmann::json amp = false;
   nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
   std::string suffix = "_seg";
+  /// With no checkpoint: a run config (its deterministic chain, sliding window and a model
+  /// with `pretrained` weights), read from `config_path`.
+  nlohmann::json config;
+  std::string config_path;
   /// After each file: files done, files in all.
   std::function<void(std::size_t done, std::size_t total)> on_progress;
 };

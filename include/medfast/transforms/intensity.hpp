@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "medfast/image/dicom.hpp"
 #include "medfast/image/nifti_raw.hpp"
 #include "medfast/transforms/transform.hpp"
 
@@ -29,6 +30,10 @@ struct LoadImageOptions {
   /// Per key: the dtype to cast to (MONAI's default float32), or "" to keep the file's.
   std::vector<std::string> dtype;
   NiftiReadOptions read;
+  /// DICOM SEG keys: class numbers by segment (SegmentDescription, else SegmentLabel), applied
+  /// in order, the later entry winning where segments overlap (MONAI PydicomReader's
+  /// label_dict). Empty: every segment gets its SegmentNumber.
+  dicom::LabelDict label_dict;
 };
 struct ToDeviceOptions {
   std::vector<std::string> keys;

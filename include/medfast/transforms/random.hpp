@@ -13,6 +13,7 @@
 /// Each transform first draws `uniform() < prob` (as MONAI's randomize does),
 /// then its parameters. Spatial transforms move the affine with the data.
 
+#include <array>
 #include <map>
 #include <memory>
 #include <vector>
@@ -38,6 +39,48 @@ struct SpatialPlan {
   Shape3 box_lo{}, box_hi{};
 };
 
+/// Flips, quarter turns and intensity steps (scale, shift) of one sample, not yet
+/// applied, per key: output axis d reads input axis `axis[d]` (from its end when
+/// `reversed[d]`), and each value goes through `ops` in order. RandFlip, RandRotate90,
+/// RandScaleIntensity and RandShiftIntensity extend it; it is applied with one gather per
+/// key (no intermediate tensors) at the end of the chain or before the first transform
+/// that needs the voxels. The values equal applying the steps one by one (same dtype, the
+/// same roundings: each op in the value's dtype, in order).
+struct IndexPlan {
+  struct Op {
+    bool multiply = false;  ///< else add
+    double value = 0;
+  };
+  struct Key {
+    std::array<int, 3> axis{0, 1, 2};
+    std::array<bool, 3> reversed{};
+    std::vector<Op> ops;
+  };
+  std::map<std::string, Key> keys;
+  bool active() const { return !keys.empty(); }
+  void flip(const std::string& key, int axis);
+  /// k quarter turns in the plane (a, b), as torch.rot90 on dims (a + 1, b + 1).
+  void rot90(const std::string& key, int k, int a, int b);
+  void op(const std::string& key, bool multiply, double value);
+};
+
+/// Applies an index plan to `sample` (one gather per key, the affine moved with the
+/// axes) and clears it.
+void apply_index_plan(Sample& sample, IndexPlan& plan);
+/// A sample's steps still pending at the end of its chain: index steps or one
+/// resampling (never both: each applies the other before it extends).
+struct PendingSteps {
+  IndexPlan index;
+  SpatialPlan spatial;
+};
+/// The shape ([C, X, Y, Z]) and dtype of `key` once `pending` is applied.
+std::pair<std::vector<std::int64_t>, at::ScalarType> planned_output(const Sample& sample, const PendingSteps& pending,
+                                                                    const std::string& key);
+/// Writes `key` with `pending`'s steps (a plain copy when none is for it) into `dst`:
+/// contiguous, with planned_output's shape and dtype, e.g. a sample's slice of a batch
+/// (one gather or one resampling from the cached volume straight into the batch).
+void write_into(const Sample& sample, const PendingSteps& pending, const std::string& key, at::Tensor dst);
+
 class RandomTransform {
  public:
   virtual ~RandomTransform() = default;
@@ -55,6 +98,11 @@ class RandomTransform {
   /// Spatial transforms that can be composed extend `plan` (drawing from
   /// `rng` exactly as apply() would) and return true; others return false.
   virtual bool compose(SpatialPlan& plan, const Sample& sample, Rng& rng) const;
+  /// Flips, quarter turns and intensity scale/shift extend `plan` (drawing exactly as
+  /// apply() would) and return true; others return false without drawing.
+  virtual bool compose_index(IndexPlan& plan, const Sample& sample, Rng& rng) const;
+  /// Whether compose_index() folds this transform (decided without drawing).
+  virtual bool index_step() const { return false; }
 };
 
 /// Applies a plan to `sample` (one resampling per key) and clears it.
@@ -69,15 +117,24 @@ class RandomChain {
       : transforms_(std::move(transforms)), seed_(seed) {}
   /// The output samples of item `item` in epoch `epoch`. `input` is not modified.
   std::vector<Sample> run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const;
+  /// The same, leaving each sample's last composed steps (flips, turns, intensity
+  /// steps, or a resampling) unapplied in `pending` (one per sample): the loader writes
+  /// them straight into its batch.
+  std::vector<Sample> run(const Sample& input, std::uint64_t epoch, std::uint64_t item,
+                          std::vector<PendingSteps>& pending) const;
   /// Output samples per item.
   std::size_t samples_per_item() const;
   nlohmann::json config() const;
   std::uint64_t seed() const { return seed_; }
   std::size_t size() const { return transforms_.size(); }
+  /// Whether flips, quarter turns and intensity steps are folded into one gather per key
+  /// (default); off, each step makes its own tensor (the reference in tests and benchmarks).
+  void set_fuse_index_steps(bool on) { fuse_index_ = on; }
 
  private:
   std::vector<RandomTransformPtr> transforms_;
   std::uint64_t seed_ = 0;
+  bool fuse_index_ = true;
 };
 
 /// Builds a random chain from [{"name": ..., args}, ...]; deterministic

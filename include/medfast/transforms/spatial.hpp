@@ -52,6 +52,10 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
 at::Tensor resample_index_affine(const at::Tensor& data, const Affine& out_to_in, const std::array<std::int64_t, 3>& shape,
                                  bool nearest, bool zeros_outside, const std::array<std::int64_t, 3>& box_lo,
                                  const std::array<std::int64_t, 3>& box_hi);
+/// The same, written into `dst` (contiguous [C, shape], the output's dtype: float for
+/// linear resampling of non-floating data), e.g. a sample's slice of a batch.
+void resample_index_affine_into(const at::Tensor& data, const Affine& m, const Shape3& shape, bool nearest,
+                                bool zeros_outside, const Shape3& box_lo, const Shape3& box_hi, at::Tensor dst);
 
 /// Spatial shape of a channel-first tensor; throws unless it is (C, X, Y, Z).
 Shape3 spatial_shape(const at::Tensor& data, const std::string& what);
@@ -98,5 +102,12 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
 /// Flips `dims`; dense CPU tensors are copied line by line in their own memory
 /// order, others go through at::flip.
 at::Tensor flip_dims(const at::Tensor& x, const std::vector<std::int64_t>& dims);
+
+/// Orientation immediately followed by Spacing (Compose calls this for each such pair):
+/// for the keys both transform, the one resampling reads the data through the
+/// orientation's flips and axis order instead of a flipped copy made first. The same
+/// values, geometry and errors as applying them one after the other (the same grid,
+/// tables and reads). False, doing nothing, when the two are not such a pair.
+bool apply_orientation_spacing(const Transform& first, const Transform& second, Sample& sample);
 
 }  // namespace medfast::transforms

@@ -46,9 +46,13 @@ class Compose {
   std::string hash() const;
   std::size_t size() const { return transforms_.size(); }
   const std::vector<TransformPtr>& transforms() const { return transforms_; }
+  /// Whether Orientation then Spacing run as one resampling (default; the same output).
+  /// Off, each runs on its own (the reference in tests).
+  void set_fuse(bool on) { fuse_ = on; }
 
  private:
   std::vector<TransformPtr> transforms_;
+  bool fuse_ = true;
 };
 
 /// Builds a transform from its name and JSON arguments. Throws ValueError

@@ -1,0 +1,63 @@
+#include "app.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/memory.hpp"
+#include "medfast/torch_version.hpp"
+#include "medfast/version.hpp"
+
+namespace medfast::cli {
+
+void print_json(const std::string& dumped) { std::cout << dumped << std::endl; }
+
+void configure_app(CLI::App& app, Context& ctx, std::map<std::string, std::string>& flag_values) {
+  app.name("medfast");
+  app.set_version_flag("--version", version_string());
+  app.require_subcommand(1);
+  app.fallthrough();  // settings flags may come after the subcommand
+  for (const auto& d : setting_defs()) {
+    app.add_option(d.flag(), flag_values[d.name],
+                   str(d.description, " [env ", d.env_var(), ", default ", d.default_value, "]"))
+        ->group("Settings");
+  }
+  app.add_option("--config-file", ctx.config_file, "YAML/JSON file whose 'settings:' map sets defaults [env MEDFAST_CONFIG_FILE]")
+      ->group("Settings");
+}
+
+void resolve_settings(const CLI::App& app, Context& ctx, const std::map<std::string, std::string>& flag_values) {
+  if (ctx.config_file.empty()) {
+    if (const char* f = std::getenv("MEDFAST_CONFIG_FILE")) ctx.config_file = f;
+  }
+  if (!ctx.config_file.empty()) load_settings_text(ctx.settings, os::read_text_file(ctx.config_file), ctx.config_file);
+  ctx.settings.load_env();
+  for (const auto& d : setting_defs()) {
+    if (app.count(d.flag()) > 0) ctx.settings.set(d.name, flag_values.at(d.name), SettingSource::flag, d.flag());
+  }
+  log::set_level(log::parse_level(ctx.settings.get("log_level")));
+  log::set_sink([](log::Level level, const std::string& message) {
+    std::fprintf(stderr, "medfast: %s: %s\n", log::level_name(level), message.c_str());
+  });
+  os::set_buffer_pool_limit(ctx.settings.get_bytes("buffer_pool_bytes"));
+}
+
+std::string version_string() { return str("medfast ", kVersion, " (libtorch ", kTorchVersion, ")"); }
+
+const std::vector<std::pair<std::string, std::string>>& torch_commands() {
+  static const std::vector<std::pair<std::string, std::string>> commands{
+      {"data", "Datasets"},
+      {"io", "Tensor file I/O engine: load, store, sweep"},
+      {"cache", "Build and maintain the persistent preprocessing cache"},
+      {"bench", "Built-in benchmarks"},
+      {"train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)"},
+      {"infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid"},
+      {"eval", "Dice per case and mean of a checkpoint on a config's validation items"},
+      {"launch", "Start N ranks of a medfast command on this machine (torchrun's variables, one GPU per rank)"}};
+  return commands;
+}
+
+}  // namespace medfast::cli

@@ -1,0 +1,82 @@
+// medfast: the command users run. It does not link libtorch: --version, --help, info,
+// config, trace summarize and report run here at once (a few milliseconds, a few MB);
+// every command that needs tensors (train, eval, infer, data, cache, io, bench, launch)
+// is handed, arguments unchanged, to medfast-torch beside this binary (exec: same
+// process id, so signals, exit codes and the terminal behave as if it ran here).
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
+
+#include "app.hpp"
+#include "commands.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
+
+namespace medfast::cli {
+namespace {
+
+/// medfast-torch: $MEDFAST_TORCH_BINARY, else beside this executable.
+std::string torch_binary() {
+  if (const char* p = std::getenv("MEDFAST_TORCH_BINARY"); p && *p) return p;
+  return os::parent_directory(os::self_executable()) + "/medfast-torch";
+}
+
+[[noreturn]] void hand_over(int argc, char** argv) {
+  const std::string binary = torch_binary();
+  std::vector<std::string> args{binary};
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  os::exec_program(binary, args);  // returns only by throwing
+}
+
+}  // namespace
+}  // namespace medfast::cli
+
+int main(int argc, char** argv) {
+  using namespace medfast;
+  CLI::App app{"medfast: fast end-to-end training of 3D medical-image segmentation models"};
+  cli::Context ctx;
+  std::map<std::string, std::string> flag_values;
+  cli::configure_app(app, ctx, flag_values);
+  std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_trace(app),
+                                       cli::register_report(app)};
+  // The others by name: whatever follows is theirs (their own --help included).
+  std::vector<CLI::App*> handed;
+  for (const auto& [name, description] : cli::torch_commands()) {
+    CLI::App* sub = app.add_subcommand(name, description);
+    sub->prefix_command();
+    sub->allow_extras();
+    sub->set_help_flag();
+    handed.push_back(sub);
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // `medfast train --help`: the help is the full binary's (this one knows only the name).
+    try {
+      for (const CLI::App* sub : handed) {
+        if (sub->parsed()) cli::hand_over(argc, argv);
+      }
+    } catch (const std::exception& x) {
+      std::fprintf(stderr, "medfast: error: %s\n", x.what());
+      return 1;
+    }
+    return app.exit(e);
+  }
+
+  try {
+    for (const CLI::App* sub : handed) {
+      if (sub->parsed()) cli::hand_over(argc, argv);
+    }
+    cli::resolve_settings(app, ctx, flag_values);
+    for (auto& c : commands) {
+      if (c.app->parsed()) return c.run(ctx);
+    }
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "medfast: error: %s\n", e.what());
+    return 1;
+  }
+}

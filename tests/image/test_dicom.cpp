@@ -1,0 +1,256 @@
+// DICOM through the tensor layer: LoadImage pairing a series with its SEG, patient
+// identifiers kept out of volumes and `info`, the cache identity of a series folder, data
+// convert checked by nibabel, and the DICOM path giving the same geometry as the NIfTI path
+// through Orientation and Spacing. (Golden parity and bad inputs: test_dicom_golden.cpp.)
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "medfast/cache/store.hpp"
+#include "medfast/core/log.hpp"
+#include "medfast/data/cached_dataset.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/data/synth.hpp"
+#include "medfast/image/dicom.hpp"
+#include "medfast/image/image_file.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/transforms/transform.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+std::string dicom_dir() { return test::golden_dir() + "/dicom"; }
+
+nlohmann::json manifest() {
+  const std::string text = test::read_file(dicom_dir() + "/manifest.json");
+  if (text.empty()) throw std::runtime_error("DICOM golden manifest missing: run the golden_files_dicom test first");
+  return nlohmann::json::parse(text);
+}
+
+// Through the tensor layer: LoadImage reads a series folder and places a SEG; the volume
+// keeps the series (for the SEG) but no patient identifier.
+TEST(DicomLoad, LoadImagePairsASeriesWithItsSeg) {
+  const auto m = manifest();
+  const nlohmann::json* seg_case = nullptr;
+  for (const auto& c : m["segs"]) {
+    if (c["name"] == "seg_binary") seg_case = &c;
+  }
+  ASSERT_NE(seg_case, nullptr);
+  const std::string chain = R"([{"name": "LoadImage", "keys": ["image", "label"], "dtype": ["", ""],
+                                "label_dict": [["GTV-1", 1], ["Lung", 2]]}])";
+  const auto compose = transforms::make_chain(nlohmann::json::parse(chain));
+  Sample s;
+  s.meta["image"] = dicom_dir() + "/" + (*seg_case)["reference"].get<std::string>();
+  s.meta["label"] = dicom_dir() + "/" + (*seg_case)["seg"].get<std::string>();
+  compose.apply(s);
+  const Volume& img = s.volume("image");
+  const Volume& lab = s.volume("label");
+  EXPECT_EQ(img.data.sizes(), lab.data.sizes());
+  EXPECT_EQ(img.affine, lab.affine);
+  EXPECT_EQ(lab.data.scalar_type(), at::kByte);
+  const std::string bytes = test::read_file(dicom_dir() + "/" + (*seg_case)["expect"]["voxels"].get<std::string>());
+  const at::Tensor file_order = lab.data.permute({2, 1, 0}).contiguous();
+  ASSERT_EQ(static_cast<std::size_t>(file_order.numel()), bytes.size());
+  EXPECT_EQ(std::memcmp(file_order.data_ptr(), bytes.data(), bytes.size()), 0);
+  ASSERT_TRUE(img.meta.dicom);
+  for (const auto& phi : m["phi"]) {
+    const std::string p = phi.get<std::string>();
+    for (const auto& [k, v] : img.meta.dicom->phi) EXPECT_EQ(v.find(p), std::string::npos) << k;
+    EXPECT_EQ(img.meta.descrip.find(p), std::string::npos);
+  }
+  // A SEG alone is not an image: a clear error says to load it with its series.
+  EXPECT_VALUE_ERROR(read_image(s.meta["label"].get<std::string>()), "load it together with its image");
+}
+
+// Orientation and Spacing give the same geometry and values on a DICOM series as on the
+// same volume written as NIfTI (data synth writes both from one generator).
+TEST(DicomLoad, GeometryEqualsTheNiftiPathThroughOrientationAndSpacing) {
+  test::TempDir dir;
+  SynthOptions o;
+  o.set_cases(1).set_size("40,36,14").set_spacing({1.2, 0.9, 3.0});
+  o.seed = 5;
+  o.out_dir = dir / "nifti";
+  synthesize_dataset(o);
+  o.out_dir = dir / "dicom";
+  o.set_format("dicom");
+  synthesize_dataset(o);
+  const std::string chain = R"([{"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+    {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
+    {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]}])";
+  const auto compose = transforms::make_chain(nlohmann::json::parse(chain));
+  Sample a, b;
+  a.meta = {{"image", dir / "nifti/imagesTr/spleen_0.nii.gz"}, {"label", dir / "nifti/labelsTr/spleen_0.nii.gz"}};
+  b.meta = {{"image", dir / "dicom/case_000/CT"}, {"label", dir / "dicom/case_000/seg.dcm"}};
+  compose.apply(a);
+  compose.apply(b);
+  // NIfTI stores its affine in float32 (0.9 mm is 0.899999976), DICOM in decimal text: the
+  // geometry agrees to float32 precision, interpolated values to a rounding error, labels
+  // (nearest neighbour) exactly.
+  for (const std::string key : {"image", "label"}) {
+    SCOPED_TRACE(key);
+    EXPECT_LE(a.volume(key).affine.max_abs_diff(b.volume(key).affine), 1e-5);
+    ASSERT_EQ(a.volume(key).data.sizes(), b.volume(key).data.sizes());
+  }
+  EXPECT_TRUE(at::allclose(a.volume("image").data, b.volume("image").data, 1e-5, 1e-2))
+      << (a.volume("image").data - b.volume("image").data).abs().max().item<double>();
+  EXPECT_TRUE(at::equal(a.volume("label").data, b.volume("label").data));
+  EXPECT_GT(b.volume("label").data.sum().item<double>(), 0);
+}
+
+// The cache key covers every file of a series: touching, adding or removing one slice
+// gives a new key; series_uid from the dataset entry is part of it too.
+TEST(DicomLoad, CacheKeyCoversEveryFileOfTheSeries) {
+  test::TempDir dir;
+  const std::string series = dir / "CT";
+  os::make_directories(series);
+  const auto m = manifest();
+  std::string axial;
+  for (const auto& c : m["series"]) {
+    if (c["name"] == "axial") axial = dicom_dir() + "/" + c["input"].get<std::string>();
+  }
+  ASSERT_FALSE(axial.empty());
+  const auto files = dicom::files_of(axial);
+  for (const auto& f : files) {
+    test::write_file(series + "/" + f.substr(f.rfind('/') + 1), test::read_file(f));
+  }
+  const auto key_of = [&](const std::string& uid) {
+    data::Dataset ds;
+    data::DatasetItem item;
+    item.files["image"] = series;
+    if (!uid.empty()) item.attrs["series_uid"] = uid;
+    ds.items.push_back(item);
+    data::CacheConfig cfg;
+    cfg.store.kind = "memory";
+    const auto chain = transforms::make_chain(nlohmann::json::parse(
+        R"([{"name": "LoadImage", "keys": ["image"]}, {"name": "EnsureChannelFirst", "keys": ["image"]}])"));
+    return data::CachedDataset(ds, chain, cfg).key(0);
+  };
+  const std::string k0 = key_of("");
+  EXPECT_EQ(key_of(""), k0);
+  EXPECT_NE(key_of("1.2.3"), k0);
+  const auto listed = dicom::files_of(series);
+  const std::string victim = listed[listed.size() / 2];
+  const std::string bytes = test::read_file(victim);
+  os::remove_file(victim);
+  const std::string k1 = key_of("");
+  EXPECT_NE(k1, k0);
+  test::write_file(victim, bytes);  // back, with a new mtime
+  EXPECT_NE(key_of(""), k1);
+}
+
+// Patient identifiers never reach cache entries or logs: a disk cache filled from a series
+// and its SEG holds none of the strings the golden files carry.
+TEST(DicomLoad, PatientIdentifiersStayOutOfCacheEntriesAndLogs) {
+  const auto m = manifest();
+  const nlohmann::json* seg_case = nullptr;
+  for (const auto& c : m["segs"]) {
+    if (c["name"] == "seg_binary") seg_case = &c;
+  }
+  ASSERT_NE(seg_case, nullptr);
+  test::TempDir dir;
+  data::Dataset ds;
+  data::DatasetItem item;
+  item.files["image"] = dicom_dir() + "/" + (*seg_case)["reference"].get<std::string>();
+  item.files["label"] = dicom_dir() + "/" + (*seg_case)["seg"].get<std::string>();
+  ds.items.push_back(item);
+  data::CacheConfig cfg;
+  cfg.store.kind = "disk";
+  cfg.store.dir = dir / "cache";
+  const auto chain = transforms::make_chain(nlohmann::json::parse(R"([
+    {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""], "label_dict": [["GTV-1", 1]]},
+    {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"}])"));
+  std::vector<std::string> logged;
+  log::set_sink([&](log::Level, const std::string& line) { logged.push_back(line); });
+  const auto previous = log::level();
+  log::set_level(log::Level::debug);
+  {
+    data::CachedDataset cached(ds, chain, cfg);
+    const auto report = cached.fill();
+    EXPECT_EQ(report.computed, 1u);
+    const Sample s = cached.get(0);
+    EXPECT_GT(s.volume("label").data.sum().item<double>(), 0);
+  }
+  log::set_level(previous);
+  log::set_sink(nullptr);
+  std::size_t files = 0;
+  for (const std::string& f : dicom::files_of(dir / "cache")) {
+    ++files;
+    const std::string bytes = test::read_file(f);
+    for (const auto& phi : m["phi"]) EXPECT_EQ(bytes.find(phi.get<std::string>()), std::string::npos) << f;
+  }
+  EXPECT_GE(files, 1u);
+  for (const auto& line : logged) {
+    for (const auto& phi : m["phi"]) EXPECT_EQ(line.find(phi.get<std::string>()), std::string::npos) << line;
+  }
+}
+
+// A YAML mapping keeps its order for label_dict (the later entry wins where segments
+// overlap), though JSON objects are otherwise sorted.
+TEST(DicomLoad, LabelDictKeepsTheOrderWritten) {
+  const auto j = data::parse_yaml("label_dict: {Lung: 2, GTV-1: 1}\nother: {b: 1, a: 2}\n", "test");
+  ASSERT_TRUE(j["label_dict"].is_array());
+  EXPECT_EQ(j["label_dict"][0][0], "Lung");
+  EXPECT_EQ(j["label_dict"][1][0], "GTV-1");
+  EXPECT_TRUE(j["other"].is_object());
+}
+
+// `medfast info` on a DICOM folder lists the series without patient identifiers; --phi
+// shows them; data convert writes NIfTI that nibabel reads back as the pydicom reader did.
+TEST(DicomCli, InfoHidesPatientIdentifiersAndConvertMatchesNibabel) {
+  const auto m = manifest();
+  std::string axial, two;
+  nlohmann::json axial_expect;
+  for (const auto& c : m["series"]) {
+    if (c["name"] == "axial") {
+      axial = dicom_dir() + "/" + c["input"].get<std::string>();
+      axial_expect = c["expect"];
+    }
+    if (c["name"] == "two_series_default") two = dicom_dir() + "/" + c["input"].get<std::string>();
+  }
+  ASSERT_FALSE(axial.empty());
+  ASSERT_FALSE(two.empty());
+  for (const std::string& flags : {std::string(""), std::string(" --json"), std::string(" --stats")}) {
+    const auto r = test::run(test::medfast_binary() + " info " + two + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("series"), std::string::npos);
+    for (const auto& phi : m["phi"]) {
+      EXPECT_EQ(r.out.find(phi.get<std::string>()), std::string::npos) << flags << ": " << r.out;
+      EXPECT_EQ(r.err.find(phi.get<std::string>()), std::string::npos) << flags << ": " << r.err;
+    }
+  }
+  const auto shown = test::run(test::medfast_binary() + " info " + axial + " --phi");
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  for (const auto& phi : m["phi"]) EXPECT_NE(shown.out.find(phi.get<std::string>()), std::string::npos) << shown.out;
+  const auto json = test::run(test::medfast_binary() + " info " + two + " --json");
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["series"].size(), 2u);
+
+  test::TempDir dir;
+  const std::string out = dir / "axial.nii.gz";
+  const auto conv = test::run(test::medfast_binary() + " data convert --in " + axial + " --out " + out);
+  ASSERT_EQ(conv.exit_code, 0) << conv.err;
+  nlohmann::json check = nlohmann::json::array();
+  check.push_back({{"file", out},
+                   {"expected", dicom_dir() + "/" + axial_expect["voxels"].get<std::string>()},
+                   {"expected_dtype", axial_expect["dtype"]},
+                   {"dtype", axial_expect["dtype"]},
+                   {"shape", axial_expect["shape"]},
+                   {"affine", axial_expect["affine"]},
+                   {"affine_tolerance", 1e-5}});
+  test::write_file(dir / "check.json", check.dump());
+  const auto v = test::run(test::python() + " " + test::source_dir() + "/tests/golden/verify_with_nibabel.py " +
+                           dir / "check.json");
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+
+  const auto bad = test::run(test::medfast_binary() + " data convert --in " + dir.path() + " --out " + dir / "x.nii");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("no DICOM"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace medfast

@@ -1,0 +1,257 @@
+// Golden parity with MONAI 1.3.2's networks (issue 11, item 4) and model.pretrained (item 5).
+//
+// tests/reference/monai_networks.json holds, per network, MONAI's arguments, its state_dict's
+// names and shapes, and its forward output on a formula input with every floating-point
+// parameter set by a formula of the MONAI name and element index (tests/golden/monai_formula.py,
+// written by tests/golden/make_monai_networks.py from the MONAI peer). Here medfast builds the
+// same network, must have exactly those names and shapes, sets the same values and must give
+// the same output. No weight file is checked in.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <nlohmann/json.hpp>
+
+#include "medfast/core/config.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/nn/pretrained.hpp"
+#include "test_util.hpp"
+
+namespace medfast::nn {
+namespace {
+
+const nlohmann::json& reference() {
+  static const nlohmann::json ref = [] {
+    const std::string path = test::source_dir() + "/tests/reference/monai_networks.json";
+    const std::string text = test::read_file(path);
+    if (text.empty()) throw std::runtime_error("missing " + path);
+    return nlohmann::json::parse(text);
+  }();
+  return ref;
+}
+
+// tests/golden/monai_formula.py, in C++.
+std::uint64_t name_hash(const std::string& name) {
+  std::uint64_t h = 0;
+  for (unsigned char c : name) h = (h * 131 + c) % 1000003;
+  return h;
+}
+
+at::Tensor formula_values(const std::string& name, at::IntArrayRef shape) {
+  const std::int64_t n = c10::multiply_integers(shape);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  const double phase = static_cast<double>(name_hash(name)) * 1e-3;
+  auto ends = [&](const std::string& s) { return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0; };
+  const bool var = ends("running_var"), mean = ends("running_mean"), bias = ends("bias");
+  const double fan = shape.size() >= 2 ? static_cast<double>(n) / static_cast<double>(shape[0]) : 1.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double base = std::sin(static_cast<double>(i) * 0.7548776662466927 + phase);
+    double x;
+    if (var) x = 1.0 + 0.5 * std::abs(base);
+    else if (mean) x = 0.1 * base;
+    else if (shape.size() >= 2) x = base / std::sqrt(fan);
+    else if (bias) x = 0.1 * base;
+    else x = 0.75 + 0.25 * base;
+    v[static_cast<std::size_t>(i)] = static_cast<float>(x);
+  }
+  return torch::from_blob(v.data(), shape, at::kFloat).clone();
+}
+
+at::Tensor formula_input(at::IntArrayRef shape) {
+  const std::int64_t n = c10::multiply_integers(shape);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<float>(std::sin(static_cast<double>(i) * 0.3183098861837907 + 0.5));
+  return torch::from_blob(v.data(), shape, at::kFloat).clone();
+}
+
+std::map<std::string, at::Tensor> named_tensors(torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> all;
+  for (const auto& p : m.named_parameters(true)) all[p.key()] = p.value();
+  for (const auto& b : m.named_buffers(true)) all[b.key()] = b.value();
+  return all;
+}
+
+/// Compares an output with the reference's summary: shape, sum, sum of squares, strided sample.
+void expect_output(const at::Tensor& y, const nlohmann::json& want, const std::string& what) {
+  ASSERT_EQ(y.sizes().vec(), want["shape"].get<std::vector<std::int64_t>>()) << what;
+  const at::Tensor flat = y.reshape({-1}).to(at::kDouble);
+  const double n = static_cast<double>(flat.numel());
+  const double sum = flat.sum().item<double>(), sum_sq = (flat * flat).sum().item<double>();
+  EXPECT_NEAR(sum / n, want["sum"].get<double>() / n, 1e-5) << what << ": mean";
+  EXPECT_NEAR(sum_sq, want["sum_sq"].get<double>(), 1e-4 * want["sum_sq"].get<double>()) << what << ": sum of squares";
+  const std::int64_t stride = want["sample_stride"];
+  const auto& sample = want["sample"];
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < sample.size(); ++k) {
+    const double d = std::abs(flat[static_cast<std::int64_t>(k) * stride].item<double>() - sample[k].get<double>());
+    if (d > worst) worst = d, at = k;
+  }
+  EXPECT_LT(worst, 1e-4) << what << ": largest difference at sample " << at << " (element " << at * stride << ")";
+}
+
+class MonaiParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MonaiParity, SameNamesShapesAndOutputAsMonai) {
+  const auto& c = reference()["networks"][GetParam()];
+  torch::manual_seed(0);
+  torch::AutoGradMode no_grad(false);
+  torch::nn::AnyModule net = make_network(c["model"], GetParam());
+  auto tensors = named_tensors(*net.ptr());
+  // Exactly MONAI's state_dict: every name, with its shape.
+  std::size_t matched = 0;
+  for (const auto& entry : c["state_dict"]) {
+    const std::string name = entry[0];
+    const auto shape = entry[1].get<std::vector<std::int64_t>>();
+    auto it = tensors.find(name);
+    if (it == tensors.end()) {
+      ADD_FAILURE() << "medfast has no tensor named MONAI's '" << name << "'";
+      continue;
+    }
+    EXPECT_EQ(it->second.sizes().vec(), shape) << name;
+    ++matched;
+    if (it->second.is_floating_point()) it->second.copy_(formula_values(name, shape));
+  }
+  EXPECT_EQ(matched, tensors.size()) << "medfast has tensors MONAI's state_dict does not";
+  net.ptr()->eval();
+  const at::Tensor y = net.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>()));
+  expect_output(y, c["output"], GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Networks, MonaiParity,
+                         ::testing::Values("unet_res2_batch", "unet_res0_instance", "segresnet", "segresnet_deconv",
+                                           "swinunetr_v1", "swinunetr_v2"));
+
+// ---------------------------------------------------------------------------------------------
+// model.pretrained: a state_dict written by python3-torch (tests/golden/write_state_dict.py,
+// MONAI's names and order) loads by name and gives MONAI's output.
+
+std::string write_state_dict(const std::string& dir, const std::string& key, const std::string& extra = "",
+                             const std::string& name = "") {
+  const std::string out = dir + "/" + (name.empty() ? key + ".pt" : name);
+  const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/write_state_dict.py --case " + key +
+                           " --out " + out + " " + extra);
+  if (r.exit_code != 0) throw std::runtime_error("write_state_dict.py failed: " + r.err);
+  return out;
+}
+
+TEST(Pretrained, MonaiStateDictLoadsThroughModelPretrained) {
+  test::TempDir dir;
+  for (const std::string key : {"unet_res2_batch", "segresnet", "swinunetr_v1"}) {
+    SCOPED_TRACE(key);
+    const auto& c = reference()["networks"][key];
+    nlohmann::json spec = c["model"];
+    spec["pretrained"] = write_state_dict(dir.path(), key);
+    torch::manual_seed(1);
+    torch::nn::AnyModule net = make_network(spec, key);
+    net.ptr()->eval();
+    torch::NoGradGuard no_grad;
+    const at::Tensor y = net.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>()));
+    expect_output(y, c["output"], key);
+  }
+}
+
+TEST(Pretrained, DataParallelPrefixIsStripped) {
+  test::TempDir dir;
+  const auto& c = reference()["networks"]["unet_res0_instance"];
+  nlohmann::json spec = c["model"];
+  spec["pretrained"] = write_state_dict(dir.path(), "unet_res0_instance", "--prefix module.");
+  torch::nn::AnyModule net = make_network(spec, "model");
+  net.ptr()->eval();
+  torch::NoGradGuard no_grad;
+  expect_output(net.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>())), c["output"],
+                "module. prefix");
+}
+
+std::string format_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "(no FormatError)";
+}
+
+TEST(Pretrained, MismatchesNameTheFileAndTheKeyAndChangeNothing) {
+  test::TempDir dir;
+  const auto& c = reference()["networks"]["unet_res2_batch"];
+  const std::string good = write_state_dict(dir.path(), "unet_res2_batch");
+  // Other arguments: the first tensor whose shape differs is named with both shapes.
+  nlohmann::json wider = c["model"];
+  wider["channels"] = {8, 8, 16, 32};
+  torch::nn::AnyModule net = make_network(wider, "model");
+  const at::Tensor before = net.ptr()->named_parameters()["model.0.conv.unit0.conv.weight"].clone();
+  const std::string msg = format_error([&] { load_state_dict_file(good, *net.ptr()); });
+  EXPECT_NE(msg.find(good), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model.0.conv.unit0.conv.weight' has shape [4, 1, 3, 3, 3]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[8, 1, 3, 3, 3]"), std::string::npos) << msg;
+  EXPECT_TRUE(torch::equal(before, net.ptr()->named_parameters()["model.0.conv.unit0.conv.weight"])) << "changed";
+  // A missing key.
+  const std::string missing =
+      write_state_dict(dir.path(), "unet_res2_batch", "--drop model.0.residual.bias", "missing.pt");
+  torch::nn::AnyModule same = make_network(c["model"], "model");
+  EXPECT_NE(format_error([&] { load_state_dict_file(missing, *same.ptr()); })
+                .find("has no tensor 'model.0.residual.bias'"),
+            std::string::npos);
+  // A key the network does not have (SegResNet's state_dict into a UNet).
+  const std::string seg = write_state_dict(dir.path(), "segresnet");
+  EXPECT_NE(format_error([&] { load_state_dict_file(seg, *same.ptr()); }).find("has no tensor 'model.0"),
+            std::string::npos);
+  // Not a torch.save file at all, and a truncated one.
+  const std::string text = dir.path() + "/notes.pt";
+  test::write_file(text, "not a checkpoint");
+  EXPECT_NE(format_error([&] { load_state_dict_file(text, *same.ptr()); }).find("not a torch.save file"),
+            std::string::npos);
+  const std::string bytes = test::read_file(good);
+  const std::string cut = dir.path() + "/cut.pt";
+  test::write_file(cut, bytes.substr(0, bytes.size() / 2));
+  EXPECT_NE(format_error([&] { load_state_dict_file(cut, *same.ptr()); }).find(cut), std::string::npos);
+  // A missing file is an OsError naming it; a config's pretrained must be a string.
+  EXPECT_THROW(load_state_dict_file(dir.path() + "/nothing.pt", *same.ptr()), OsError);
+  nlohmann::json bad = c["model"];
+  bad["pretrained"] = 5;
+  EXPECT_THROW(make_network(bad, "model"), ConfigError);
+}
+
+// The reader parses untrusted files: damaged ones (bytes of the pickle, the zip directory and
+// the storages changed at random) load or fail with a FormatError naming the file; nothing
+// else (no crash, no other exception: the sanitizer job runs this too).
+TEST(Pretrained, DamagedFilesFailCleanly) {
+  test::TempDir dir;
+  const std::string good = write_state_dict(dir.path(), "unet_res0_instance");
+  const std::string bytes = test::read_file(good);
+  const std::size_t pkl = bytes.find("data.pklPK") != std::string::npos ? 0 : bytes.find("data.pkl");
+  ASSERT_NE(pkl, std::string::npos);
+  const auto& c = reference()["networks"]["unet_res0_instance"];
+  torch::nn::AnyModule net = make_network(c["model"], "model");
+  std::mt19937 rng(7);
+  int refused = 0, loaded = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::string damaged = bytes;
+    // Mostly the pickle (the first record after its local header), sometimes anywhere.
+    const std::size_t lo = round % 3 ? pkl : 0, hi = round % 3 ? std::min(bytes.size(), pkl + 1200) : bytes.size();
+    for (int k = 0; k < 1 + round % 4; ++k) {
+      damaged[lo + rng() % (hi - lo)] = static_cast<char>(rng() % 256);
+    }
+    if (round % 10 == 9) damaged.resize(rng() % damaged.size());
+    const std::string path = dir / "damaged.pt";
+    test::write_file(path, damaged);
+    try {
+      load_state_dict_file(path, *net.ptr());
+      ++loaded;
+    } catch (const FormatError& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "round " << round << ": not a FormatError: " << e.what();
+    }
+  }
+  EXPECT_GT(refused, 100);
+  std::printf("damaged files: %d refused, %d loaded\n", refused, loaded);
+}
+
+}  // namespace
+}  // namespace medfast::nn
