@@ -14,22 +14,6 @@ namespace medfast::cache {
 
 namespace {
 
-constexpr char kMagic[8] = {'M', 'F', 'C', 'A', 'C', 'H', 'E', '\0'};
-constexpr std::size_t kHeaderBytes = 64;
-constexpr std::uint32_t kMaxJsonBytes = 64u << 20;
-
-struct Header {
-  char magic[8];
-  std::uint32_t version;
-  std::uint32_t json_length;
-  std::uint32_t payloads;
-  std::uint32_t reserved;
-  std::uint64_t json_hash;
-  std::uint64_t file_size;
-  char pad[24];
-};
-static_assert(sizeof(Header) == kHeaderBytes, "cache entry header is 64 bytes");
-
 std::uint64_t align_up(std::uint64_t v) { return (v + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment; }
 
 std::string dtype_text(at::ScalarType t) {
@@ -90,57 +74,7 @@ void volume_meta_from(const nlohmann::json& j, VolumeMeta& m) {
   if (j.contains("pixdim")) m.pixdim = j["pixdim"].get<std::array<double, 8>>();
 }
 
-std::uint64_t xxh3(const void* p, std::size_t n) { return XXH3_64bits(p, n); }
-
-struct Parsed {
-  Header header{};
-  nlohmann::json meta;
-};
-
-Parsed parse_head(const std::string& path, const std::string& bytes_prefix, std::uint64_t file_size) {
-  Parsed p;
-  if (bytes_prefix.size() < kHeaderBytes) {
-    throw CorruptEntry(str(path, ": cache entry is truncated (", file_size, " bytes, the header needs ", kHeaderBytes, ")"));
-  }
-  std::memcpy(&p.header, bytes_prefix.data(), kHeaderBytes);
-  if (std::memcmp(p.header.magic, kMagic, 8) != 0) throw CorruptEntry(str(path, ": not a medfast cache entry (bad magic)"));
-  if (p.header.version != kEntryFormatVersion) {
-    throw CorruptEntry(str(path, ": cache entry format version ", p.header.version, ", expected ", kEntryFormatVersion));
-  }
-  if (p.header.file_size != file_size) {
-    throw CorruptEntry(str(path, ": cache entry is ", file_size, " bytes, its header says ", p.header.file_size,
-                           " (truncated or appended to)"));
-  }
-  if (p.header.json_length > kMaxJsonBytes || kHeaderBytes + p.header.json_length > bytes_prefix.size()) {
-    throw CorruptEntry(str(path, ": cache entry metadata length ", p.header.json_length, " is out of range"));
-  }
-  const char* json = bytes_prefix.data() + kHeaderBytes;
-  if (xxh3(json, p.header.json_length) != p.header.json_hash) {
-    throw CorruptEntry(str(path, ": cache entry metadata checksum mismatch"));
-  }
-  try {
-    p.meta = nlohmann::json::parse(json, json + p.header.json_length);
-  } catch (const std::exception& e) {
-    throw CorruptEntry(str(path, ": cache entry metadata is not JSON: ", e.what()));
-  }
-  return p;
-}
-
-Parsed read_head(io::FileHandle& f) {
-  const std::uint64_t size = f.size();
-  std::string prefix(static_cast<std::size_t>(std::min<std::uint64_t>(size, 1u << 16)), '\0');
-  prefix.resize(f.read(prefix.data(), prefix.size(), 0));
-  if (prefix.size() >= kHeaderBytes) {
-    Header h;
-    std::memcpy(&h, prefix.data(), kHeaderBytes);
-    const std::uint64_t need = kHeaderBytes + std::min(h.json_length, kMaxJsonBytes);
-    if (need > prefix.size() && need <= size) {
-      prefix.resize(static_cast<std::size_t>(need));
-      f.read_exact(prefix.data(), prefix.size(), 0);
-    }
-  }
-  return parse_head(f.path(), prefix, size);
-}
+std::uint64_t xxh3(const void* p, std::size_t n) { return entry_checksum(p, n); }
 
 }  // namespace
 
@@ -192,23 +126,17 @@ std::uint64_t write_entry(const std::string& path, const std::string& key, const
     }
     meta["payloads"] = list;
     json = meta.dump();
-    const std::uint64_t start = align_up(kHeaderBytes + json.size());
+    const std::uint64_t start = align_up(kEntryHeaderBytes + json.size());
     if (start == data_start) break;
     data_start = start;
   }
   std::uint64_t file_size = data_start;
   for (const auto& p : meta["payloads"]) file_size = p["offset"].get<std::uint64_t>() + p["length"].get<std::uint64_t>();
 
-  Header h{};
-  std::memcpy(h.magic, kMagic, 8);
-  h.version = kEntryFormatVersion;
-  h.json_length = static_cast<std::uint32_t>(json.size());
-  h.payloads = static_cast<std::uint32_t>(payloads.size());
-  h.json_hash = xxh3(json.data(), json.size());
-  h.file_size = file_size;
+  const std::string header = entry_header(json, static_cast<std::uint32_t>(payloads.size()), file_size);
   os::make_directories(os::parent_directory(path));
   os::AtomicWriter w(path);
-  w.append(&h, sizeof h);
+  w.append(header.data(), header.size());
   w.append(json.data(), json.size());
   const std::string zeros(kPayloadAlignment, '\0');
   for (std::size_t i = 0; i < payloads.size(); ++i) {
@@ -221,15 +149,10 @@ std::uint64_t write_entry(const std::string& path, const std::string& key, const
   return file_size;
 }
 
-nlohmann::json read_entry_meta(const std::string& path) {
-  io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io::IoOptions().set_backend("posix"));
-  return read_head(f).meta;
-}
-
 Sample read_entry(const std::string& path, const std::string& expected_key, const io::IoOptions& io,
                   const std::string& device, bool verify_payloads) {
   io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io);
-  const Parsed head = read_head(f);
+  const EntryHead head = read_entry_head(f);
   const auto& meta = head.meta;
   if (!expected_key.empty() && meta.value("key", "") != expected_key) {
     throw CorruptEntry(str(path, ": cache entry holds key ", meta.value("key", "?"), ", expected ", expected_key));
@@ -241,7 +164,7 @@ Sample read_entry(const std::string& path, const std::string& expected_key, cons
     for (const auto& p : meta.at("payloads")) {
       const auto offset = p.at("offset").get<std::uint64_t>();
       const auto length = p.at("length").get<std::uint64_t>();
-      if (offset % kPayloadAlignment != 0 || offset + length > head.header.file_size) {
+      if (offset % kPayloadAlignment != 0 || offset + length > head.file_size) {
         throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " lies outside the file"));
       }
       const at::ScalarType stored = parse_dtype(p.at("stored_dtype"), "cache entry");

@@ -1,8 +1,7 @@
 #include "medfast/cache/folder.hpp"
 
-#include <ATen/ATen.h>
-
-#include "medfast/cache/entry.hpp"
+// Torch-free (medfast_base): `medfast cache info|verify|prune` run without libtorch.
+#include "medfast/cache/entry_file.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/os/file.hpp"
 
@@ -28,8 +27,7 @@ VerifyReport verify_folder(const std::string& dir, const io::IoOptions& io) {
   r.temporary_files = l.temps.size();
   for (const auto& path : l.entries) {
     try {
-      const auto meta = read_entry_meta(path);
-      read_entry(path, meta.value("key", ""), io);  // every payload checksum
+      verify_entry(path, "", io);  // every payload's size and checksum
       ++r.valid;
     } catch (const Error& e) {
       r.corrupt.emplace_back(path, e.what());

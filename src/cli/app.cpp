@@ -51,7 +51,6 @@ const std::vector<std::pair<std::string, std::string>>& torch_commands() {
   static const std::vector<std::pair<std::string, std::string>> commands{
       {"data", "Datasets"},
       {"io", "Tensor file I/O engine: load, store, sweep"},
-      {"cache", "Build and maintain the persistent preprocessing cache"},
       {"bench", "Built-in benchmarks"},
       {"train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)"},
       {"infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid"},

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <set>
 #include <string>
 
 #include "medfast/core/settings.hpp"
@@ -33,6 +34,16 @@ Command register_eval(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_trace(CLI::App& root);
 Command register_report(CLI::App& root);
+
+/// `cache info|verify|prune`, added to `cache` (cmd_cache_dir.cpp, torch-free). `prune
+/// --config` keeps the keys `keys_of` gives for that config (the pipeline's: null in the
+/// torch-free `medfast`, which hands such a call to medfast-torch when needs_pipeline()).
+using ConfigKeys = std::function<std::set<std::string>(const std::string& config, Context& ctx)>;
+struct CacheDirCommand {
+  Command command;
+  std::function<bool()> needs_pipeline;
+};
+CacheDirCommand register_cache_dir(CLI::App* cache, ConfigKeys keys_of);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

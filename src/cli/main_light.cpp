@@ -1,6 +1,7 @@
 // medfast: the command users run. It does not link libtorch: --version, --help, info,
-// config, trace summarize and report run here at once (a few milliseconds, a few MB);
-// every command that needs tensors (train, eval, infer, data, cache, io, bench, launch)
+// config, cache info/verify/prune, trace summarize and report run here at once (a few
+// milliseconds, a few MB); every command that needs tensors (train, eval, infer, data,
+// cache build and prune --config, io, bench, launch)
 // is handed, arguments unchanged, to medfast-torch beside this binary (exec: same
 // process id, so signals, exit codes and the terminal behave as if it ran here).
 #include <cstdio>
@@ -43,6 +44,16 @@ int main(int argc, char** argv) {
                                        cli::register_report(app)};
   // The others by name: whatever follows is theirs (their own --help included).
   std::vector<CLI::App*> handed;
+  CLI::App* cache = app.add_subcommand("cache", "Build and maintain the persistent preprocessing cache");
+  cache->require_subcommand(1);
+  const cli::CacheDirCommand cache_dir = cli::register_cache_dir(cache, nullptr);
+  commands.push_back(cache_dir.command);
+  CLI::App* cache_build =
+      cache->add_subcommand("build", "Run the deterministic chain of CFG over its dataset into the disk cache");
+  cache_build->prefix_command();
+  cache_build->allow_extras();
+  cache_build->set_help_flag();
+  handed.push_back(cache_build);
   for (const auto& [name, description] : cli::torch_commands()) {
     CLI::App* sub = app.add_subcommand(name, description);
     sub->prefix_command();
@@ -70,6 +81,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : handed) {
       if (sub->parsed()) cli::hand_over(argc, argv);
     }
+    if (cache_dir.needs_pipeline()) cli::hand_over(argc, argv);
     cli::resolve_settings(app, ctx, flag_values);
     for (auto& c : commands) {
       if (c.app->parsed()) return c.run(ctx);

@@ -157,6 +157,8 @@ TEST_F(DiskEntries, EveryKindOfDamageIsAMissWithOneWarning) {
     std::string bytes = test::read_file(path());
     d.apply(bytes);
     test::write_file(path(), bytes);
+    // The torch-free verification (cache verify) finds the same damage.
+    EXPECT_THROW(verify_entry(path(), "k"), CorruptEntry);
     auto store = disk();
     warnings.clear();
     EXPECT_FALSE(store->get("k").has_value());
@@ -167,6 +169,7 @@ TEST_F(DiskEntries, EveryKindOfDamageIsAMissWithOneWarning) {
     // Recomputing overwrites the damaged entry.
     store->put("k", s);
     expect_same(s, *store->get("k"));
+    EXPECT_NO_THROW(verify_entry(path(), "k"));
   }
   log::set_sink({});
 }
@@ -176,6 +179,7 @@ TEST_F(DiskEntries, AnEntryUnderAnotherKeyIsRejected) {
   os::rename(path(), entry_path(dir / "cache", "j"));
   EXPECT_FALSE(disk()->get("j").has_value());
   EXPECT_THROW(read_entry(entry_path(dir / "cache", "j"), "j"), CorruptEntry);
+  EXPECT_THROW(verify_entry(entry_path(dir / "cache", "j"), "j"), CorruptEntry);
 }
 
 TEST_F(DiskEntries, EveryEngineBackendReadsEntries) {

@@ -361,6 +361,29 @@ TEST_F(CacheCli, BuildInfoVerifyPrune) {
   EXPECT_EQ(info["entries"], 5);
   EXPECT_EQ(info["chains"].size(), 1u);
   EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
+  // info, verify and prune run in `medfast` itself, without libtorch; build and prune
+  // --config (the pipeline) are handed to medfast-torch.
+  const std::string no_torch = "MEDFAST_TORCH_BINARY=/nonexistent/medfast-torch " + test::medfast_binary();
+  EXPECT_EQ(test::run(no_torch + " cache verify --dir " + (tmp / "c")).exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(test::run(no_torch + " cache info --json --dir " + (tmp / "c")).out)["entries"], 5);
+  for (const std::string& args : {"cache build --config " + cfg, "cache prune --dir " + (tmp / "c") + " --config " + cfg}) {
+    const auto handed = test::run(no_torch + " " + args);
+    EXPECT_NE(handed.exit_code, 0) << args;
+    EXPECT_NE(handed.err.find("/nonexistent/medfast-torch"), std::string::npos) << args << ": " << handed.err;
+  }
+  {  // One flipped bit in a payload (the file's last byte): its checksum names it.
+    const auto last = test::run("ls " + (tmp / "c") + " | tail -1").out;
+    const std::string flipped = tmp / ("c/" + last.substr(0, last.size() - 1));
+    const std::string good = test::read_file(flipped);
+    std::string bad = good;
+    bad.back() = static_cast<char>(bad.back() ^ 1);
+    test::write_file(flipped, bad);
+    const auto v = test::run(no_torch + " cache verify --dir " + (tmp / "c"));
+    EXPECT_NE(v.exit_code, 0);
+    EXPECT_NE(v.out.find("checksum mismatch"), std::string::npos) << v.out;
+    EXPECT_NE(v.out.find(flipped), std::string::npos) << v.out;
+    test::write_file(flipped, good);
+  }
   // Damage one entry: verify fails naming it, prune removes it, build recomputes it.
   const auto first = test::run("ls " + (tmp / "c") + " | head -1").out;
   const std::string victim = tmp / ("c/" + first.substr(0, first.size() - 1));

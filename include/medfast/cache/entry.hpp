@@ -2,15 +2,7 @@
 /// \file
 /// One cache entry = one file holding one Sample.
 ///
-/// Layout (little endian):
-///   [0, 64)     header: magic "MFCACHE\0", format version (u32), JSON length
-///               (u32), payload count (u32), reserved (u32), xxh3-64 of the
-///               JSON (u64), file size (u64), zero padding
-///   [64, ...)   JSON metadata: key, chain hash, sources, sample meta, and per
-///               payload its name, logical and stored dtype, shape, offset,
-///               length and xxh3-64; per volume its affine and header meta
-///   payloads    each starting on a 4 KiB boundary, so O_DIRECT, io_uring and
-///               cuFile read them straight into aligned (pinned/device) memory
+/// The file layout and the torch-free reading and verification: entry_file.hpp.
 ///
 /// Payloads are stored losslessly and small: a float volume whose values are
 /// all whole numbers in 0..255 (a label) is stored as uint8 and restored to
@@ -25,21 +17,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "medfast/cache/entry_file.hpp"
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/io/file_handle.hpp"
 
 namespace medfast::cache {
-
-inline constexpr std::uint32_t kEntryFormatVersion = 1;
-inline constexpr std::uint64_t kPayloadAlignment = 4096;
-inline constexpr const char* kEntrySuffix = ".mfc";
-
-/// A cache entry failed verification (truncated, bit flip, wrong version...).
-class CorruptEntry : public FormatError {
- public:
-  using FormatError::FormatError;
-};
 
 /// Writes `sample` under `key` to `path` atomically. `extra` goes into the JSON
 /// (the chain hash and sources, for `cache info`). Returns the bytes written.
@@ -55,8 +38,5 @@ std::uint64_t write_entry(const std::string& path, const std::string& key, const
 /// Throws CorruptEntry or OsError.
 Sample read_entry(const std::string& path, const std::string& expected_key = "",
                   const io::IoOptions& io = {}, const std::string& device = "cpu", bool verify_payloads = true);
-
-/// The entry's JSON metadata after verifying the header (payloads unread).
-nlohmann::json read_entry_meta(const std::string& path);
 
 }  // namespace medfast::cache

@@ -1,0 +1,116 @@
+// `medfast cache info|verify|prune`: torch-free (in the `medfast` binary itself, no
+// libtorch load); `prune --config` needs the pipeline and is handed over (see commands.hpp).
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "medfast/cache/entry_file.hpp"
+#include "medfast/cache/folder.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/io/file_handle.hpp"
+
+namespace medfast::cli {
+
+namespace {
+
+struct DirArgs {
+  std::string dir;
+  bool json = false;
+  std::string config;  ///< prune: keep only this config's entries
+};
+
+int run_verify(const DirArgs& a, Context& ctx) {
+  const cache::VerifyReport r = cache::verify_folder(a.dir, io::IoOptions::from(ctx.settings));
+  if (a.json) {
+    nlohmann::json bad = nlohmann::json::array();
+    for (const auto& [path, error] : r.corrupt) bad.push_back({{"path", path}, {"error", error}});
+    print_json(nlohmann::json{{"dir", a.dir}, {"entries", r.entries}, {"valid", r.valid}, {"corrupt", bad},
+                              {"temporary_files", r.temporary_files}}
+                   .dump(2));
+  } else {
+    std::printf("cache verify %s: %zu entries, %zu valid, %zu corrupt, %zu temporary files\n", a.dir.c_str(),
+                r.entries, r.valid, r.corrupt.size(), r.temporary_files);
+    for (const auto& [path, error] : r.corrupt) std::printf("  corrupt: %s\n", error.c_str());
+  }
+  if (!r.corrupt.empty()) {
+    std::fprintf(stderr, "medfast: error: %zu corrupt cache entries in %s (medfast cache prune --dir %s removes them)\n",
+                 r.corrupt.size(), a.dir.c_str(), a.dir.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int run_info(const DirArgs& a) {
+  const cache::FolderInfo info = cache::folder_info(a.dir);
+  if (a.json) {
+    nlohmann::json cj = nlohmann::json::object();
+    for (const auto& [h, c] : info.chains) cj[h] = {{"entries", c.first}, {"bytes", c.second}};
+    print_json(nlohmann::json{{"dir", a.dir}, {"entries", info.entries}, {"bytes", info.bytes}, {"chains", cj},
+                              {"unreadable", info.unreadable}, {"temporary_files", info.temporary_files}}
+                   .dump(2));
+    return 0;
+  }
+  std::printf("cache %s: %zu entries, %s", a.dir.c_str(), info.entries, format_bytes(info.bytes).c_str());
+  if (info.entries) std::printf(" (%s per entry)", format_bytes(info.bytes / info.entries).c_str());
+  std::printf(", format version %u\n", cache::kEntryFormatVersion);
+  for (const auto& [h, c] : info.chains) {
+    std::printf("  chain %s: %zu entries, %s\n", h.c_str(), c.first, format_bytes(c.second).c_str());
+  }
+  if (info.unreadable) std::printf("  %zu entries are unreadable (run cache verify)\n", info.unreadable);
+  if (info.temporary_files) {
+    std::printf("  %zu temporary files from interrupted writes (cache prune removes them)\n", info.temporary_files);
+  }
+  return 0;
+}
+
+int run_prune(const DirArgs& a, Context& ctx, const ConfigKeys& keys_of) {
+  std::set<std::string> keep;  // with --config: the keys it would use
+  if (!a.config.empty()) {
+    if (!keys_of) throw ValueError("cache prune --config needs the pipeline (medfast-torch)");
+    keep = keys_of(a.config, ctx);
+  }
+  const cache::PruneReport r = cache::prune_folder(a.dir, keep);
+  if (a.json) {
+    print_json(nlohmann::json{{"dir", a.dir}, {"temporary_removed", r.temporary_removed},
+                              {"corrupt_removed", r.corrupt_removed}, {"stale_removed", r.stale_removed},
+                              {"bytes_freed", r.bytes_freed}}
+                   .dump(2));
+  } else {
+    std::printf("cache prune %s: removed %zu temporary, %zu corrupt, %zu stale entries; freed %s\n", a.dir.c_str(),
+                r.temporary_removed, r.corrupt_removed, r.stale_removed, format_bytes(r.bytes_freed).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+CacheDirCommand register_cache_dir(CLI::App* cache, ConfigKeys keys_of) {
+  auto va = std::make_shared<DirArgs>();
+  auto* verify = cache->add_subcommand("verify", "Check every entry's checksums; non-zero exit if any is corrupt");
+  verify->add_option("--dir", va->dir, "Cache folder")->required();
+  verify->add_flag("--json", va->json, "Print JSON");
+  auto ia = std::make_shared<DirArgs>();
+  auto* info = cache->add_subcommand("info", "Entries, bytes and chains in a cache folder");
+  info->add_option("--dir", ia->dir, "Cache folder")->required();
+  info->add_flag("--json", ia->json, "Print JSON");
+  auto pa = std::make_shared<DirArgs>();
+  auto* prune = cache->add_subcommand("prune", "Remove temporary files of dead writers, corrupt entries, and with "
+                                               "--config the entries that config no longer uses");
+  prune->add_option("--dir", pa->dir, "Cache folder")->required();
+  prune->add_option("--config", pa->config, "Keep only the entries of this config");
+  prune->add_flag("--json", pa->json, "Print JSON");
+  CacheDirCommand c;
+  c.command.app = cache;
+  c.command.run = [=](Context& ctx) {
+    if (verify->parsed()) return run_verify(*va, ctx);
+    if (info->parsed()) return run_info(*ia);
+    if (prune->parsed()) return run_prune(*pa, ctx, keys_of);
+    return 2;
+  };
+  c.needs_pipeline = [=] { return prune->parsed() && !pa->config.empty(); };
+  return c;
+}
+
+}  // namespace medfast::cli
