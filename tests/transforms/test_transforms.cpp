@@ -376,8 +376,11 @@ TEST(Transforms, AffineResamplingEqualsThePerVoxelDefinition) {
             {0, 0, 0, 1}}};
     const bool zeros = round % 2 == 0;
     const Shape3 lo{round % 3, 1, 2}, hi{out_shape[0] - 1, out_shape[1], out_shape[2] - round % 4};
-    for (bool nearest : {false, true}) {
-      const at::Tensor in = nearest ? labels : x;
+    // Linear on float; nearest on uint8 and on float labels (the AVX2 run gathers 4-byte
+    // values; MEDFAST_NO_SIMD=1 checks the scalar loops alone).
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool nearest = variant > 0;
+      const at::Tensor in = variant == 0 ? x : (variant == 1 ? labels : labels.to(at::kFloat));
       const at::Tensor got = resample_index_affine(in, m, out_shape, nearest, zeros, lo, hi);
       const at::Tensor src = in.to(at::kDouble);
       const auto n = in.sizes();
@@ -422,7 +425,7 @@ TEST(Transforms, AffineResamplingEqualsThePerVoxelDefinition) {
               }
               if (got[c][i][j][k].item<double>() != want) ++mismatches;
             }
-      EXPECT_EQ(mismatches, 0) << "round " << round << (nearest ? " nearest" : " linear");
+      EXPECT_EQ(mismatches, 0) << "round " << round << (nearest ? " nearest " : " linear ") << in.scalar_type();
     }
   }
 }
