@@ -231,7 +231,7 @@ Syntax classify(const std::string& uid, std::string* why) {
 // ---------------------------------------------------------------------------
 // Parsing. medfast walks every element, item and sequence itself, within the file's
 // bounds (GDCM 3.0.21's parser asserts, and so aborts, on some malformed files, and
-// allocates what a damaged length claims); GDCM only decodes compressed pixel data.
+// allocates what a damaged length claims); GDCM does not read files at all.
 // ---------------------------------------------------------------------------
 
 struct Parsed {
@@ -643,8 +643,8 @@ std::string base_name_of(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-/// GDCM reports some damage by throwing its own exceptions: they become FormatErrors
-/// naming the file, like every other bad input.
+/// Exceptions other than medfast's (a decoder library's, an allocation a damaged length
+/// asks for) become FormatErrors naming the file, like every other bad input.
 template <typename Fn>
 auto guarded(const std::string& file, Fn&& fn) -> decltype(fn()) {
   try {
@@ -654,7 +654,7 @@ auto guarded(const std::string& file, Fn&& fn) -> decltype(fn()) {
   } catch (const std::bad_alloc&) {
     throw FormatError(str(file, ": not a readable DICOM file (its lengths ask for more memory than there is)"));
   } catch (const std::exception& e) {
-    throw FormatError(str(file, ": GDCM could not parse it: ", e.what()));
+    throw FormatError(str(file, ": not a readable DICOM file: ", e.what()));
   }
 }
 
@@ -917,11 +917,8 @@ std::size_t bytes_for(std::size_t pixels, int bits_allocated) {
   return bits_allocated == 1 ? (pixels + 7) / 8 : pixels * static_cast<std::size_t>(bits_allocated / 8);
 }
 
-/// Parses a whole file in memory and calls fn(header, pixel bytes) with every frame's
-/// pixels back to back in native byte order (decoded by GDCM when compressed).
-/// Decodes encapsulated (compressed) pixel data with GDCM's codecs: an image is described
-/// to GDCM from medfast's parse (GDCM never parses the file), then GetBuffer decodes it.
-/// Compressed pixel data, frame by frame (dicom_codecs.cpp).
+/// Compressed pixel data, frame by frame (dicom_codecs.cpp), every frame's pixels back to
+/// back in native byte order.
 std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::size_t expected) {
   codecs::FrameSpec spec;
   spec.file = h.file;
@@ -947,6 +944,8 @@ std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::
   return decoded;
 }
 
+/// Parses a whole file in memory and calls fn(header, pixel bytes) with every frame's
+/// pixels back to back in native byte order (native data in place, compressed decoded).
 template <typename Fn>
 void with_pixels_unguarded(const char* bytes, std::size_t size, const std::string& file, bool phi, Fn&& fn) {
   const Parsed parsed = parse_bytes(bytes, size, file, /*header_only=*/false);
@@ -1377,7 +1376,7 @@ Image place_seg(const Header& h, const char* pixels, const Series& ref, const La
 
 Series scan_seg(const std::string& file) {
   const std::optional<Header> h = read_header_of(file, false);
-  if (!h) throw FormatError(str(file, ": not a DICOM file GDCM can parse"));
+  if (!h) throw FormatError(str(file, ": not a DICOM file (no DICM marker after the 128-byte preamble)"));
   if (!h->is_seg) {
     throw FormatError(str(file, ": not a DICOM SEG (", name_of(Modality), " is '", h->modality, "', no ",
                           name_of(SegmentSequence), ")"));

@@ -4,8 +4,10 @@
 ///
 /// medfast parses the files itself, read through its OS layer into memory, every element
 /// and item length checked against the file (GDCM 3.0.21's parser aborts on some damaged
-/// files); GDCM's codecs decode the compressed transfer syntaxes (JPEG lossless, JPEG-LS,
-/// JPEG 2000, RLE). The geometry follows MONAI's PydicomReader: voxel [x][y][z] is column
+/// files). Compressed pixel data is decoded frame by frame after each frame's own header is
+/// checked against Rows/Columns/Bits Allocated: RLE and lossless JPEG by medfast, JPEG-LS by
+/// CharLS, JPEG 2000 by OpenJPEG, 8-bit lossy JPEG by libjpeg-turbo (src/image/
+/// dicom_codecs.cpp). The geometry follows MONAI's PydicomReader: voxel [x][y][z] is column
 /// x, row y of the z-th slice after sorting the slices by their
 /// ImagePositionPatient along the slice normal; the affine maps it to RAS+ millimetres.
 ///
