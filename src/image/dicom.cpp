@@ -919,7 +919,8 @@ std::size_t bytes_for(std::size_t pixels, int bits_allocated) {
 
 /// Compressed pixel data, frame by frame (dicom_codecs.cpp), every frame's pixels back to
 /// back in native byte order.
-std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::size_t expected) {
+std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::size_t expected,
+                                   std::size_t max_decoded) {
   codecs::FrameSpec spec;
   spec.file = h.file;
   spec.syntax = h.transfer_syntax;
@@ -933,6 +934,10 @@ std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::
   // more than 256 MiB decoded from under a thousandth of that is refused before allocating.
   std::size_t compressed = 0;
   for (const auto& f : pixels.fragments) compressed += f.second;
+  if (expected > max_decoded) {
+    throw FormatError(str(h.file, ": compressed ", name_of(PixelData), " of ", expected, " bytes decoded is over the ",
+                          max_decoded, "-byte limit of this reader"));
+  }
   if (expected > (std::size_t(256) << 20) && expected / 1000 > compressed) {
     throw FormatError(str(h.file, ": ", compressed, " bytes of compressed ", name_of(PixelData), " would decode to ",
                           expected, " bytes (", h.rows, " rows x ", h.columns, " columns x ", h.frames,
@@ -947,7 +952,8 @@ std::vector<char> decode_fragments(const Header& h, const Element& pixels, std::
 /// Parses a whole file in memory and calls fn(header, pixel bytes) with every frame's
 /// pixels back to back in native byte order (native data in place, compressed decoded).
 template <typename Fn>
-void with_pixels_unguarded(const char* bytes, std::size_t size, const std::string& file, bool phi, Fn&& fn) {
+void with_pixels_unguarded(const char* bytes, std::size_t size, const std::string& file, bool phi, Fn&& fn,
+                           std::size_t max_decoded) {
   const Parsed parsed = parse_bytes(bytes, size, file, /*header_only=*/false);
   const Header h = parse_header(parsed, file, phi);
   std::string why;
@@ -990,13 +996,14 @@ void with_pixels_unguarded(const char* bytes, std::size_t size, const std::strin
   if (h.bits_allocated == 1) {
     throw FormatError(str(file, ": compressed 1-bit ", name_of(PixelData), " is not read"));
   }
-  const std::vector<char> decoded = decode_fragments(h, *pd, expected);
+  const std::vector<char> decoded = decode_fragments(h, *pd, expected, max_decoded);
   fn(h, decoded.data());
 }
 
 template <typename Fn>
-void with_pixels(const char* bytes, std::size_t size, const std::string& file, bool phi, Fn&& fn) {
-  guarded(file, [&] { with_pixels_unguarded(bytes, size, file, phi, fn); });
+void with_pixels(const char* bytes, std::size_t size, const std::string& file, bool phi, Fn&& fn,
+                 std::size_t max_decoded = std::numeric_limits<std::size_t>::max()) {
+  guarded(file, [&] { with_pixels_unguarded(bytes, size, file, phi, fn, max_decoded); });
 }
 
 /// A file's bytes in a per-thread buffer that is reused (not zeroed, not returned to the
@@ -1437,7 +1444,7 @@ void parse_for_fuzzing(const void* data, std::size_t size) {
                                          h.bits_stored, h.pixel_representation == 1);
         }
       }
-    });
+    }, /*max_decoded=*/std::size_t(16) << 20);  // every decoder runs; no input takes seconds
   } catch (const Error&) {
     // Clear errors are the expected outcome for most inputs; crashes are not.
   }

@@ -146,7 +146,8 @@ bool looks_like_dicom(const std::string& path);
 bool is_seg_file(const std::string& path);
 
 /// Parses bytes already in memory as one DICOM file, as read_series/read_seg would
-/// (headers, geometry of a one-file series, pixel decoding): the fuzz target's entry.
+/// (headers, geometry of a one-file series, pixel decoding, compressed data up to 16 MiB
+/// decoded so that no input takes seconds): the fuzz target's entry.
 void parse_for_fuzzing(const void* data, std::size_t size);
 
 }  // namespace medfast::dicom
