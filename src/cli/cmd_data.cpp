@@ -31,33 +31,19 @@ struct ConvertArgs {
 
 /// --label-dict: JSON such as '{"GTV-1": 1}' or '[["GTV-1", 1], ["Lung", 2]]' (in order).
 dicom::LabelDict parse_label_dict(const std::string& text) {
-  dicom::LabelDict out;
-  if (text.empty()) return out;
+  if (text.empty()) return {};
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {
     throw ValueError(str("data convert: --label-dict: '", text, "' is not JSON (expected e.g. '{\"GTV-1\": 1}')"));
   }
-  auto add = [&](const nlohmann::json& name, const nlohmann::json& value) {
-    if (!name.is_string() || !value.is_number_integer() || value.get<int>() < 0 || value.get<int>() > 255) {
-      throw ValueError(str("data convert: --label-dict: expected segment name: class (0..255), got ", name.dump(), ": ",
-                           value.dump()));
-    }
-    out.emplace_back(name.get<std::string>(), value.get<int>());
-  };
-  if (j.is_object()) {
-    for (const auto& [k, v] : j.items()) add(k, v);
-    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
-  } else if (j.is_array()) {
-    for (const auto& p : j) {
-      if (!p.is_array() || p.size() != 2) throw ValueError(str("data convert: --label-dict: expected [name, class] pairs"));
-      add(p[0], p[1]);
-    }
-  } else {
-    throw ValueError("data convert: --label-dict: expected a JSON object or a list of [name, class] pairs");
+  if (j.is_null()) throw ValueError("data convert: --label-dict: expected a JSON object or a list of [name, class] pairs");
+  try {
+    return dicom::parse_label_dict(j);
+  } catch (const ValueError& e) {
+    throw ValueError(str("data convert: --label-dict: ", e.what()));
   }
-  return out;
 }
 
 int run_convert(const ConvertArgs& a, Context& ctx) {

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/parallel.hpp"
@@ -1417,6 +1419,29 @@ bool is_seg_file(const std::string& path) {
   if (!os::stat(path).is_regular) return false;
   const std::optional<Header> h = read_header_of(path, false);
   return h && h->is_seg;
+}
+
+LabelDict parse_label_dict(const nlohmann::json& j) {
+  LabelDict out;
+  auto add = [&](const nlohmann::json& name, const nlohmann::json& value) {
+    if (!name.is_string() || !value.is_number_integer() || value.get<std::int64_t>() < 0 ||
+        value.get<std::int64_t>() > 255) {
+      throw ValueError(str("expected segment name: class (0..255) pairs, got ", name.dump(), ": ", value.dump()));
+    }
+    out.emplace_back(name.get<std::string>(), value.get<int>());
+  };
+  if (j.is_object()) {
+    for (const auto& [k, v] : j.items()) add(k, v);
+    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+  } else if (j.is_array()) {
+    for (const auto& pair : j) {
+      if (!pair.is_array() || pair.size() != 2) throw ValueError(str("expected [name, class] pairs, got ", pair.dump()));
+      add(pair[0], pair[1]);
+    }
+  } else if (!j.is_null()) {
+    throw ValueError(str("expected a mapping such as {\"GTV-1\": 1} or a list of [name, class] pairs, got ", j.dump()));
+  }
+  return out;
 }
 
 void parse_for_fuzzing(const void* data, std::size_t size) {

@@ -73,6 +73,18 @@ std::string decimal(double v) {
   return s.size() > 16 ? s.substr(0, 16) : s;  // DS holds at most 16 characters
 }
 
+/// The Image Pixel module of one grayscale sample per pixel, all `bits` stored.
+void put_pixel_module(gdcm::DataSet& ds, std::int64_t nx, std::int64_t ny, std::uint16_t bits, bool is_signed) {
+  put_us(ds, 0x0028, 0x0002, 1);
+  put(ds, 0x0028, 0x0004, gdcm::VR::CS, "MONOCHROME2");
+  put_us(ds, 0x0028, 0x0010, static_cast<std::uint16_t>(ny));
+  put_us(ds, 0x0028, 0x0011, static_cast<std::uint16_t>(nx));
+  put_us(ds, 0x0028, 0x0100, bits);
+  put_us(ds, 0x0028, 0x0101, bits);
+  put_us(ds, 0x0028, 0x0102, static_cast<std::uint16_t>(bits - 1));
+  put_us(ds, 0x0028, 0x0103, is_signed ? 1 : 0);
+}
+
 std::string ds_list(std::initializer_list<double> values) {
   std::string s;
   for (double v : values) s += (s.empty() ? "" : "\\") + decimal(v);
@@ -178,14 +190,7 @@ std::vector<std::string> write_ct_series(const std::string& dir, const CtToWrite
                                                              ct.affine(1, 2) * ct.affine(1, 2) +
                                                              ct.affine(2, 2) * ct.affine(2, 2))));
     put(ds, 0x0028, 0x0030, gdcm::VR::DS, ds_list({g.dy, g.dx}));  // between rows, between columns
-    put_us(ds, 0x0028, 0x0002, 1);
-    put(ds, 0x0028, 0x0004, gdcm::VR::CS, "MONOCHROME2");
-    put_us(ds, 0x0028, 0x0010, static_cast<std::uint16_t>(ny));
-    put_us(ds, 0x0028, 0x0011, static_cast<std::uint16_t>(nx));
-    put_us(ds, 0x0028, 0x0100, 16);
-    put_us(ds, 0x0028, 0x0101, 16);
-    put_us(ds, 0x0028, 0x0102, 15);
-    put_us(ds, 0x0028, 0x0103, 1);
+    put_pixel_module(ds, nx, ny, 16, /*is_signed=*/true);
     put(ds, 0x0028, 0x1052, gdcm::VR::DS, std::to_string(ct.intercept));
     put(ds, 0x0028, 0x1053, gdcm::VR::DS, "1");
     const std::int16_t* slice = ct.hu + z * nx * ny;
@@ -214,15 +219,8 @@ void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<s
   gdcm::DataSet ds;
   put_common(ds, ct, "SEG", kSegStorage, make_uid(ct.series_uid + "/seg"), seg_series, 100);
   put(ds, 0x0020, 0x0013, gdcm::VR::IS, "1");
-  put_us(ds, 0x0028, 0x0002, 1);
-  put(ds, 0x0028, 0x0004, gdcm::VR::CS, "MONOCHROME2");
   put(ds, 0x0028, 0x0008, gdcm::VR::IS, std::to_string(frames.size()));
-  put_us(ds, 0x0028, 0x0010, static_cast<std::uint16_t>(ny));
-  put_us(ds, 0x0028, 0x0011, static_cast<std::uint16_t>(nx));
-  put_us(ds, 0x0028, 0x0100, 1);
-  put_us(ds, 0x0028, 0x0101, 1);
-  put_us(ds, 0x0028, 0x0102, 0);
-  put_us(ds, 0x0028, 0x0103, 0);
+  put_pixel_module(ds, nx, ny, 1, /*is_signed=*/false);
   put(ds, 0x0062, 0x0001, gdcm::VR::CS, "BINARY");
   {
     gdcm::DataSet seg;

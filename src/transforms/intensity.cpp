@@ -257,25 +257,11 @@ namespace {
 /// label_dict: [[name, class], ...] in order (a YAML/JSON mapping arrives as such a list,
 /// in the order written: data/pipeline.cpp keeps it), or a mapping (applied by class).
 dicom::LabelDict parse_label_dict(Args& a, const nlohmann::json& j) {
-  dicom::LabelDict out;
-  auto add = [&](const nlohmann::json& name, const nlohmann::json& value) {
-    if (!name.is_string() || !value.is_number_integer()) {
-      a.fail("label_dict", str("expected segment name: class number pairs, got ", name.dump(), ": ", value.dump()));
-    }
-    out.emplace_back(name.get<std::string>(), value.get<int>());
-  };
-  if (j.is_object()) {
-    for (const auto& [k, v] : j.items()) add(k, v);
-    std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
-  } else if (j.is_array()) {
-    for (const auto& pair : j) {
-      if (!pair.is_array() || pair.size() != 2) a.fail("label_dict", str("expected [name, class] pairs, got ", pair.dump()));
-      add(pair[0], pair[1]);
-    }
-  } else if (!j.is_null()) {
-    a.fail("label_dict", str("expected a mapping such as {GTV-1: 1}, got ", j.dump()));
+  try {
+    return dicom::parse_label_dict(j);
+  } catch (const ValueError& e) {
+    a.fail("label_dict", e.what());
   }
-  return out;
 }
 
 std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }

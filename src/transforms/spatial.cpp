@@ -413,21 +413,21 @@ bool avx2_kernels() {
   return on;
 }
 
-// The AVX2 runs below use no lambdas or helpers (GCC does not carry the target attribute
-// into them): positions p0 + d * k in double as the scalar loop computes them (multiply,
-// then add: no FMA), two halves of 4 lanes.
-#define MEDFAST_POSITIONS8(P0, D, LO, HI)                                      \
-  const __m256d LO = _mm256_add_pd(_mm256_set1_pd(P0), _mm256_mul_pd(_mm256_set1_pd(D), klo)); \
-  const __m256d HI = _mm256_add_pd(_mm256_set1_pd(P0), _mm256_mul_pd(_mm256_set1_pd(D), khi))
+// The AVX2 run below uses no lambdas or helpers (GCC does not carry the target attribute
+// into them), hence the macros.
 #define MEDFAST_LERP8(A, B, T) _mm256_add_ps((A), _mm256_mul_ps(_mm256_sub_ps((B), (A)), (T)))
 #define MEDFAST_AT8(OFFSET) _mm256_i32gather_ps(base + (OFFSET), q, 4)
 
-/// The interior run [k, kb) of a float trilinear row, 8 voxels per step with AVX2 gathers.
-/// Truncation, weights (double difference rounded to float) and the lerps (multiply, then
-/// add) are the scalar loop's, so the result is bit-identical. Returns where it stopped.
-__attribute__((target("avx2"))) std::int64_t linear_run_avx2(const float* base, float* line, std::int64_t k,
-                                                             std::int64_t kb, const double* p0, const double* d,
-                                                             std::int32_t sx, std::int32_t sy, std::int32_t sz) {
+/// The interior run [k, kb) of a row of 4-byte values, 8 voxels per step with AVX2
+/// gathers: trilinear (float) or nearest. Positions are p0 + d * k in double (multiply,
+/// then add: no FMA), two halves of 4 lanes; nearest rounds to nearest, ties to even (as
+/// cvtsd2si does in the scalar loop); trilinear truncates, rounds the double differences to
+/// float weights and lerps (multiply, then add). So the result is the scalar loop's, bit
+/// for bit. Returns where it stopped.
+template <bool Nearest>
+__attribute__((target("avx2"))) std::int64_t interior_run_avx2(const float* base, float* line, std::int64_t k,
+                                                               std::int64_t kb, const double* p0, const double* d,
+                                                               std::int32_t sx, std::int32_t sy, std::int32_t sz) {
   const std::int32_t stride[3] = {sx, sy, sz};
   const __m256d step_lo = _mm256_setr_pd(0, 1, 2, 3), step_hi = _mm256_setr_pd(4, 5, 6, 7);
   for (; k + 8 <= kb; k += 8) {
@@ -436,12 +436,19 @@ __attribute__((target("avx2"))) std::int64_t linear_run_avx2(const float* base, 
     __m256i q = _mm256_setzero_si256();
     __m256 w[3];
     for (int a = 0; a < 3; ++a) {
-      MEDFAST_POSITIONS8(p0[a], d[a], plo, phi);
-      const __m128i ilo = _mm256_cvttpd_epi32(plo), ihi = _mm256_cvttpd_epi32(phi);
-      const __m128 wlo = _mm256_cvtpd_ps(_mm256_sub_pd(plo, _mm256_cvtepi32_pd(ilo)));
-      const __m128 whi = _mm256_cvtpd_ps(_mm256_sub_pd(phi, _mm256_cvtepi32_pd(ihi)));
+      const __m256d plo = _mm256_add_pd(_mm256_set1_pd(p0[a]), _mm256_mul_pd(_mm256_set1_pd(d[a]), klo));
+      const __m256d phi = _mm256_add_pd(_mm256_set1_pd(p0[a]), _mm256_mul_pd(_mm256_set1_pd(d[a]), khi));
+      const __m128i ilo = Nearest ? _mm256_cvtpd_epi32(plo) : _mm256_cvttpd_epi32(plo);
+      const __m128i ihi = Nearest ? _mm256_cvtpd_epi32(phi) : _mm256_cvttpd_epi32(phi);
       q = _mm256_add_epi32(q, _mm256_mullo_epi32(_mm256_set_m128i(ihi, ilo), _mm256_set1_epi32(stride[a])));
-      w[a] = _mm256_set_m128(whi, wlo);
+      if constexpr (!Nearest) {
+        w[a] = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(phi, _mm256_cvtepi32_pd(ihi))),
+                               _mm256_cvtpd_ps(_mm256_sub_pd(plo, _mm256_cvtepi32_pd(ilo))));
+      }
+    }
+    if constexpr (Nearest) {
+      _mm256_storeu_ps(line + k, MEDFAST_AT8(0));
+      continue;
     }
     const __m256 c00 = MEDFAST_LERP8(MEDFAST_AT8(0), MEDFAST_AT8(sx), w[0]);
     const __m256 c10 = MEDFAST_LERP8(MEDFAST_AT8(sy), MEDFAST_AT8(sx + sy), w[0]);
@@ -452,28 +459,6 @@ __attribute__((target("avx2"))) std::int64_t linear_run_avx2(const float* base, 
   }
   return k;
 }
-
-/// The interior run of a 4-byte nearest row (rounding to nearest, ties to even, as
-/// cvtsd2si does in the scalar loop), 8 voxels per step with AVX2 gathers.
-__attribute__((target("avx2"))) std::int64_t nearest_run_avx2(const float* base, float* line, std::int64_t k,
-                                                              std::int64_t kb, const double* p0, const double* d,
-                                                              std::int32_t sx, std::int32_t sy, std::int32_t sz) {
-  const std::int32_t stride[3] = {sx, sy, sz};
-  const __m256d step_lo = _mm256_setr_pd(0, 1, 2, 3), step_hi = _mm256_setr_pd(4, 5, 6, 7);
-  for (; k + 8 <= kb; k += 8) {
-    const __m256d kd = _mm256_set1_pd(static_cast<double>(k));
-    const __m256d klo = _mm256_add_pd(kd, step_lo), khi = _mm256_add_pd(kd, step_hi);
-    __m256i q = _mm256_setzero_si256();
-    for (int a = 0; a < 3; ++a) {
-      MEDFAST_POSITIONS8(p0[a], d[a], plo, phi);
-      const __m256i idx = _mm256_set_m128i(_mm256_cvtpd_epi32(phi), _mm256_cvtpd_epi32(plo));
-      q = _mm256_add_epi32(q, _mm256_mullo_epi32(idx, _mm256_set1_epi32(stride[a])));
-    }
-    _mm256_storeu_ps(line + k, MEDFAST_AT8(0));
-  }
-  return k;
-}
-#undef MEDFAST_POSITIONS8
 #undef MEDFAST_LERP8
 #undef MEDFAST_AT8
 #endif
@@ -575,8 +560,7 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
           if (simd) {
             const auto* b = reinterpret_cast<const float*>(base);
             auto* l = reinterpret_cast<float*>(line);
-            k = Nearest ? nearest_run_avx2(b, l, k, kb, p0, d, sx32, sy32, sz32)
-                        : linear_run_avx2(b, l, k, kb, p0, d, sx32, sy32, sz32);
+            k = interior_run_avx2<Nearest>(b, l, k, kb, p0, d, sx32, sy32, sz32);
           }
         }
 #endif

@@ -17,23 +17,19 @@
 #include "medfast/image/image_file.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/transforms/transform.hpp"
+#include "dicom_golden.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
 namespace {
 
-std::string dicom_dir() { return test::golden_dir() + "/dicom"; }
-
-nlohmann::json manifest() {
-  const std::string text = test::read_file(dicom_dir() + "/manifest.json");
-  if (text.empty()) throw std::runtime_error("DICOM golden manifest missing: run the golden_files_dicom test first");
-  return nlohmann::json::parse(text);
-}
+using test::dicom_dir;
+using test::dicom_manifest;
 
 // Through the tensor layer: LoadImage reads a series folder and places a SEG; the volume
 // keeps the series (for the SEG) but no patient identifier.
 TEST(DicomLoad, LoadImagePairsASeriesWithItsSeg) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   const nlohmann::json* seg_case = nullptr;
   for (const auto& c : m["segs"]) {
     if (c["name"] == "seg_binary") seg_case = &c;
@@ -107,7 +103,7 @@ TEST(DicomLoad, CacheKeyCoversEveryFileOfTheSeries) {
   test::TempDir dir;
   const std::string series = dir / "CT";
   os::make_directories(series);
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   std::string axial;
   for (const auto& c : m["series"]) {
     if (c["name"] == "axial") axial = dicom_dir() + "/" + c["input"].get<std::string>();
@@ -145,7 +141,7 @@ TEST(DicomLoad, CacheKeyCoversEveryFileOfTheSeries) {
 // Patient identifiers never reach cache entries or logs: a disk cache filled from a series
 // and its SEG holds none of the strings the golden files carry.
 TEST(DicomLoad, PatientIdentifiersStayOutOfCacheEntriesAndLogs) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   const nlohmann::json* seg_case = nullptr;
   for (const auto& c : m["segs"]) {
     if (c["name"] == "seg_binary") seg_case = &c;
@@ -199,10 +195,31 @@ TEST(DicomLoad, LabelDictKeepsTheOrderWritten) {
   EXPECT_TRUE(j["other"].is_object());
 }
 
+// label_dict is read by one parser for LoadImage and `data convert --label-dict`: pairs in
+// order, a mapping by class; a bad one names the argument and what was expected.
+TEST(DicomLoad, LabelDictParsingAndItsErrors) {
+  using L = dicom::LabelDict;
+  EXPECT_EQ(dicom::parse_label_dict(nlohmann::json::parse(R"([["Lung", 2], ["GTV-1", 1]])")),
+            (L{{"Lung", 2}, {"GTV-1", 1}}));
+  EXPECT_EQ(dicom::parse_label_dict(nlohmann::json::parse(R"({"Lung": 2, "GTV-1": 1})")), (L{{"GTV-1", 1}, {"Lung", 2}}));
+  EXPECT_TRUE(dicom::parse_label_dict(nlohmann::json()).empty());
+  for (const char* bad : {R"({"GTV-1": 300})", R"({"GTV-1": -1})", R"({"GTV-1": "one"})", R"([["GTV-1"]])", R"(7)"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(dicom::parse_label_dict(nlohmann::json::parse(bad)), ValueError);
+    EXPECT_VALUE_ERROR(transforms::make_chain(nlohmann::json::parse(
+                           std::string(R"([{"name": "LoadImage", "keys": ["image", "label"], "label_dict": )") + bad +
+                           "}]")),
+                       "label_dict");
+    const auto r = test::run(test::medfast_binary() + " data convert --in x --out y.nii.gz --label-dict '" + bad + "'");
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--label-dict"), std::string::npos) << r.err;
+  }
+}
+
 // `medfast info` on a DICOM folder lists the series without patient identifiers; --phi
 // shows them; data convert writes NIfTI that nibabel reads back as the pydicom reader did.
 TEST(DicomCli, InfoHidesPatientIdentifiersAndConvertMatchesNibabel) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   std::string axial, two;
   nlohmann::json axial_expect;
   for (const auto& c : m["series"]) {

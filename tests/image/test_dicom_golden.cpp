@@ -10,18 +10,14 @@
 
 #include "medfast/core/log.hpp"
 #include "medfast/image/dicom.hpp"
+#include "dicom_golden.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
 namespace {
 
-std::string dicom_dir() { return test::golden_dir() + "/dicom"; }
-
-nlohmann::json manifest() {
-  const std::string text = test::read_file(dicom_dir() + "/manifest.json");
-  if (text.empty()) throw std::runtime_error("DICOM golden manifest missing: run the golden_files_dicom test first");
-  return nlohmann::json::parse(text);
-}
+using test::dicom_dir;
+using test::dicom_manifest;
 
 /// Captures log lines for the lifetime of the object.
 struct LogCapture {
@@ -64,7 +60,7 @@ void expect_voxels(const dicom::Image& img, const nlohmann::json& expect, const 
 }
 
 TEST(DicomGolden, SeriesEqualAnIndependentPydicomReader) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   ASSERT_GE(m["series"].size(), 8u);
   for (const auto& c : m["series"]) {
     const std::string name = c["name"];
@@ -84,7 +80,7 @@ TEST(DicomGolden, SeriesEqualAnIndependentPydicomReader) {
 }
 
 TEST(DicomGolden, SegIsPlacedOnItsSeriesByLabelDict) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   ASSERT_GE(m["segs"].size(), 5u);
   for (const auto& c : m["segs"]) {
     const std::string name = c["name"];
@@ -100,7 +96,7 @@ TEST(DicomGolden, SegIsPlacedOnItsSeriesByLabelDict) {
 }
 
 TEST(DicomErrors, BadInputsNameTheFileAndTheTag) {
-  const auto m = manifest();
+  const auto m = dicom_manifest();
   ASSERT_GE(m["errors"].size(), 8u);
   for (const auto& c : m["errors"]) {
     const std::string name = c["name"];

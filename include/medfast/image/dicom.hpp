@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +129,12 @@ Image read_series(const std::string& path, const ReadOptions& options = {});
 /// Class numbers by segment key, applied in order (the later entry wins where segments
 /// overlap). Empty: every segment gets its SegmentNumber, in ascending order.
 using LabelDict = std::vector<std::pair<std::string, int>>;
+
+/// A label_dict from JSON (LoadImage's argument, `data convert --label-dict`): a list of
+/// [name, class] pairs, kept in order, or a mapping such as {"GTV-1": 1}, ordered by class;
+/// null is empty. Classes are 0..255 (a uint8 label volume). ValueError saying what was
+/// expected; callers add where the value came from.
+LabelDict parse_label_dict(const nlohmann::json& j);
 
 /// Reads the header of a SEG file (segments, referenced series); FormatError if the file
 /// is not a SEG.
