@@ -413,54 +413,128 @@ bool avx2_kernels() {
   return on;
 }
 
-// The AVX2 run below uses no lambdas or helpers (GCC does not carry the target attribute
-// into them), hence the macros.
-#define MEDFAST_LERP8(A, B, T) _mm256_add_ps((A), _mm256_mul_ps(_mm256_sub_ps((B), (A)), (T)))
-#define MEDFAST_AT8(OFFSET) _mm256_i32gather_ps(base + (OFFSET), q, 4)
+/// A row's geometry for the AVX2 runs: source position p0 + d * k, strides (elements),
+/// the largest index per axis.
+struct RowGeometry {
+  const double* p0;
+  const double* d;
+  std::int32_t stride[3];
+  std::int32_t last[3];
+  double maxc[3];
+};
 
-/// The interior run [k, kb) of a row of 4-byte values, 8 voxels per step with AVX2
-/// gathers: trilinear (float) or nearest. Positions are p0 + d * k in double (multiply,
+// The AVX2 run below uses no lambdas or helpers (GCC does not carry the target attribute
+// into them), hence the macro.
+#define MEDFAST_LERP8(A, B, T) _mm256_add_ps((A), _mm256_mul_ps(_mm256_sub_ps((B), (A)), (T)))
+
+/// The run [k, kb) of a row of 4-byte values, 8 voxels per step: trilinear (float) or
+/// nearest (any 4-byte type, copied as bits). Positions are p0 + d * k in double (multiply,
 /// then add: no FMA), two halves of 4 lanes; nearest rounds to nearest, ties to even (as
 /// cvtsd2si does in the scalar loop); trilinear truncates, rounds the double differences to
-/// float weights and lerps (multiply, then add). So the result is the scalar loop's, bit
-/// for bit. Returns where it stopped.
-template <bool Nearest>
-__attribute__((target("avx2"))) std::int64_t interior_run_avx2(const float* base, float* line, std::int64_t k,
-                                                               std::int64_t kb, const double* p0, const double* d,
-                                                               std::int32_t sx, std::int32_t sy, std::int32_t sz) {
-  const std::int32_t stride[3] = {sx, sy, sz};
+/// float weights and lerps (multiply, then add). Clamp = false is the interior run (every
+/// position inside, both neighbours exist); Clamp = true is the per-voxel definition at the
+/// border: positions clamped to [0, max], the upper neighbour clamped to the last index,
+/// and, with `zeros`, a voxel whose position lies more than half a voxel outside is 0. So
+/// the result is the scalar loop's, bit for bit. The offsets are computed 8 at a time; the
+/// values are loaded one by one (on the CPUs measured, scalar loads beat AVX2 gathers), and
+/// the interior run prefetches the source lines 32 voxels ahead, since a rotated row leaves
+/// its source line every few voxels. Returns where it stopped.
+template <bool Nearest, bool Clamp>
+__attribute__((target("avx2"))) std::int64_t row_run_avx2(const float* base, float* line, std::int64_t k,
+                                                          std::int64_t kb, const RowGeometry& g, bool zeros) {
+  constexpr std::int64_t ahead = 32;
   const __m256d step_lo = _mm256_setr_pd(0, 1, 2, 3), step_hi = _mm256_setr_pd(4, 5, 6, 7);
+  const __m256d zero_d = _mm256_setzero_pd(), half = _mm256_set1_pd(0.5);
+  alignas(32) std::int32_t off[8];
+  alignas(32) std::int32_t next[3][8];  // Clamp, linear: the upper neighbour's offset per axis (0 at the last index)
+  alignas(32) float v[8][8];
+  const std::int32_t sx = g.stride[0], sy = g.stride[1], sz = g.stride[2];
   for (; k + 8 <= kb; k += 8) {
     const __m256d kd = _mm256_set1_pd(static_cast<double>(k));
     const __m256d klo = _mm256_add_pd(kd, step_lo), khi = _mm256_add_pd(kd, step_hi);
     __m256i q = _mm256_setzero_si256();
     __m256 w[3];
+    int outside = 0;
     for (int a = 0; a < 3; ++a) {
-      const __m256d plo = _mm256_add_pd(_mm256_set1_pd(p0[a]), _mm256_mul_pd(_mm256_set1_pd(d[a]), klo));
-      const __m256d phi = _mm256_add_pd(_mm256_set1_pd(p0[a]), _mm256_mul_pd(_mm256_set1_pd(d[a]), khi));
+      __m256d plo = _mm256_add_pd(_mm256_set1_pd(g.p0[a]), _mm256_mul_pd(_mm256_set1_pd(g.d[a]), klo));
+      __m256d phi = _mm256_add_pd(_mm256_set1_pd(g.p0[a]), _mm256_mul_pd(_mm256_set1_pd(g.d[a]), khi));
+      if constexpr (Clamp) {
+        const __m256d mx = _mm256_set1_pd(g.maxc[a]);
+        if (zeros) {
+          const __m256d low = _mm256_sub_pd(zero_d, half), high = _mm256_add_pd(mx, half);
+          outside |= _mm256_movemask_pd(_mm256_or_pd(_mm256_cmp_pd(plo, low, _CMP_LT_OQ), _mm256_cmp_pd(plo, high, _CMP_GT_OQ)));
+          outside |= _mm256_movemask_pd(_mm256_or_pd(_mm256_cmp_pd(phi, low, _CMP_LT_OQ), _mm256_cmp_pd(phi, high, _CMP_GT_OQ))) << 4;
+        }
+        // p < 0 ? 0 : (p > max ? max : p), as the scalar loop (max_pd(0, p) keeps -0.0).
+        plo = _mm256_min_pd(mx, _mm256_max_pd(zero_d, plo));
+        phi = _mm256_min_pd(mx, _mm256_max_pd(zero_d, phi));
+      }
       const __m128i ilo = Nearest ? _mm256_cvtpd_epi32(plo) : _mm256_cvttpd_epi32(plo);
       const __m128i ihi = Nearest ? _mm256_cvtpd_epi32(phi) : _mm256_cvttpd_epi32(phi);
-      q = _mm256_add_epi32(q, _mm256_mullo_epi32(_mm256_set_m128i(ihi, ilo), _mm256_set1_epi32(stride[a])));
+      const __m256i idx = _mm256_set_m128i(ihi, ilo);
+      const __m256i st = _mm256_set1_epi32(g.stride[a]);
+      q = _mm256_add_epi32(q, _mm256_mullo_epi32(idx, st));
       if constexpr (!Nearest) {
         w[a] = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(phi, _mm256_cvtepi32_pd(ihi))),
                                _mm256_cvtpd_ps(_mm256_sub_pd(plo, _mm256_cvtepi32_pd(ilo))));
+        if constexpr (Clamp) {
+          const __m256i has_next = _mm256_cmpgt_epi32(_mm256_set1_epi32(g.last[a]), idx);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(next[a]), _mm256_and_si256(has_next, st));
+        }
+      }
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(off), q);
+    if constexpr (!Clamp) {
+      // Prefetch the four source lines the voxel `ahead` voxels on will read.
+      if (k + ahead < kb) {
+        const double ka = static_cast<double>(k + ahead);
+        const auto* p = reinterpret_cast<const char*>(
+            base + static_cast<std::int64_t>(g.p0[0] + g.d[0] * ka) * sx +
+            static_cast<std::int64_t>(g.p0[1] + g.d[1] * ka) * sy + static_cast<std::int64_t>(g.p0[2] + g.d[2] * ka) * sz);
+        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch(p + 4 * static_cast<std::int64_t>(sx), _MM_HINT_T0);
+        if (!Nearest) {
+          _mm_prefetch(p + 4 * static_cast<std::int64_t>(sy), _MM_HINT_T0);
+          _mm_prefetch(p + 4 * static_cast<std::int64_t>(sx + sy), _MM_HINT_T0);
+        }
       }
     }
     if constexpr (Nearest) {
-      _mm256_storeu_ps(line + k, MEDFAST_AT8(0));
+      const auto* bits = reinterpret_cast<const std::uint32_t*>(base);
+      auto* out = reinterpret_cast<std::uint32_t*>(line + k);
+      for (int l = 0; l < 8; ++l) out[l] = (outside >> l) & 1 ? 0u : bits[off[l]];
       continue;
     }
-    const __m256 c00 = MEDFAST_LERP8(MEDFAST_AT8(0), MEDFAST_AT8(sx), w[0]);
-    const __m256 c10 = MEDFAST_LERP8(MEDFAST_AT8(sy), MEDFAST_AT8(sx + sy), w[0]);
-    const __m256 c01 = MEDFAST_LERP8(MEDFAST_AT8(sz), MEDFAST_AT8(sx + sz), w[0]);
-    const __m256 c11 = MEDFAST_LERP8(MEDFAST_AT8(sy + sz), MEDFAST_AT8(sx + sy + sz), w[0]);
+    for (int l = 0; l < 8; ++l) {
+      const float* p = base + off[l];
+      const std::int32_t ex = Clamp ? next[0][l] : sx, ey = Clamp ? next[1][l] : sy, ez = Clamp ? next[2][l] : sz;
+      v[0][l] = p[0];
+      v[1][l] = p[ex];
+      v[2][l] = p[ey];
+      v[3][l] = p[ex + ey];
+      v[4][l] = p[ez];
+      v[5][l] = p[ex + ez];
+      v[6][l] = p[ey + ez];
+      v[7][l] = p[ex + ey + ez];
+    }
+    const __m256 c00 = MEDFAST_LERP8(_mm256_load_ps(v[0]), _mm256_load_ps(v[1]), w[0]);
+    const __m256 c10 = MEDFAST_LERP8(_mm256_load_ps(v[2]), _mm256_load_ps(v[3]), w[0]);
+    const __m256 c01 = MEDFAST_LERP8(_mm256_load_ps(v[4]), _mm256_load_ps(v[5]), w[0]);
+    const __m256 c11 = MEDFAST_LERP8(_mm256_load_ps(v[6]), _mm256_load_ps(v[7]), w[0]);
     const __m256 e0 = MEDFAST_LERP8(c00, c10, w[1]), e1 = MEDFAST_LERP8(c01, c11, w[1]);
-    _mm256_storeu_ps(line + k, MEDFAST_LERP8(e0, e1, w[2]));
+    __m256 r = MEDFAST_LERP8(e0, e1, w[2]);
+    if constexpr (Clamp) {
+      if (outside) {
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        const __m256i drop = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(outside), bit), bit);
+        r = _mm256_andnot_ps(_mm256_castsi256_ps(drop), r);
+      }
+    }
+    _mm256_storeu_ps(line + k, r);
   }
   return k;
 }
 #undef MEDFAST_LERP8
-#undef MEDFAST_AT8
 #endif
 
 template <typename T, bool Nearest>
@@ -473,11 +547,9 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
   const std::int64_t sc = in.stride(0), sx = in.stride(1), sy = in.stride(2), sz = in.stride(3);
   const double maxc[3] = {static_cast<double>(nx - 1), static_cast<double>(ny - 1), static_cast<double>(nz - 1)};
 #ifdef MEDFAST_AVX2_KERNELS
-  // The AVX2 runs gather with 32-bit offsets: a channel of up to 2^31 - 1 elements.
+  // The AVX2 runs compute offsets in 32 bits: a channel of up to 2^31 - 1 elements.
   const std::int64_t span = (nx - 1) * sx + (ny - 1) * sy + (nz - 1) * sz;
   const bool simd = avx2_kernels() && sx > 0 && sy > 0 && sz > 0 && span < std::numeric_limits<std::int32_t>::max();
-  const auto sx32 = static_cast<std::int32_t>(sx), sy32 = static_cast<std::int32_t>(sy),
-             sz32 = static_cast<std::int32_t>(sz);
 #endif
   kernel_for(0, C * X, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t ci = begin; ci < end; ++ci) {
@@ -551,36 +623,57 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
         };
         while (ka < kb && !inside(ka)) ++ka;  // the bounds above are exact up to rounding
         while (kb > ka && !inside(kb - 1)) --kb;
-        if (ka >= kb) ka = kb = 0;
-        for (std::int64_t k = 0; k < ka; ++k) generic(k);
-        const double px0 = p0[0], py0 = p0[1], pz0 = p0[2], dx = d[0], dy = d[1], dz = d[2];
-        std::int64_t k = ka;
+        // Outside the box: zeros. Inside it: the border runs [box_a, ka) and [kb, box_b)
+        // (clamps, zeros outside) around the interior run [ka, kb).
+        const std::int64_t box_a = std::clamp<std::int64_t>(lo[2], 0, Z), box_b = std::clamp<std::int64_t>(hi[2], box_a, Z);
+        if (ka >= kb) ka = kb = box_b;
+        std::fill(line, line + box_a, T(0));
+        std::fill(line + box_b, line + Z, T(0));
+        // The run [a, b) by the AVX2 kernels where they apply (8 voxels at a time), the
+        // rest voxel by voxel; both give the same values.
+        auto run = [&](std::int64_t a, std::int64_t b, bool border) {
+          std::int64_t k = a;
 #ifdef MEDFAST_AVX2_KERNELS
-        if constexpr (sizeof(T) == 4 && (Nearest || std::is_same_v<T, float>)) {
-          if (simd) {
-            const auto* b = reinterpret_cast<const float*>(base);
-            auto* l = reinterpret_cast<float*>(line);
-            k = interior_run_avx2<Nearest>(b, l, k, kb, p0, d, sx32, sy32, sz32);
+          if constexpr (sizeof(T) == 4 && (Nearest || std::is_same_v<T, float>)) {
+            if (simd && b - a >= 8) {
+              const RowGeometry g{p0,
+                                  d,
+                                  {static_cast<std::int32_t>(sx), static_cast<std::int32_t>(sy), static_cast<std::int32_t>(sz)},
+                                  {static_cast<std::int32_t>(nx - 1), static_cast<std::int32_t>(ny - 1),
+                                   static_cast<std::int32_t>(nz - 1)},
+                                  {maxc[0], maxc[1], maxc[2]}};
+              const auto* bp = reinterpret_cast<const float*>(base);
+              auto* lp = reinterpret_cast<float*>(line);
+              k = border ? row_run_avx2<Nearest, true>(bp, lp, k, b, g, zeros_outside)
+                         : row_run_avx2<Nearest, false>(bp, lp, k, b, g, zeros_outside);
+            }
           }
-        }
 #endif
-        for (; k < kb; ++k) {
-          const double px = px0 + dx * static_cast<double>(k), py = py0 + dy * static_cast<double>(k),
-                       pz = pz0 + dz * static_cast<double>(k);
-          if (Nearest) {
-            line[k] = base[round_half_even(px) * sx + round_half_even(py) * sy + round_half_even(pz) * sz];
-            continue;
+          if (border) {
+            for (; k < b; ++k) generic(k);
+            return;
           }
-          const std::int64_t x0 = static_cast<std::int64_t>(px), y0 = static_cast<std::int64_t>(py),
-                             z0 = static_cast<std::int64_t>(pz);
-          const T wx = static_cast<T>(px - static_cast<double>(x0)), wy = static_cast<T>(py - static_cast<double>(y0)),
-                  wz = static_cast<T>(pz - static_cast<double>(z0));
-          const T* q = base + x0 * sx + y0 * sy + z0 * sz;
-          const T c00 = lerp(q[0], q[sx], wx), c10 = lerp(q[sy], q[sx + sy], wx);
-          const T c01 = lerp(q[sz], q[sx + sz], wx), c11 = lerp(q[sy + sz], q[sx + sy + sz], wx);
-          line[k] = lerp(lerp(c00, c10, wy), lerp(c01, c11, wy), wz);
-        }
-        for (std::int64_t k = std::max(kb, ka); k < Z; ++k) generic(k);
+          const double px0 = p0[0], py0 = p0[1], pz0 = p0[2], dx = d[0], dy = d[1], dz = d[2];
+          for (; k < b; ++k) {
+            const double px = px0 + dx * static_cast<double>(k), py = py0 + dy * static_cast<double>(k),
+                         pz = pz0 + dz * static_cast<double>(k);
+            if (Nearest) {
+              line[k] = base[round_half_even(px) * sx + round_half_even(py) * sy + round_half_even(pz) * sz];
+              continue;
+            }
+            const std::int64_t x0 = static_cast<std::int64_t>(px), y0 = static_cast<std::int64_t>(py),
+                               z0 = static_cast<std::int64_t>(pz);
+            const T wx = static_cast<T>(px - static_cast<double>(x0)), wy = static_cast<T>(py - static_cast<double>(y0)),
+                    wz = static_cast<T>(pz - static_cast<double>(z0));
+            const T* q = base + x0 * sx + y0 * sy + z0 * sz;
+            const T c00 = lerp(q[0], q[sx], wx), c10 = lerp(q[sy], q[sx + sy], wx);
+            const T c01 = lerp(q[sz], q[sx + sz], wx), c11 = lerp(q[sy + sz], q[sx + sy + sz], wx);
+            line[k] = lerp(lerp(c00, c10, wy), lerp(c01, c11, wy), wz);
+          }
+        };
+        run(box_a, ka, true);
+        run(ka, kb, false);
+        run(kb, box_b, true);
       }
     }
   });
