@@ -50,7 +50,6 @@ std::string version_string() { return str("medfast ", kVersion, " (libtorch ", k
 const std::vector<std::pair<std::string, std::string>>& torch_commands() {
   static const std::vector<std::pair<std::string, std::string>> commands{
       {"data", "Datasets"},
-      {"io", "Tensor file I/O engine: load, store, sweep"},
       {"bench", "Built-in benchmarks"},
       {"train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)"},
       {"infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid"},

@@ -1,11 +1,15 @@
 // medfast io load|store|bench: the tensor file engine from the command line,
 // after DeepSpeed's DeepNVMe example scripts. Each loop prints GB/s; the
 // median closes the run; --validate compares with a plain read.
-#include <ATen/ATen.h>
-
+//
+// Torch-free: host buffers are the OS layer's aligned buffers, so `medfast io` on the CPU
+// runs in the `medfast` binary without loading libtorch. Device memory (--device
+// cuda[:N]) comes from a DeviceIo (cmd_io_device.cpp, in medfast-torch); without one the
+// command reports needs_device() and the front hands the call over.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -13,8 +17,9 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/core/units.hpp"
-#include "medfast/io/tensor_io.hpp"
+#include "medfast/io/file_handle.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/memory.hpp"
 
 namespace medfast::cli {
 
@@ -41,21 +46,57 @@ struct EngineFlags {
   }
 };
 
-at::Device parse_device(const std::string& name) {
-  if (name == "cpu") return at::kCPU;
-  if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
-    if (!at::hasCUDA()) {
-      throw ValueError(str("--device ", name, ": no CUDA device is available (libtorch without CUDA, or no GPU)"));
-    }
-    return at::Device(name);
-  }
+/// Whether --device names the CPU; cuda and cuda:N name a GPU; anything else is an error.
+bool is_cpu_device(const std::string& name) {
+  if (name == "cpu") return true;
+  if (name == "cuda" || name.rfind("cuda:", 0) == 0) return false;
   throw ValueError(str("--device '", name, "' is not cpu or cuda[:N]"));
 }
 
-at::Tensor make_buffer(std::size_t bytes, const at::Device& device) {
-  if (device.is_cpu()) return io::empty_aligned(bytes);
-  return at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
-}
+/// Where the bytes of a load or store live: an aligned host buffer, or device memory
+/// from the DeviceIo.
+class Target {
+ public:
+  /// `bytes` of zeros on `device` (host memory is faulted in before any timing, as
+  /// DeepNVMe's scripts preallocate theirs).
+  Target(const std::string& device, std::size_t bytes, const DeviceIo* dev) : bytes_(bytes) {
+    if (is_cpu_device(device)) {
+      owned_ = os::Buffer::allocate(bytes);
+      if (bytes) std::memset(owned_.data(), 0, bytes);
+      host_ = owned_.as<char>();
+    } else {
+      device_ = device_buffer(device, dev, nullptr);
+    }
+  }
+  /// The bytes of `content` on `device`: `content` itself on the CPU (it must outlive
+  /// this), a copy on a device.
+  Target(const std::string& device, const os::Buffer& content, const DeviceIo* dev) : bytes_(content.size()) {
+    if (is_cpu_device(device)) host_ = content.as<char>();
+    else device_ = device_buffer(device, dev, content.data());
+  }
+  std::size_t read(io::FileHandle& f) { return device_ ? device_->read(f, 0) : f.read(host_, bytes_, 0); }
+  void write(io::FileHandle& f) {
+    if (device_) device_->write(f, 0);
+    else f.write(host_, bytes_, 0);
+  }
+  /// The bytes, in host memory (copied from the device if they live there).
+  const char* host_bytes() {
+    if (!device_) return host_;
+    if (owned_.empty() && bytes_) owned_ = os::Buffer::allocate(bytes_);
+    device_->copy_to_host(owned_.data());
+    return owned_.as<const char>();
+  }
+
+ private:
+  std::unique_ptr<DeviceBuffer> device_buffer(const std::string& device, const DeviceIo* dev, const void* host) {
+    MEDFAST_CHECK(dev != nullptr, "--device ", device, ": device memory needs medfast-torch");
+    return dev->allocate(device, bytes_, host);
+  }
+  std::size_t bytes_;
+  os::Buffer owned_;
+  char* host_ = nullptr;
+  std::unique_ptr<DeviceBuffer> device_;
+};
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -66,14 +107,13 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
-bool same_bytes_as_plain_read(const std::string& path, const at::Tensor& data, std::uint64_t bytes) {
-  const at::Tensor host = data.is_cpu() ? data : data.cpu();
+bool same_bytes_as_plain_read(const std::string& path, const char* data, std::uint64_t bytes) {
   const os::File f = os::File::open(path, os::File::Mode::read);
   std::vector<char> plain(1 << 20);
   for (std::uint64_t pos = 0; pos < bytes; pos += plain.size()) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(plain.size(), bytes - pos));
     f.read_exact(plain.data(), n, pos);
-    if (std::memcmp(plain.data(), static_cast<const char*>(host.data_ptr()) + pos, n) != 0) return false;
+    if (std::memcmp(plain.data(), data + pos, n) != 0) return false;
   }
   return true;
 }
@@ -97,27 +137,26 @@ struct LoadResult {
   nlohmann::json engine;
 };
 
-LoadResult load(const std::string& file, const io::IoOptions& options, const at::Device& device, int loops,
-                bool drop_cache, bool validate) {
+LoadResult load(const std::string& file, const io::IoOptions& options, const std::string& device, const DeviceIo* dev,
+                int loops, bool drop_cache, bool validate) {
   io::FileHandle f = io::FileHandle::open(file, io::FileHandle::Mode::read, options);
   LoadResult r;
   r.bytes = f.size();
   r.engine = engine_json(f, options);
-  if (!device.is_cpu()) {
-    r.engine["device_path"] = io::device_path(f);
-    r.engine["device_transfers"] = io::device_transfers();
+  Target buf(device, static_cast<std::size_t>(r.bytes), dev);
+  if (!is_cpu_device(device)) {
+    r.engine["device_path"] = dev->device_path(f);
+    r.engine["device_transfers"] = dev->device_transfers();
   }
-  at::Tensor buf = make_buffer(static_cast<std::size_t>(r.bytes), device);
-  buf.zero_();  // fault the destination in before timing, as DeepNVMe's scripts preallocate theirs
   for (int i = 0; i < loops; ++i) {
     if (drop_cache) os::File::open(file, os::File::Mode::read).drop_cache();
     const auto t0 = std::chrono::steady_clock::now();
-    const std::size_t got = io::read_into(f, buf, 0);
+    const std::size_t got = buf.read(f);
     r.seconds.push_back(seconds_since(t0));
     MEDFAST_CHECK(got == r.bytes, file, ": read ", got, " of ", r.bytes, " bytes");
   }
   if (validate) {
-    r.validated = same_bytes_as_plain_read(file, buf, r.bytes);
+    r.validated = same_bytes_as_plain_read(file, buf.host_bytes(), r.bytes);
     MEDFAST_CHECK(r.validated, "io load --validate: ", file, ": the bytes read differ from a plain read");
   }
   return r;
@@ -159,21 +198,21 @@ struct StoreArgs {
   EngineFlags engine;
 };
 
-int run_store(const StoreArgs& a, Context& ctx) {
+int run_store(const StoreArgs& a, Context& ctx, const DeviceIo* dev) {
   a.engine.apply(ctx.settings);
   const auto options = io::IoOptions::from(ctx.settings);
-  const at::Device device = parse_device(a.device);
+  const bool on_cpu = is_cpu_device(a.device);
   MEDFAST_CHECK_T(ValueError, a.mb > 0, "io store: --mb-size ", a.mb, " must be positive");
   const auto bytes = static_cast<std::size_t>(a.mb * 1024 * 1024);
   os::make_directories(a.dir);
   const std::string path = str(a.dir, "/medfast-io-store-", ::getpid(), ".bin");
   // Deterministic, incompressible content.
-  at::Tensor host = io::empty_aligned(bytes);
+  os::Buffer content = os::Buffer::allocate(bytes);
   Rng rng(derive_seed({0x57023}));
-  auto* words = static_cast<std::uint64_t*>(host.data_ptr());
+  auto* words = content.as<std::uint64_t>();
   for (std::size_t i = 0; i < bytes / 8; ++i) words[i] = rng.next();
-  for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) static_cast<char*>(host.data_ptr())[i] = static_cast<char>(i);
-  const at::Tensor src = device.is_cpu() ? host : host.to(device);
+  for (std::size_t i = bytes / 8 * 8; i < bytes; ++i) content.as<char>()[i] = static_cast<char>(i);
+  Target src(a.device, content, dev);
   LoadResult r;
   r.bytes = bytes;
   struct Cleanup {
@@ -184,18 +223,18 @@ int run_store(const StoreArgs& a, Context& ctx) {
     io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::write, options);
     if (i == 0) {
       r.engine = engine_json(f, options);
-      if (!device.is_cpu()) {
-    r.engine["device_path"] = io::device_path(f);
-    r.engine["device_transfers"] = io::device_transfers();
-  }
+      if (!on_cpu) {
+        r.engine["device_path"] = dev->device_path(f);
+        r.engine["device_transfers"] = dev->device_transfers();
+      }
     }
     const auto t0 = std::chrono::steady_clock::now();
-    io::write_from(f, src, 0);
+    src.write(f);
     f.sync();  // timed: a store is done when it is durable
     r.seconds.push_back(seconds_since(t0));
   }
   if (a.validate) {
-    r.validated = same_bytes_as_plain_read(path, host, bytes) && os::stat(path).size == bytes;
+    r.validated = same_bytes_as_plain_read(path, content.as<const char>(), bytes) && os::stat(path).size == bytes;
     MEDFAST_CHECK(r.validated, "io store --validate: ", path, " does not hold the bytes written");
   }
   return report("store", a.dir, r, a.device, a.json);
@@ -218,7 +257,7 @@ int run_bench(const BenchArgs& a, Context& ctx) {
   };
   std::vector<Row> rows;
   auto measure = [&](io::IoOptions o) {
-    const LoadResult r = load(a.file, o, at::kCPU, a.loops, /*drop_cache=*/!o.direct, /*validate=*/false);
+    const LoadResult r = load(a.file, o, "cpu", nullptr, a.loops, /*drop_cache=*/!o.direct, /*validate=*/false);
     std::vector<double> g;
     for (double s : r.seconds) g.push_back(static_cast<double>(r.bytes) / s / 1e9);
     rows.push_back({r.engine["backend"], o.block_size, o.queue_depth, o.threads, r.engine["direct"], median(g)});
@@ -258,7 +297,7 @@ int run_bench(const BenchArgs& a, Context& ctx) {
 
 }  // namespace
 
-Command register_io(CLI::App& root) {
+IoCommand register_io(CLI::App& root, const DeviceIo* device) {
   auto* io = root.add_subcommand("io", "Tensor file I/O engine: load, store, sweep");
   io->require_subcommand(1);
 
@@ -288,18 +327,26 @@ Command register_io(CLI::App& root) {
   bench_cmd->add_option("--loop", ba->loops, "Loads per configuration")->capture_default_str();
   bench_cmd->add_flag("--json", ba->json, "Print JSON");
 
-  Command c;
-  c.app = io;
-  c.run = [la, sa, ba, load_cmd, store_cmd](Context& ctx) {
+  IoCommand c;
+  c.command.app = io;
+  c.command.run = [la, sa, ba, load_cmd, store_cmd, device](Context& ctx) {
     if (load_cmd->parsed()) {
       la->engine.apply(ctx.settings);
       MEDFAST_CHECK_T(ValueError, la->loops >= 1, "io load: --loop ", la->loops, " must be at least 1");
-      const LoadResult r = load(la->file, io::IoOptions::from(ctx.settings), parse_device(la->device), la->loops,
+      const LoadResult r = load(la->file, io::IoOptions::from(ctx.settings), la->device, device, la->loops,
                                 la->drop_cache, la->validate);
       return report("load", la->file, r, la->device, la->json);
     }
-    if (store_cmd->parsed()) return run_store(*sa, ctx);
+    if (store_cmd->parsed()) return run_store(*sa, ctx, device);
     return run_bench(*ba, ctx);
+  };
+  // Device memory without a DeviceIo: medfast-torch runs it (a bad --device name is
+  // reported here).
+  c.needs_device = [la, sa, load_cmd, store_cmd, device] {
+    if (device) return false;
+    if (load_cmd->parsed()) return !is_cpu_device(la->device);
+    if (store_cmd->parsed()) return !is_cpu_device(sa->device);
+    return false;
   };
   return c;
 }

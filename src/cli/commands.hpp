@@ -2,11 +2,17 @@
 /// \file The CLI's subcommand interface: each file registers one subcommand.
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "medfast/core/settings.hpp"
+
+namespace medfast::io {
+class FileHandle;
+}
 
 namespace medfast::cli {
 
@@ -25,7 +31,6 @@ struct Command {
 Command register_config(CLI::App& root);
 Command register_info(CLI::App& root);
 Command register_data(CLI::App& root);
-Command register_io(CLI::App& root);
 Command register_cache(CLI::App& root);
 Command register_bench(CLI::App& root);
 Command register_train(CLI::App& root);
@@ -44,6 +49,41 @@ struct CacheDirCommand {
   std::function<bool()> needs_pipeline;
 };
 CacheDirCommand register_cache_dir(CLI::App* cache, ConfigKeys keys_of);
+
+/// Device memory for `io load|store --device cuda[:N]` (cmd_io_device.cpp: libtorch's
+/// tensors and the tensor engine's cuFile or pinned-bounce paths).
+class DeviceBuffer {
+ public:
+  virtual ~DeviceBuffer() = default;
+  /// Reads the whole buffer from `file` at `offset`; returns the bytes read.
+  virtual std::size_t read(io::FileHandle& file, std::uint64_t offset) = 0;
+  virtual void write(io::FileHandle& file, std::uint64_t offset) = 0;
+  /// Copies the buffer into `dst` (host memory of the buffer's size).
+  virtual void copy_to_host(void* dst) const = 0;
+};
+class DeviceIo {
+ public:
+  virtual ~DeviceIo() = default;
+  /// `bytes` on `device` ("cuda" or "cuda:N"): a copy of `host` (`bytes` long), or zeros
+  /// when `host` is null. Throws ValueError naming --device when there is no such device.
+  virtual std::unique_ptr<DeviceBuffer> allocate(const std::string& device, std::size_t bytes,
+                                                 const void* host) const = 0;
+  /// How device memory is reached for `file` (cuFile or the pinned bounce).
+  virtual std::string device_path(io::FileHandle& file) const = 0;
+  /// What cuFile offers on this machine, in one line.
+  virtual std::string device_transfers() const = 0;
+};
+/// medfast-torch's DeviceIo (cmd_io_device.cpp).
+const DeviceIo& torch_device_io();
+
+/// `io load|store|bench` (cmd_io.cpp, torch-free). Host memory needs nothing more;
+/// --device cuda[:N] needs `device` (null in the torch-free `medfast`, which hands such a
+/// call to medfast-torch when needs_device()).
+struct IoCommand {
+  Command command;
+  std::function<bool()> needs_device;
+};
+IoCommand register_io(CLI::App& root, const DeviceIo* device);
 
 /// Prints a JSON value to stdout (for --json).
 void print_json(const std::string& dumped);

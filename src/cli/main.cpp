@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
   cli::configure_app(app, ctx, flag_values);
 
   std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_data(app),
-                                       cli::register_io(app), cli::register_cache(app),
+                                       cli::register_io(app, &cli::torch_device_io()).command, cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
                                        cli::register_infer(app), cli::register_eval(app),
                                        cli::register_launch(app), cli::register_trace(app),

@@ -1,7 +1,7 @@
 // medfast: the command users run. It does not link libtorch: --version, --help, info,
-// config, cache info/verify/prune, trace summarize and report run here at once (a few
-// milliseconds, a few MB); every command that needs tensors (train, eval, infer, data,
-// cache build and prune --config, io, bench, launch)
+// config, cache info/verify/prune, io on the CPU, trace summarize and report run here at
+// once (a few milliseconds, a few MB); every command that needs tensors (train, eval,
+// infer, data, cache build and prune --config, io with --device cuda, bench, launch)
 // is handed, arguments unchanged, to medfast-torch beside this binary (exec: same
 // process id, so signals, exit codes and the terminal behave as if it ran here).
 #include <cstdio>
@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   cache->require_subcommand(1);
   const cli::CacheDirCommand cache_dir = cli::register_cache_dir(cache, nullptr);
   commands.push_back(cache_dir.command);
+  const cli::IoCommand io = cli::register_io(app, nullptr);
+  commands.push_back(io.command);
   CLI::App* cache_build =
       cache->add_subcommand("build", "Run the deterministic chain of CFG over its dataset into the disk cache");
   cache_build->prefix_command();
@@ -81,7 +83,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : handed) {
       if (sub->parsed()) cli::hand_over(argc, argv);
     }
-    if (cache_dir.needs_pipeline()) cli::hand_over(argc, argv);
+    if (cache_dir.needs_pipeline() || io.needs_device()) cli::hand_over(argc, argv);
     cli::resolve_settings(app, ctx, flag_values);
     for (auto& c : commands) {
       if (c.app->parsed()) return c.run(ctx);

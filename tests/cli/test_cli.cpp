@@ -193,6 +193,37 @@ TEST(CliIo, BadInputIsOneLineAndNonZero) {
   }
 }
 
+// `medfast io` on the CPU runs in the torch-free front (a missing medfast-torch does not
+// matter); --device cuda needs tensors and is handed over; a bad --device name is an error
+// in the front itself.
+TEST(CliIo, CpuRunsInTheFrontAndDeviceCallsAreHandedOver) {
+  test::TempDir dir;
+  std::string bytes(1u << 20, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 13 + (i >> 9));
+  test::write_file(dir / "f.bin", bytes);
+  const std::string front = "MEDFAST_TORCH_BINARY=/nonexistent/medfast-torch " + test::medfast_binary();
+  const auto load = test::run(front + " io load --json --validate --backend posix --file " + (dir / "f.bin"));
+  ASSERT_EQ(load.exit_code, 0) << load.err;
+  EXPECT_EQ(json_of(load)["validated"], true);
+  EXPECT_EQ(json_of(load)["bytes"], bytes.size());
+  const auto store = test::run(front + " io store --json --validate --mb-size 1 --loop 1 --dir " + (dir / "out"));
+  ASSERT_EQ(store.exit_code, 0) << store.err;
+  EXPECT_EQ(json_of(store)["validated"], true);
+  const auto sweep = test::run(front + " io bench --loop 1 --json " + (dir / "f.bin"));
+  EXPECT_EQ(sweep.exit_code, 0) << sweep.err;
+  for (const std::string dev : {"cuda", "cuda:0"}) {
+    const auto cuda = test::run(front + " io load --device " + dev + " --file " + (dir / "f.bin"));
+    EXPECT_NE(cuda.exit_code, 0);
+    EXPECT_NE(cuda.err.find("/nonexistent/medfast-torch"), std::string::npos) << cuda.err;
+  }
+  const auto cuda_store = test::run(front + " io store --device cuda --dir " + (dir / "out"));
+  EXPECT_NE(cuda_store.exit_code, 0);
+  EXPECT_NE(cuda_store.err.find("/nonexistent/medfast-torch"), std::string::npos) << cuda_store.err;
+  const auto bad = test::run(front + " io load --device tpu --file " + (dir / "f.bin"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--device 'tpu'"), std::string::npos) << bad.err;
+}
+
 TEST(CliIo, BenchSweepsBackends) {
   test::TempDir dir;
   test::write_file(dir / "f.bin", std::string(1u << 20, 'm'));
