@@ -438,7 +438,11 @@ struct RowGeometry {
 /// the result is the scalar loop's, bit for bit. The offsets are computed 8 at a time; the
 /// values are loaded one by one (on the CPUs measured, scalar loads beat AVX2 gathers), and
 /// the interior run prefetches the source lines 32 voxels ahead, since a rotated row leaves
-/// its source line every few voxels. Returns where it stopped.
+/// its source line every few voxels. The interior run stops before a last group of fewer
+/// than 8 (returns where it stopped); the clamped run also takes that group (its clamped
+/// positions are valid for every lane; only the lanes in the run are stored), so it ends
+/// at kb, and since clamping changes nothing inside the volume, it also finishes an
+/// interior run.
 template <bool Nearest, bool Clamp>
 __attribute__((target("avx2"))) std::int64_t row_run_avx2(const float* base, float* line, std::int64_t k,
                                                           std::int64_t kb, const RowGeometry& g, bool zeros) {
@@ -449,7 +453,8 @@ __attribute__((target("avx2"))) std::int64_t row_run_avx2(const float* base, flo
   alignas(32) std::int32_t next[3][8];  // Clamp, linear: the upper neighbour's offset per axis (0 at the last index)
   alignas(32) float v[8][8];
   const std::int32_t sx = g.stride[0], sy = g.stride[1], sz = g.stride[2];
-  for (; k + 8 <= kb; k += 8) {
+  for (; Clamp ? k < kb : k + 8 <= kb; k += 8) {
+    const std::int64_t lanes = Clamp && kb - k < 8 ? kb - k : 8;
     const __m256d kd = _mm256_set1_pd(static_cast<double>(k));
     const __m256d klo = _mm256_add_pd(kd, step_lo), khi = _mm256_add_pd(kd, step_hi);
     __m256i q = _mm256_setzero_si256();
@@ -502,7 +507,7 @@ __attribute__((target("avx2"))) std::int64_t row_run_avx2(const float* base, flo
     if constexpr (Nearest) {
       const auto* bits = reinterpret_cast<const std::uint32_t*>(base);
       auto* out = reinterpret_cast<std::uint32_t*>(line + k);
-      for (int l = 0; l < 8; ++l) out[l] = (outside >> l) & 1 ? 0u : bits[off[l]];
+      for (int l = 0; l < lanes; ++l) out[l] = (outside >> l) & 1 ? 0u : bits[off[l]];
       continue;
     }
     for (int l = 0; l < 8; ++l) {
@@ -529,10 +534,15 @@ __attribute__((target("avx2"))) std::int64_t row_run_avx2(const float* base, flo
         const __m256i drop = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(outside), bit), bit);
         r = _mm256_andnot_ps(_mm256_castsi256_ps(drop), r);
       }
+      if (lanes < 8) {
+        _mm256_store_ps(v[0], r);
+        for (int l = 0; l < lanes; ++l) line[k + l] = v[0][l];
+        continue;
+      }
     }
     _mm256_storeu_ps(line + k, r);
   }
-  return k;
+  return Clamp ? kb : k;
 }
 #undef MEDFAST_LERP8
 #endif
@@ -629,13 +639,13 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
         if (ka >= kb) ka = kb = box_b;
         std::fill(line, line + box_a, T(0));
         std::fill(line + box_b, line + Z, T(0));
-        // The run [a, b) by the AVX2 kernels where they apply (8 voxels at a time), the
-        // rest voxel by voxel; both give the same values.
+        // The run [a, b) by the AVX2 kernels where they apply (8 voxels at a time, a last
+        // short group included), else voxel by voxel; both give the same values.
         auto run = [&](std::int64_t a, std::int64_t b, bool border) {
           std::int64_t k = a;
 #ifdef MEDFAST_AVX2_KERNELS
           if constexpr (sizeof(T) == 4 && (Nearest || std::is_same_v<T, float>)) {
-            if (simd && b - a >= 8) {
+            if (simd && b > a) {
               const RowGeometry g{p0,
                                   d,
                                   {static_cast<std::int32_t>(sx), static_cast<std::int32_t>(sy), static_cast<std::int32_t>(sz)},
@@ -644,8 +654,8 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
                                   {maxc[0], maxc[1], maxc[2]}};
               const auto* bp = reinterpret_cast<const float*>(base);
               auto* lp = reinterpret_cast<float*>(line);
-              k = border ? row_run_avx2<Nearest, true>(bp, lp, k, b, g, zeros_outside)
-                         : row_run_avx2<Nearest, false>(bp, lp, k, b, g, zeros_outside);
+              if (!border) k = row_run_avx2<Nearest, false>(bp, lp, k, b, g, zeros_outside);
+              k = row_run_avx2<Nearest, true>(bp, lp, k, b, g, zeros_outside);
             }
           }
 #endif
