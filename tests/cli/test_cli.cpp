@@ -224,6 +224,27 @@ TEST(CliIo, CpuRunsInTheFrontAndDeviceCallsAreHandedOver) {
   EXPECT_NE(bad.err.find("--device 'tpu'"), std::string::npos) << bad.err;
 }
 
+// The device half (label gpu): medfast-torch's DeviceIo, through the front's hand-over.
+TEST(GpuCliIo, LoadAndStoreThroughDeviceMemoryValidate) {
+  MEDFAST_REQUIRE_CUDA();
+  test::TempDir dir;
+  std::string bytes((5u << 20) + 4097, '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 31 + (i >> 11));
+  test::write_file(dir / "f.bin", bytes);
+  for (const std::string backend : {"posix", "odirect", "auto"}) {
+    const auto load = medfast("io load --device cuda --validate --json --loop 2 --backend " + backend + " --file " +
+                              (dir / "f.bin"));
+    ASSERT_EQ(load.exit_code, 0) << backend << ": " << load.err;
+    const auto j = json_of(load);
+    EXPECT_EQ(j["validated"], true);
+    EXPECT_EQ(j["bytes"], bytes.size());
+    EXPECT_FALSE(j["device_path"].get<std::string>().empty());
+  }
+  const auto store = medfast("io store --device cuda:0 --validate --json --mb-size 3 --loop 1 --dir " + (dir / "out"));
+  ASSERT_EQ(store.exit_code, 0) << store.err;
+  EXPECT_EQ(json_of(store)["validated"], true);
+}
+
 TEST(CliIo, BenchSweepsBackends) {
   test::TempDir dir;
   test::write_file(dir / "f.bin", std::string(1u << 20, 'm'));
