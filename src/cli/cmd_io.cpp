@@ -302,7 +302,7 @@ IoCommand register_io(CLI::App& root, const DeviceIo* device) {
   io->require_subcommand(1);
 
   auto la = std::make_shared<LoadArgs>();
-  auto* load_cmd = io->add_subcommand("load", "Read a file into a CPU or CUDA tensor, timing each loop");
+  auto* load_cmd = io->add_subcommand("load", "Read a file into host or CUDA memory, timing each loop");
   load_cmd->add_option("--file", la->file, "File to read")->required();
   load_cmd->add_option("--device", la->device, "cpu | cuda[:N]")->capture_default_str();
   load_cmd->add_option("--loop", la->loops, "Number of timed loads")->capture_default_str();
@@ -312,7 +312,7 @@ IoCommand register_io(CLI::App& root, const DeviceIo* device) {
   la->engine.add(load_cmd);
 
   auto sa = std::make_shared<StoreArgs>();
-  auto* store_cmd = io->add_subcommand("store", "Write a tensor to a file in DIR (removed afterwards), timing each loop");
+  auto* store_cmd = io->add_subcommand("store", "Write host or CUDA memory to a file in DIR (removed afterwards), timing each loop");
   store_cmd->add_option("--dir", sa->dir, "Folder to write in")->required();
   store_cmd->add_option("--mb-size", sa->mb, "MiB to write")->capture_default_str();
   store_cmd->add_option("--device", sa->device, "cpu | cuda[:N]")->capture_default_str();
