@@ -74,8 +74,6 @@ void volume_meta_from(const nlohmann::json& j, VolumeMeta& m) {
   if (j.contains("pixdim")) m.pixdim = j["pixdim"].get<std::array<double, 8>>();
 }
 
-std::uint64_t xxh3(const void* p, std::size_t n) { return entry_checksum(p, n); }
-
 }  // namespace
 
 std::uint64_t write_entry(const std::string& path, const std::string& key, const Sample& sample,
@@ -121,7 +119,7 @@ std::uint64_t write_entry(const std::string& path, const std::string& key, const
                       {"shape", p.shape},
                       {"offset", offset},
                       {"length", length},
-                      {"xxh3", xxh3(p.stored.data_ptr(), static_cast<std::size_t>(length))}});
+                      {"xxh3", entry_checksum(p.stored.data_ptr(), static_cast<std::size_t>(length))}});
       offset = align_up(offset + length);
     }
     meta["payloads"] = list;
@@ -162,22 +160,11 @@ Sample read_entry(const std::string& path, const std::string& expected_key, cons
     s.meta = meta.at("sample_meta");
     const at::Device dev(device);
     for (const auto& p : meta.at("payloads")) {
-      const auto offset = p.at("offset").get<std::uint64_t>();
-      const auto length = p.at("length").get<std::uint64_t>();
-      if (offset % kPayloadAlignment != 0 || offset + length > head.file_size) {
-        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " lies outside the file"));
-      }
+      const PayloadExtent e = checked_payload(path, p, head.file_size);
+      const std::uint64_t offset = e.offset, length = e.length;
+      const std::vector<std::int64_t>& shape = e.shape;
       const at::ScalarType stored = parse_dtype(p.at("stored_dtype"), "cache entry");
       const at::ScalarType logical = parse_dtype(p.at("dtype"), "cache entry");
-      const auto shape = p.at("shape").get<std::vector<std::int64_t>>();
-      std::int64_t numel = 1;
-      for (auto d : shape) {
-        if (d < 0) throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " has a negative size"));
-        numel *= d;
-      }
-      if (numel * static_cast<std::int64_t>(c10::elementSize(stored)) != static_cast<std::int64_t>(length)) {
-        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " size does not match its shape"));
-      }
       // Host payloads land in O_DIRECT-aligned memory; device payloads straight in GPU memory.
       at::Tensor raw = dev.is_cpu() ? io::empty_aligned(static_cast<std::size_t>(length))
                                     : at::empty({static_cast<std::int64_t>(length)},
@@ -191,15 +178,15 @@ Sample read_entry(const std::string& path, const std::string& expected_key, cons
       if (verify) observe = [state](const void* d, std::size_t n) { XXH3_64bits_update(state, d, n); };
       const std::size_t got = length == 0 ? 0 : io::read_into(f, raw, offset, observe);
       if (got != length) {
-        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " is cut short (", got, " of ",
+        throw CorruptEntry(str(path, ": payload ", e.name, " is cut short (", got, " of ",
                                length, " bytes)"));
       }
       if (verify && XXH3_64bits_digest(state) != p.at("xxh3").get<std::uint64_t>()) {
-        throw CorruptEntry(str(path, ": payload ", p.at("name").get<std::string>(), " checksum mismatch"));
+        throw CorruptEntry(str(path, ": payload ", e.name, " checksum mismatch"));
       }
       at::Tensor t = raw.view(stored).view(shape);
       if (stored != logical) t = t.to(logical);
-      const std::string name = p.at("name");
+      const std::string& name = e.name;
       if (p.at("kind") == "volume") {
         Volume v;
         v.data = t;

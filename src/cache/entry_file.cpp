@@ -108,6 +108,32 @@ std::size_t stored_element_size(const std::string& dtype) {
   return 0;
 }
 
+PayloadExtent checked_payload(const std::string& path, const nlohmann::json& p, std::uint64_t file_size) {
+  PayloadExtent e;
+  e.name = p.at("name").get<std::string>();
+  e.offset = p.at("offset").get<std::uint64_t>();
+  e.length = p.at("length").get<std::uint64_t>();
+  if (e.offset % kPayloadAlignment != 0 || e.offset > file_size || e.length > file_size - e.offset) {
+    throw CorruptEntry(str(path, ": payload ", e.name, " lies outside the file"));
+  }
+  const std::size_t element = stored_element_size(p.at("stored_dtype"));
+  if (element == 0 || stored_element_size(p.at("dtype")) == 0) {
+    throw CorruptEntry(str(path, ": payload ", e.name, " has dtype ", p.at("dtype").dump(), " stored as ",
+                           p.at("stored_dtype").dump(), ", not a dtype a cache holds"));
+  }
+  e.shape = p.at("shape").get<std::vector<std::int64_t>>();
+  std::uint64_t numel = 1;
+  for (const std::int64_t v : e.shape) {
+    if (v < 0) throw CorruptEntry(str(path, ": payload ", e.name, " has a negative size"));
+    if (v > 0 && numel > file_size / static_cast<std::uint64_t>(v)) numel = file_size + 1;  // too big
+    else numel *= static_cast<std::uint64_t>(v);
+  }
+  if (numel > file_size || numel * element != e.length) {
+    throw CorruptEntry(str(path, ": payload ", e.name, " size does not match its shape"));
+  }
+  return e;
+}
+
 void verify_entry(const std::string& path, const std::string& expected_key, const io::IoOptions& io) {
   io::FileHandle f = io::FileHandle::open(path, io::FileHandle::Mode::read, io);
   const EntryHead head = read_entry_head(f);
@@ -124,27 +150,9 @@ void verify_entry(const std::string& path, const std::string& expected_key, cons
   try {
     (void)meta.at("sample_meta");
     for (const auto& p : meta.at("payloads")) {
-      const std::string name = p.at("name");
-      const auto offset = p.at("offset").get<std::uint64_t>();
-      const auto length = p.at("length").get<std::uint64_t>();
-      if (offset % kPayloadAlignment != 0 || offset > head.file_size || length > head.file_size - offset) {
-        throw CorruptEntry(str(path, ": payload ", name, " lies outside the file"));
-      }
-      const std::size_t element = stored_element_size(p.at("stored_dtype"));
-      if (element == 0 || stored_element_size(p.at("dtype")) == 0) {
-        throw CorruptEntry(str(path, ": payload ", name, " has dtype ", p.at("dtype").dump(), " stored as ",
-                               p.at("stored_dtype").dump(), ", not a dtype a cache holds"));
-      }
-      std::uint64_t numel = 1;
-      for (const auto& d : p.at("shape")) {
-        const auto v = d.get<std::int64_t>();
-        if (v < 0) throw CorruptEntry(str(path, ": payload ", name, " has a negative size"));
-        if (v > 0 && numel > head.file_size / static_cast<std::uint64_t>(v)) numel = head.file_size + 1;  // too big
-        else numel *= static_cast<std::uint64_t>(v);
-      }
-      if (numel > head.file_size || numel * element != length) {
-        throw CorruptEntry(str(path, ": payload ", name, " size does not match its shape"));
-      }
+      const PayloadExtent e = checked_payload(path, p, head.file_size);
+      const std::string& name = e.name;
+      const std::uint64_t offset = e.offset, length = e.length;
       const std::string kind = p.at("kind");
       if (kind == "volume") {
         const auto& volume = meta.at("volumes").at(name);

@@ -3,8 +3,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
 #include <thread>
 
+#include "medfast/cache/entry.hpp"
+#include "medfast/cache/entry_file.hpp"
 #include "medfast/cache/store.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
@@ -172,6 +176,52 @@ TEST_F(DiskEntries, EveryKindOfDamageIsAMissWithOneWarning) {
     EXPECT_NO_THROW(verify_entry(path(), "k"));
   }
   log::set_sink({});
+}
+
+// Metadata that passes its checksum but lies about a payload (rewritten with a fresh
+// header): read_entry and verify_entry reject it alike, naming the payload.
+TEST_F(DiskEntries, PayloadMetadataIsCheckedBeforeAnyRead) {
+  disk()->put("k", make_sample(7));
+  const std::string original = test::read_file(path());
+  const nlohmann::json meta = read_entry_meta(path());
+  const std::uint64_t file_size = original.size();
+  std::uint64_t first_payload = file_size;
+  for (const auto& p : meta["payloads"]) first_payload = std::min(first_payload, p["offset"].get<std::uint64_t>());
+  struct Lie {
+    const char* what;
+    std::function<void(nlohmann::json&)> apply;
+    const char* message;
+  };
+  const std::vector<Lie> lies = {
+      {"misaligned offset", [](nlohmann::json& p) { p["offset"] = p["offset"].get<std::uint64_t>() + 1; }, "outside the file"},
+      {"past the end", [&](nlohmann::json& p) { p["length"] = file_size; }, "outside the file"},
+      {"negative size", [](nlohmann::json& p) { p["shape"][0] = -1; }, "negative size"},
+      {"shape that overflows", [](nlohmann::json& p) { p["shape"] = {1ll << 40, 1ll << 40, 1ll << 40}; }, "does not match"},
+      {"shape of another size", [](nlohmann::json& p) { p["shape"][0] = p["shape"][0].get<std::int64_t>() + 1; },
+       "does not match"},
+      {"complex dtype", [](nlohmann::json& p) { p["stored_dtype"] = "complex64"; }, "not a dtype a cache holds"},
+  };
+  for (const auto& lie : lies) {
+    SCOPED_TRACE(lie.what);
+    nlohmann::json m = meta;
+    lie.apply(m["payloads"][0]);
+    const std::string json = m.dump();
+    ASSERT_LE(kEntryHeaderBytes + json.size(), first_payload) << "the metadata must still fit before the payloads";
+    std::string bytes = entry_header(json, static_cast<std::uint32_t>(m["payloads"].size()), file_size) + json;
+    bytes += original.substr(bytes.size());
+    test::write_file(path(), bytes);
+    const std::string name = m["payloads"][0]["name"];
+    for (const bool torch_free : {false, true}) {
+      try {
+        if (torch_free) verify_entry(path(), "k");
+        else read_entry(path(), "k");
+        ADD_FAILURE() << (torch_free ? "verify_entry" : "read_entry") << " accepted it";
+      } catch (const CorruptEntry& e) {
+        EXPECT_NE(std::string(e.what()).find("payload " + name), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(lie.message), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 TEST_F(DiskEntries, AnEntryUnderAnotherKeyIsRejected) {

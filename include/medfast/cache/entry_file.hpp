@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "medfast/core/error.hpp"
 #include "medfast/io/file_handle.hpp"
@@ -55,6 +56,20 @@ std::uint64_t entry_checksum(const void* data, std::size_t n);
 
 /// Bytes per element of a stored dtype name (uint8 ... float64, bool); 0 if unknown.
 std::size_t stored_element_size(const std::string& dtype);
+
+/// A payload's place in its entry file, from its metadata.
+struct PayloadExtent {
+  std::string name;
+  std::uint64_t offset = 0, length = 0;
+  std::vector<std::int64_t> shape;
+};
+/// Checks one payload's metadata `p` against an entry of `file_size` bytes: offset
+/// aligned and the bytes inside the file, dtype and stored_dtype ones a cache holds, no
+/// negative size, and the shape's size (computed without overflow) times the stored
+/// element size equal to the length. Throws CorruptEntry naming `path` and the payload
+/// (or nlohmann::json::exception for a missing field). read_entry and verify_entry both
+/// use it.
+PayloadExtent checked_payload(const std::string& path, const nlohmann::json& p, std::uint64_t file_size);
 
 /// Checks everything read_entry would, without building tensors: the header, the key
 /// (if not empty), each payload's dtype, shape, bounds and checksum (streamed through a
