@@ -581,12 +581,8 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
           p0[a] = m(a, 0) * static_cast<double>(i) + m(a, 1) * static_cast<double>(j) + m(a, 3);
           d[a] = m(a, 2);
         }
-        // Every case (box, outside, border clamps) voxel by voxel.
+        // A voxel inside the box, every case (outside, border clamps), one by one.
         auto generic = [&](std::int64_t k) {
-          if (k < lo[2] || k >= hi[2]) {
-            line[k] = T(0);
-            return;
-          }
           double p[3];
           bool outside = false;
           for (int a = 0; a < 3; ++a) {
@@ -645,17 +641,19 @@ void affine_kernel(const at::Tensor& in, at::Tensor& out, const Affine& m, bool 
         std::fill(line + box_b, line + Z, T(0));
         // The run [a, b) by the AVX2 kernels where they apply (8 voxels at a time, a last
         // short group included), else voxel by voxel; both give the same values.
+#ifdef MEDFAST_AVX2_KERNELS
+        const RowGeometry g{p0,
+                            d,
+                            {static_cast<std::int32_t>(sx), static_cast<std::int32_t>(sy), static_cast<std::int32_t>(sz)},
+                            {static_cast<std::int32_t>(nx - 1), static_cast<std::int32_t>(ny - 1),
+                             static_cast<std::int32_t>(nz - 1)},
+                            {maxc[0], maxc[1], maxc[2]}};
+#endif
         auto run = [&](std::int64_t a, std::int64_t b, bool border) {
           std::int64_t k = a;
 #ifdef MEDFAST_AVX2_KERNELS
           if constexpr (sizeof(T) == 4 && (Nearest || std::is_same_v<T, float>)) {
             if (simd && b > a) {
-              const RowGeometry g{p0,
-                                  d,
-                                  {static_cast<std::int32_t>(sx), static_cast<std::int32_t>(sy), static_cast<std::int32_t>(sz)},
-                                  {static_cast<std::int32_t>(nx - 1), static_cast<std::int32_t>(ny - 1),
-                                   static_cast<std::int32_t>(nz - 1)},
-                                  {maxc[0], maxc[1], maxc[2]}};
               const auto* bp = reinterpret_cast<const float*>(base);
               auto* lp = reinterpret_cast<float*>(line);
               if (!border) k = row_run_avx2<Nearest, false>(bp, lp, k, b, g, zeros_outside);
