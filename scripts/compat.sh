@@ -14,7 +14,7 @@
 #
 # The roots live outside the clone, in ${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
 # (trixie-cpu/, trixie-cuda/), made once per machine with debootstrap from
-# Debian's own registry (MEDFAST_COMPAT_MIRROR) and reused by later runs; each
+# the mirror this machine's apt sources name (or MEDFAST_COMPAT_MIRROR) and reused by later runs; each
 # step leaves a marker so that an interrupted run resumes where it stopped.
 # The clone is bind-mounted read-only at /src/medfast, so the tests run without
 # anything beside the clone, as in a user's clone; the build folder is inside
@@ -43,7 +43,24 @@ esac
 
 src=$(cd "$(dirname "$0")/.." && pwd)
 base=${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
-mirror=${MEDFAST_COMPAT_MIRROR:-http://deb.debian.org/debian}
+# The Debian mirror: MEDFAST_COMPAT_MIRROR, else the first main archive this machine's own
+# apt sources name (deb822 .sources files or one-line sources.list entries).
+host_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$f"
+  done
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { if ($i !~ /security/) print $i; break } }' "$f"
+  done
+}
+mirror=${MEDFAST_COMPAT_MIRROR:-$(host_mirror | head -n 1)}
+if [ -z "$mirror" ]; then
+  echo "compat: no Debian mirror in this machine's apt sources; set MEDFAST_COMPAT_MIRROR" >&2
+  exit 2
+fi
 root=$base/trixie-$variant
 jobs=$(nproc)
 
