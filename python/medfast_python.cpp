@@ -32,6 +32,7 @@
 #include "medfast/io/tensor_file.hpp"
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/train/self_check.hpp"
 #include "medfast/train/trainer.hpp"
 #include "medfast/version.hpp"
 
@@ -363,6 +364,30 @@ py::object train_run(const py::object& config, bool resume, bool overwrite, cons
   return from_json(result.to_json());
 }
 
+py::object check_backends(const std::string& device, const std::string& dtype) {
+  at::ScalarType t = at::kFloat;
+  if (dtype == "bfloat16" || dtype == "bf16") {
+    t = at::kBFloat16;
+  } else if (dtype == "float16" || dtype == "fp16") {
+    t = at::kHalf;
+  } else if (dtype != "float32" && dtype != "fp32") {
+    throw ValueError(str("check_backends: dtype '", dtype, "' is not float32, bfloat16 or float16"));
+  }
+  const c10::Device d = [&] {
+    try {
+      return c10::Device(device);
+    } catch (const c10::Error&) {
+      throw ValueError(str("check_backends: device '", device, "' is not cpu, cuda or cuda:N"));
+    }
+  }();
+  train::SelfCheckReport r;
+  {
+    py::gil_scoped_release nogil;
+    r = train::ensure_backends_checked(d, t, settings_copy().get_bool("self_check"));
+  }
+  return from_json(r.to_json());
+}
+
 // The submodules, one function each.
 
 void def_settings(py::module_& m) {
@@ -498,6 +523,10 @@ void def_train(py::module_& m) {
       "The built-in default run config (what `medfast train` runs without --config), as a dict");
   mt.def("run", &train_run, py::arg("config"), py::arg("resume") = false, py::arg("overwrite") = false,
          py::arg("on_epoch") = py::none());
+  mt.def("check_backends", &check_backends, py::arg("device") = "cpu", py::arg("dtype") = "float32",
+         "The backend self-check run() does before its first forward (once per process, device and dtype): "
+         "conv3d, matmul and attention against float64; a faulty oneDNN or cuDNN is switched off for the process. "
+         "Returns the report as a dict; raises RuntimeError when the math stays wrong");
 }
 
 }  // namespace

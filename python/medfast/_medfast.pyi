@@ -94,3 +94,8 @@ class train:
             on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
         """Trains (the GIL released, Ctrl-C honoured between steps); the run's result: history,
         best Dice and epoch, time to the target Dice, run_dir."""
+    @staticmethod
+    def check_backends(device: str = "cpu", dtype: str = "float32") -> Dict[str, Any]:
+        """The backend self-check run() does before its first forward, once per process, device
+        and dtype: conv3d, matmul and attention against float64. A faulty oneDNN (CPU) or cuDNN
+        is switched off for the process; RuntimeError when the math stays wrong."""

@@ -23,6 +23,7 @@ struct InfoArgs {
   bool stats = false;
   bool json = false;
   bool phi = false;
+  bool backends = false;
 };
 
 nlohmann::json affine_json(const Affine& a) {
@@ -333,15 +334,29 @@ int run_info(const InfoArgs& args, Context& ctx) {
 
 }  // namespace
 
-Command register_info(CLI::App& root) {
+InfoCommand register_info(CLI::App& root, BackendsCheck backends) {
   auto args = std::make_shared<InfoArgs>();
   auto* app = root.add_subcommand("info", "Show a NIfTI file's shape, dtype, spacing, orientation, affine and sizes, "
-                                          "or the series of a DICOM folder or file");
-  app->add_option("file", args->file, "A .nii or .nii.gz file, a DICOM folder or a DICOM file")->required();
+                                          "or the series of a DICOM folder or file; --backends: check libtorch's math");
+  app->add_option("file", args->file, "A .nii or .nii.gz file, a DICOM folder or a DICOM file");
   app->add_flag("--stats", args->stats, "Read the voxels once (in their file dtype, scaling applied arithmetically) and add min, max, mean, std (n-1) and the non-zero count");
   app->add_flag("--json", args->json, "Print JSON");
   app->add_flag("--phi", args->phi, "DICOM: also show patient identifiers (name, ID, birth date, accession number...)");
-  return Command{app, [args](Context& ctx) { return run_info(*args, ctx); }};
+  app->add_flag("--backends", args->backends,
+                "Check libtorch's convolutions, matmul and attention against float64 on the CPU and every GPU, in each "
+                "training dtype (what `medfast train` does once at start-up), and show what computes them");
+  InfoCommand c;
+  c.command = Command{app, [args, backends](Context& ctx) {
+                        if (args->backends) {
+                          if (!args->file.empty()) throw ValueError("info: give a FILE or --backends, not both");
+                          MEDFAST_CHECK(backends, "info --backends needs medfast-torch");
+                          return backends(ctx, args->json);
+                        }
+                        if (args->file.empty()) throw ValueError("info: a FILE is required (or --backends)");
+                        return run_info(*args, ctx);
+                      }};
+  c.needs_torch = [args, app, backends] { return app->parsed() && args->backends && !backends; };
+  return c;
 }
 
 }  // namespace medfast::cli

@@ -75,7 +75,10 @@ void print_epoch(const train::EpochRecord& r, int epochs) {
               fmt(t.validation, 2), ")  ", fmt(r.samples_per_second, 1), " samples/s  rss ",
               format_bytes(r.peak_rss_bytes));
   if (r.cuda_peak_allocated) line += str("  cuda ", format_bytes(*r.cuda_peak_allocated));
-  if (r.skipped_steps) line += str("  skipped ", r.skipped_steps, " steps (inf/nan gradients)");
+  if (r.skipped_steps) line += str("  skipped ", r.skipped_steps, " steps (inf/nan loss or gradients)");
+  if (r.nonfinite_validation_cases > 0) {
+    line += str("  dice not scored: ", r.nonfinite_validation_cases, " validation cases gave NaN/inf logits");
+  }
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
 }
@@ -298,6 +301,10 @@ int run_eval(const EvalArgs& a, Context& ctx) {
   for (double d : r.mean_per_class) per += fmt(d) + " ";
   std::printf("mean dice %s (per class: %s)\n", fmt(r.mean_dice).c_str(), per.c_str());
   if (r.mean_hd95) std::printf("mean hd95 %s mm\n", fmt(*r.mean_hd95, 2).c_str());
+  if (r.nonfinite_cases > 0) {
+    std::printf("%lld of %zu cases gave NaN/inf logits: their scores and the means are nan\n",
+                static_cast<long long>(r.nonfinite_cases), r.cases.size());
+  }
   return 0;
 }
 

@@ -29,7 +29,18 @@ struct Command {
 };
 
 Command register_config(CLI::App& root);
-Command register_info(CLI::App& root);
+/// `info FILE` (torch-free) and `info --backends`: the backend self-check, run by
+/// `backends` (cmd_info_backends.cpp in medfast-torch; null in the torch-free `medfast`,
+/// which hands such a call over when needs_torch()). Returns the JSON report and prints
+/// it (as text, or JSON with `json`).
+using BackendsCheck = std::function<int(Context& ctx, bool json)>;
+struct InfoCommand {
+  Command command;
+  std::function<bool()> needs_torch;
+};
+InfoCommand register_info(CLI::App& root, BackendsCheck backends);
+/// medfast-torch's `info --backends` (cmd_info_backends.cpp).
+int check_backends(Context& ctx, bool json);
 Command register_data(CLI::App& root);
 Command register_cache(CLI::App& root);
 Command register_bench(CLI::App& root);

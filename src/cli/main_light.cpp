@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   cli::Context ctx;
   std::map<std::string, std::string> flag_values;
   cli::configure_app(app, ctx, flag_values);
-  std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app), cli::register_trace(app),
+  const cli::InfoCommand info = cli::register_info(app, nullptr);
+  std::vector<cli::Command> commands{cli::register_config(app), info.command, cli::register_trace(app),
                                        cli::register_report(app)};
   // The others by name: whatever follows is theirs (their own --help included).
   std::vector<CLI::App*> handed;
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : handed) {
       if (sub->parsed()) cli::hand_over(argc, argv);
     }
-    if (cache_dir.needs_pipeline() || io.needs_device()) cli::hand_over(argc, argv);
+    if (cache_dir.needs_pipeline() || io.needs_device() || info.needs_torch()) cli::hand_over(argc, argv);
     cli::resolve_settings(app, ctx, flag_values);
     for (auto& c : commands) {
       if (c.app->parsed()) return c.run(ctx);

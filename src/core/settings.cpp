@@ -80,6 +80,9 @@ std::vector<SettingDef> make_defs() {
               "seconds a rank waits for its peers (rendezvous and every collective)"),
       bytes("dist_bucket_bytes", kDefaultDistBucketBytes,
             "gradients are all-reduced in buckets of about this size, each as soon as its gradients are ready"),
+      choice("self_check", "on", {"on", "off"},
+             "before the first forward, check libtorch's convolution, matmul and attention against float64 "
+             "once per device and dtype; a faulty backend (oneDNN, cuDNN) is switched off, else the run stops"),
   };
 }
 

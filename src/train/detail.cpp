@@ -78,6 +78,11 @@ CaseScores score_case(const Sample& s, const RunConfig& c, const Predictor& pred
     const auto sp = lab.spacing();
     r.hd95 = hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]});
   }
+  r.nonfinite_logits = !at::isfinite(logits).all().item<bool>();
+  if (r.nonfinite_logits) {
+    r.dice = at::full_like(r.dice, std::nan(""), r.dice.options().dtype(at::kDouble));
+    if (hd95) r.hd95 = at::full_like(r.hd95, std::nan(""), r.hd95.options().dtype(at::kDouble));
+  }
   return r;
 }
 

@@ -36,6 +36,8 @@ c10::Device usable_device(const std::string& name, const std::string& what);
 struct CaseScores {
   at::Tensor dice;
   at::Tensor hd95;  ///< undefined unless asked for
+  /// The logits held NaN or infinity: dice (and hd95) are NaN, whatever argmax made of them.
+  bool nonfinite_logits = false;
 };
 CaseScores score_case(const Sample& sample, const RunConfig& config, const Predictor& predict, c10::Device device,
                       bool hd95, const std::string& where);

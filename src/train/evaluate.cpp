@@ -23,6 +23,8 @@
 #include "medfast/train/metrics.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
+
+#include "medfast/train/self_check.hpp"
 #include "medfast/transforms/spatial.hpp"
 #include "medfast/transforms/transform.hpp"
 
@@ -100,6 +102,7 @@ nlohmann::json EvalResult::to_json() const {
   for (double v : mean_per_class) per.push_back(nan_to_null(v));
   nlohmann::json j{{"cases", cs}, {"mean_dice_per_class", per}, {"mean_dice", nan_to_null(mean_dice)}};
   if (mean_hd95) j["mean_hd95"] = nan_to_null(*mean_hd95);
+  j["nonfinite_cases"] = nonfinite_cases;
   return j;
 }
 
@@ -122,6 +125,8 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
   }
   apply_network_threads(c.train.threads, settings);
+  const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
+  ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   data::PipelineConfig p = c.data;
   if (!section.empty()) p.validation = data::load_dataset(p.dataset.source, section);
   if (p.validation.items.empty()) {
@@ -129,7 +134,6 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   }
   data::CachedDataset ds = data::make_validation_dataset(p);
   ds.fill();
-  const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   torch::NoGradGuard no_grad;
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
@@ -142,6 +146,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     const detail::CaseScores scores =
         detail::score_case(ds.get(i), c, predict, device, hd95, str("evaluation item ", global));
     dice.add(scores.dice);
+    if (scores.nonfinite_logits) ++r.nonfinite_cases;
     EvalCase ec;
     const auto& item = p.validation.items.at(global);
     ec.image = item.files.count(c.train.image_key) ? item.files.at(c.train.image_key) : "";
@@ -159,6 +164,11 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   for (std::int64_t k = 0; k < per.numel(); ++k) r.mean_per_class.push_back(per[k].item<double>());
   r.mean_dice = dice.mean();
   if (hd95) r.mean_hd95 = hd.mean();
+  if (r.nonfinite_cases > 0) {  // no score, rather than the mean of the other cases
+    r.mean_dice = std::nan("");
+    for (double& v : r.mean_per_class) v = std::nan("");
+    if (r.mean_hd95) r.mean_hd95 = std::nan("");
+  }
   return r;
 }
 
@@ -243,6 +253,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = cfg.value("loss", nlohmann::json::object()).value("sigmoid", false);
   apply_network_threads(0, settings);
+  ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
   const Predictor predict = [&](const at::Tensor& x) {
@@ -257,6 +268,10 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       chain.apply(s);
       const Volume& img = s.volume(image_key);
       const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
+      if (const std::int64_t bad = (~at::isfinite(logits)).sum().item<std::int64_t>(); bad > 0) {
+        throw Error(str("the network's output holds NaN or infinity at ", bad, " of ", logits.numel(),
+                        " values: no labels written (check the checkpoint's weights and the image's voxels)"));
+      }
       const at::Tensor labels = predicted_labels(logits, sigmoid)[0].cpu();  // [C, X, Y, Z]: channel-first
       // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
       const Volume original = read_image(file);

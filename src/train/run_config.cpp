@@ -109,6 +109,10 @@ void TrainOptions::validate() const {
   if (val_interval < 1) throw ValueError(str("validation.interval: ", val_interval, " (expected >= 1)"));
   if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
   if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
+  if (max_nonfinite_steps < -1) {
+    throw ValueError(str("train.max_nonfinite_steps: ", max_nonfinite_steps,
+                         " (expected >= 0, 0: never stop; absent: 1, or 20 with amp fp16)"));
+  }
   (void)detail::parse_device(device, "train.device");
 }
 
@@ -187,6 +191,7 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   }
   tr.read("target_dice", t.target_dice).read("threads", t.threads).read("image_key", t.image_key);
   tr.read("label_key", t.label_key).read("deterministic", t.deterministic);
+  tr.read("max_nonfinite_steps", t.max_nonfinite_steps);
   tr.known("amp");
   tr.known("profile");
   tr.finish();

@@ -21,6 +21,7 @@
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/nn/network.hpp"
+#include "medfast/train/self_check.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/core/log.hpp"
@@ -32,6 +33,7 @@
 #include "medfast/train/inference.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/metrics.hpp"
+#include "medfast/train/nonfinite.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
@@ -90,6 +92,7 @@ nlohmann::json EpochRecord::to_json() const {
     j["dice_per_class"] = per;
   }
   if (hd95) j["hd95"] = nan_to_null(*hd95);
+  if (nonfinite_validation_cases > 0) j["nonfinite_validation_cases"] = nonfinite_validation_cases;
   return j;
 }
 
@@ -114,6 +117,7 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
     for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
   }
   if (j.contains("hd95")) r.hd95 = null_to_nan(j["hd95"]);
+  r.nonfinite_validation_cases = j.value("nonfinite_validation_cases", std::int64_t{0});
   const auto& t = j.at("times");
   r.times.data_wait = t.at("data_wait");
   r.times.copy = t.at("copy");
@@ -178,6 +182,7 @@ struct Validation {
   std::vector<double> dice;  // per class
   double mean_dice = std::nan("");
   std::optional<double> hd95;
+  std::int64_t nonfinite_cases = 0;  // cases whose logits held NaN or infinity (all ranks)
 };
 
 Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c10::Device device, Precision precision,
@@ -190,9 +195,11 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
     AutocastGuard autocast(device.type(), precision);
     return model.forward(x);
   };
+  double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
     const detail::CaseScores scores =
         detail::score_case(ds.get(i), c, predict, device, c.hd95, str("validation item ", ds.global_index(i)));
+    if (scores.nonfinite_logits) ++nonfinite;  // its NaN scores would drop out of the means
     dice.add(scores.dice);
     if (c.hd95) hd.add(scores.hd95);
   }
@@ -210,11 +217,22 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
     return MeanMetric::from_totals(sums, counts);
   };
   Validation v;
+  if (comm && comm->world_size() > 1) {
+    at::Tensor n = at::full({1}, nonfinite, at::kDouble);
+    comm->allreduce_sum(n);
+    nonfinite = n.item<double>();
+  }
+  v.nonfinite_cases = static_cast<std::int64_t>(nonfinite);
   const MeanMetric d = reduce(dice);
   const at::Tensor per = d.per_class().to(at::kDouble).contiguous();
   for (std::int64_t k = 0; k < per.numel(); ++k) v.dice.push_back(per[k].item<double>());
   v.mean_dice = d.mean();
   if (c.hd95) v.hd95 = reduce(hd).mean();
+  if (v.nonfinite_cases > 0) {  // not a score of 0, nor a mean over the other cases: no score
+    v.mean_dice = std::nan("");
+    for (double& x : v.dice) x = std::nan("");
+    if (v.hd95) v.hd95 = std::nan("");
+  }
   model.module->train();
   return v;
 }
@@ -351,6 +369,10 @@ class Run {
       }
     }
     model_threads_ = apply_network_threads(t_.threads, settings_);
+    // Before the first forward, with the threads the network runs on (libtorch picks its
+    // convolution kernels by them): wrong math stops here, or its backend is switched off.
+    self_check_ = ensure_backends_checked(device_, precision_dtype(precision_), settings_.get_bool("self_check"));
+    nonfinite_ = std::make_unique<NonFiniteGuard>(precision_, max_nonfinite_steps(t_.max_nonfinite_steps, precision_));
     trace::set_nvtx(device_.is_cuda());  // Nsight Systems shows medfast's ranges beside the kernels
   }
 
@@ -489,6 +511,7 @@ class Run {
     torch::manual_seed(derive_seed({t_.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
     loader_->start(static_cast<std::uint64_t>(epoch));
     double loss_sum = 0;
+    int finite_steps = 0;  // the epoch's loss is the mean of its finite step losses
     const long steps_per_epoch = static_cast<long>(loader_->batches_per_epoch());
     for (;;) {
       const long global_step = epoch * steps_per_epoch + rec.steps;
@@ -509,15 +532,19 @@ class Run {
         break;
       }
       rec.samples += batch_tensor(*batch, t_.image_key, "train.image_key").size(0);
-      loss_sum += train_step(*batch, rec);
+      const double step_loss = train_step(*batch, rec);
+      if (std::isfinite(step_loss)) {
+        loss_sum += step_loss;
+        ++finite_steps;
+      }
       step.reset();  // the step's range ends before the profiler may write the cycle's trace
       profiler_->after_step(global_step);
     }
     const double train_seconds = since(epoch_start);
-    rec.loss = rec.steps ? loss_sum / rec.steps : std::nan("");
+    rec.loss = finite_steps ? loss_sum / finite_steps : std::nan("");
     double all_samples = static_cast<double>(rec.samples);
     if (distributed_) {
-      at::Tensor l = at::tensor({loss_sum, static_cast<double>(rec.steps), all_samples}, at::kDouble);
+      at::Tensor l = at::tensor({loss_sum, static_cast<double>(finite_steps), all_samples}, at::kDouble);
       comm_->allreduce_sum(l);
       rec.loss = l[0].item<double>() / std::max(1.0, l[1].item<double>());
       all_samples = l[2].item<double>();
@@ -553,6 +580,7 @@ class Run {
       const at::Tensor logits = model_.forward(x);
       loss = (*loss_fn_)(logits.to(at::kFloat), y);
     });
+    if (cb_.loss_filter) loss = cb_.loss_filter(rec.epoch, rec.steps + 1, loss);
     sync();
     rec.times.forward += since(t0);
 
@@ -570,15 +598,55 @@ class Run {
       grad_sync_->finish();
     }
     stage.emplace("optimizer");
-    const bool stepped = scaler_->step(*optimizer_);
-    scaler_->update();
-    if (!stepped) ++rec.skipped_steps;
     const double step_loss = loss.item<double>();
+    bool stepped = false;
+    if (scaler_->enabled()) {  // fp16: the scaler skips a step with inf/nan gradients and backs off
+      stepped = scaler_->step(*optimizer_);
+      scaler_->update();
+    } else if (std::isfinite(step_loss) && gradients_finite()) {  // fp32, bf16: no NaN reaches the weights
+      optimizer_->step();
+      stepped = true;
+    }
+    if (!stepped) ++rec.skipped_steps;
     ++rec.steps;
+    nonfinite_->record(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss, stepped,
+                       [this, &rec] { return nonfinite_context(rec.epoch); });
     if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
     rec.times.optimizer += since(t0);
     stage.reset();
     return step_loss;
+  }
+
+  /// Whether every gradient is finite: one sum per parameter (a NaN or infinity anywhere
+  /// makes its sum non-finite). Under DDP the gradients are the averaged ones, so every
+  /// rank decides alike, also when only one rank's loss was NaN.
+  bool gradients_finite() const {
+    at::Tensor total;
+    for (const auto& p : params_) {
+      const at::Tensor& g = p.grad();
+      if (!g.defined()) continue;
+      const at::Tensor s = g.sum(at::kDouble);
+      total = total.defined() ? total + s : s;
+    }
+    return !total.defined() || std::isfinite(total.item<double>());
+  }
+
+  /// The end of NonFiniteLoss's message: what is kept, and where to look.
+  std::string nonfinite_context(int epoch) const {
+    std::string kept;
+    if (!rank0_) {
+      kept = "Rank 0 keeps the checkpoints written so far";
+    } else if (os::exists(last_path_)) {
+      kept = str(last_path_, " (epoch ", epoch - 1, ")", os::exists(best_path_) ? str(" and ", best_path_) : "",
+                 " are kept; epoch ", epoch, " is not saved");
+    } else {
+      kept = "No checkpoint was written yet";
+    }
+    const std::string check = self_check_.ran ? str("the backend self-check passed (", self_check_.summary(), ")")
+                                              : "the backend self-check is off (self_check setting)";
+    return str(kept, ". Look at: the learning rate (optimizer.lr ", c_.optimizer.lr, "), mixed precision (train.amp ",
+               precision_name(precision_), precision_ == Precision::fp32 ? "" : "; try fp32", "), the data (NaN voxels), ",
+               check);
   }
 
   /// Validation (every val_interval epochs and the last), the best Dice and the
@@ -594,6 +662,7 @@ class Run {
       rec.dice = v.mean_dice;
       rec.dice_per_class = v.dice;
       rec.hd95 = v.hd95;
+      rec.nonfinite_validation_cases = v.nonfinite_cases;
     }
     rec.seconds = since(epoch_start);
     rec.elapsed = elapsed_before_ + since(start_);
@@ -652,7 +721,8 @@ class Run {
                      {"libtorch_threads", model_threads_},
                      {"loader_threads", pipeline_.loader.threads},
                      {"ranks", comm_ ? comm_->world_size() : 1},
-                     {"blas", os::library_of_symbol("sgemm_")}};
+                     {"blas", os::library_of_symbol("sgemm_")},
+                     {"self_check", self_check_.to_json()}};
     if (device_.is_cuda()) j["cuda_devices"] = static_cast<int>(torch::cuda::device_count());
     return j;
   }
@@ -689,6 +759,8 @@ class Run {
   double elapsed_before_ = 0;
   c10::Device device_{c10::kCPU};
   Precision precision_ = Precision::fp32;
+  SelfCheckReport self_check_;
+  std::unique_ptr<NonFiniteGuard> nonfinite_;
   int model_threads_ = 1;
   data::PipelineConfig pipeline_;
   std::unique_ptr<data::CachedDataset> train_ds_, val_ds_;

@@ -51,6 +51,45 @@ TEST(Cli, FrontRunsWithoutLibtorchAndHandsOverTheRest) {
   EXPECT_NE(missing.err.find("/nonexistent/medfast-torch"), std::string::npos) << missing.err;
 }
 
+// `medfast info --backends`: the front hands it to medfast-torch, which runs the start-up
+// self-check on the CPU (and every GPU) in each training dtype and reports every op.
+TEST(Cli, InfoBackendsReportsTheSelfCheckOfEveryDeviceAndDtype) {
+  const nlohmann::json j = json_of(medfast("info --backends --json --threads 1"));
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_FALSE(j["libtorch"].get<std::string>().empty());
+  EXPECT_TRUE(j.contains("onednn_enabled"));
+  EXPECT_FALSE(j.contains("error")) << j.dump(2);
+  std::set<std::string> seen;
+  for (const auto& c : j["checks"]) {
+    seen.insert(c["device"].get<std::string>() + "/" + c["dtype"].get<std::string>());
+    EXPECT_TRUE(c["ran"].get<bool>());
+    EXPECT_TRUE(c["passed"].get<bool>()) << c.dump(2);
+    EXPECT_EQ(c["ops"].size(), 10u);
+    for (const auto& op : c["ops"]) {
+      EXPECT_TRUE(op["passed"].get<bool>()) << op.dump();
+      EXPECT_LE(op["worst_ratio"].get<double>(), 1.0) << op.dump();
+    }
+  }
+  EXPECT_TRUE(seen.count("cpu/float32") && seen.count("cpu/bfloat16")) << j.dump(2);
+  EXPECT_EQ(seen.size(), j["checks"].size());
+  const auto text = medfast("info --backends");
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("float32: 10 ops match float64"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("conv3d 3x3x3 stride 1"), std::string::npos) << text.out;
+
+  const nlohmann::json off = json_of(test::run("MEDFAST_SELF_CHECK=off " + test::medfast_binary() + " info --backends --json"));
+  for (const auto& c : off["checks"]) {
+    EXPECT_FALSE(c["ran"].get<bool>());
+    EXPECT_NE(c["summary"].get<std::string>().find("not checked (self_check is off)"), std::string::npos);
+  }
+  const auto both = medfast("info --backends some.nii");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("a FILE or --backends, not both"), std::string::npos) << both.err;
+  const auto none = medfast("info");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("a FILE is required"), std::string::npos) << none.err;
+}
+
 TEST(Cli, ConfigShowReportsEachSource) {
   test::TempDir dir;
   test::write_file(dir / "cfg.yaml", "settings:\n  gzip_level: 3\n  threads: 2\n  log_level: warn\n");

@@ -18,6 +18,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/pretrained.hpp"
+#include "backend_check.hpp"
 #include "test_util.hpp"
 
 namespace medfast::nn {

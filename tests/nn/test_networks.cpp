@@ -9,6 +9,7 @@
 #include "medfast/nn/segresnet.hpp"
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/nn/unet.hpp"
+#include "backend_check.hpp"
 #include "test_util.hpp"
 
 namespace medfast::nn {

@@ -67,3 +67,17 @@ def test_ctrl_c_interrupts_a_run(tiny_config, tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode != 0 and "finished" not in out
     assert "KeyboardInterrupt" in err, err
+
+
+def test_check_backends_reports_the_self_check():
+    r = medfast.train.check_backends("cpu", "float32")
+    assert r["ran"] and r["passed"], r
+    assert r["device"] == "cpu" and r["dtype"] == "float32"
+    assert len(r["ops"]) == 10
+    assert all(op["passed"] and op["worst_ratio"] <= 1 for op in r["ops"]), r["ops"]
+    # Once per process, device and dtype: the same report again.
+    assert medfast.train.check_backends("cpu", "float32")["seconds"] == r["seconds"]
+    with pytest.raises(ValueError, match="not float32, bfloat16 or float16"):
+        medfast.train.check_backends("cpu", "int8")
+    with pytest.raises(ValueError, match="not cpu, cuda or cuda:N"):
+        medfast.train.check_backends("tpu")

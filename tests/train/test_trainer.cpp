@@ -29,6 +29,7 @@
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
+#include "medfast/train/nonfinite.hpp"
 #include "medfast/train/trainer.hpp"
 #include "test_util.hpp"
 
@@ -213,6 +214,187 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
   }
+}
+
+// A NaN loss in fp32 stops the run at that step, naming the epoch, the step and the last
+// finite loss; the checkpoints of earlier epochs stay, the bad epoch is not saved.
+TEST(Trainer, NonFiniteLossStopsTheRunAndKeepsEarlierCheckpoints) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 3;
+  TrainCallbacks cb;
+  double last_finite = 0;
+  cb.loss_filter = [&](int epoch, int step, const at::Tensor& loss) {
+    if (epoch == 2 && step == 2) return loss * std::nan("");  // as a diverging run's would be
+    last_finite = loss.item<double>();
+    return loss;
+  };
+  Trainer trainer(c, "", one_thread());
+  try {
+    trainer.run(false, cb);
+    FAIL() << "a NaN loss did not stop the run";
+  } catch (const NonFiniteLoss& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("training stopped at epoch 2, step 2 of "), std::string::npos) << m;
+    EXPECT_NE(m.find("the loss is nan (fp32 has no loss scaler"), std::string::npos) << m;
+    EXPECT_NE(m.find(str("the last finite loss was ", last_finite, " at epoch 2, step 1")), std::string::npos) << m;
+    EXPECT_NE(m.find(str(dir / "run/last.ckpt", " (epoch 1)")), std::string::npos) << m;
+    EXPECT_NE(m.find("epoch 2 is not saved"), std::string::npos) << m;
+    EXPECT_NE(m.find("optimizer.lr 0.005"), std::string::npos) << m;
+    EXPECT_NE(m.find("self-check passed"), std::string::npos) << m;
+  }
+  EXPECT_EQ(read_checkpoint_meta(dir / "run/last.ckpt")["epoch"], 1);
+  EXPECT_TRUE(os::exists(dir / "run/best.ckpt"));
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+  // The run was not damaged: it resumes and finishes.
+  const TrainResult r = Trainer(c, "", one_thread()).run(true);
+  ASSERT_EQ(r.history.size(), 3u);
+  for (const auto& e : r.history) EXPECT_TRUE(std::isfinite(e.loss));
+}
+
+// train.max_nonfinite_steps: bad steps are skipped (their NaN gradients never reach the
+// weights) until that many come in a row; 0 never stops.
+TEST(Trainer, NonFiniteStepsAreSkippedUntilTheLimitInARow) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["max_nonfinite_steps"] = 3;
+  c["train"]["epochs"] = 3;  // 5 training items in batches of 2: 3 steps an epoch
+  TrainCallbacks cb;
+  cb.loss_filter = [](int epoch, int step, const at::Tensor& loss) {
+    const bool bad = (epoch == 1 && step <= 2) || (epoch == 2 && step >= 2) || epoch == 3;
+    return bad ? loss * std::nan("") : loss;
+  };
+  try {
+    Trainer(c, "", one_thread()).run(false, cb);
+    FAIL() << "3 NaN steps in a row did not stop the run";
+  } catch (const NonFiniteLoss& e) {  // the row runs on across the epochs' end
+    EXPECT_NE(std::string(e.what()).find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("3 steps in a row (fp32"), std::string::npos) << e.what();
+  }
+  // Epochs 1 and 2 (2 skipped steps each, the others finite) finished with finite mean losses.
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  ASSERT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 2) << jsonl;
+  for (const auto& line : {jsonl.substr(0, jsonl.find('\n')), jsonl.substr(jsonl.find('\n') + 1)}) {
+    const auto e = nlohmann::json::parse(line);
+    EXPECT_EQ(e["steps"], 3) << line;
+    EXPECT_EQ(e["skipped_steps"], 2) << line;
+    EXPECT_TRUE(e["loss"].is_number()) << line;
+    EXPECT_TRUE(e["dice"].is_number()) << line;
+  }
+
+  // 0: never stop; every step skipped leaves the weights as they were initialised.
+  c["train"]["max_nonfinite_steps"] = 0;
+  c["train"]["epochs"] = 1;
+  c["train"]["run_dir"] = dir / "never";
+  cb.loss_filter = [](int, int, const at::Tensor& loss) { return loss * std::nan(""); };
+  const TrainResult r = Trainer(c, "", one_thread()).run(false, cb);
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_EQ(r.history[0].skipped_steps, r.history[0].steps);
+  EXPECT_TRUE(std::isnan(r.history[0].loss));
+  torch::manual_seed(c["train"]["seed"].get<std::uint64_t>());
+  auto init = nn::make_network(c["model"]);
+  const auto trained = checkpoint_tensors(dir / "never/last.ckpt", c["model"]);
+  for (const auto& p : init.ptr()->named_parameters()) {
+    EXPECT_TRUE(at::equal(p.value(), trained.at(p.key()))) << p.key() << " changed by a skipped step";
+  }
+  c["train"]["max_nonfinite_steps"] = -2;
+  EXPECT_THROW(Trainer(c, "", one_thread()), ConfigError);
+  EXPECT_EQ(max_nonfinite_steps(-1, Precision::fp32), kDefaultMaxNonfiniteSteps);
+  EXPECT_EQ(max_nonfinite_steps(-1, Precision::bf16), kDefaultMaxNonfiniteSteps);
+  EXPECT_EQ(max_nonfinite_steps(-1, Precision::fp16), kDefaultMaxNonfiniteStepsFp16);
+  EXPECT_EQ(max_nonfinite_steps(5, Precision::fp16), 5);
+}
+
+// Logits with NaN are scored as NaN (null), never as Dice 0 nor left out of the mean:
+// in training's validation, in eval; infer refuses to write their labels.
+TEST(Trainer, NaNLogitsAreReportedAsSuchNotAsDiceZero) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  Trainer(c, "", one_thread()).run(false, {}, false);  // 2 epochs
+  // Poison the last checkpoint's weights (NaN everywhere), as a diverged run would leave them.
+  c["train"]["epochs"] = 3;
+  c["train"]["max_nonfinite_steps"] = 0;  // train on (skipping every step) to reach validation
+  {
+    torch::manual_seed(0);
+    auto net = nn::make_network(c["model"]);
+    const RunConfig rc = [&] {
+      Settings s = one_thread();
+      return load_run_config(c, "", s);
+    }();
+    auto opt = make_optimizer(net.ptr()->parameters(), rc.optimizer);
+    nlohmann::json meta = load_checkpoint(dir / "run/last.ckpt", *net.ptr(), opt.get());
+    torch::NoGradGuard g;
+    for (auto& p : net.ptr()->parameters()) p.fill_(std::nan(""));
+    save_checkpoint(dir / "run/last.ckpt", *net.ptr(), opt.get(), meta);
+    save_checkpoint(dir / "run/nan.ckpt", *net.ptr(), nullptr, meta);
+  }
+  const TrainResult r = Trainer(c, "", one_thread()).run(true);
+  ASSERT_EQ(r.history.size(), 3u);
+  const EpochRecord& e = r.history[2];
+  ASSERT_TRUE(e.dice.has_value());
+  EXPECT_TRUE(std::isnan(*e.dice));
+  for (double d : e.dice_per_class) EXPECT_TRUE(std::isnan(d));
+  EXPECT_EQ(e.nonfinite_validation_cases, 1);
+  EXPECT_LT(r.best_epoch, 3);  // NaN is never the best
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  const auto third = nlohmann::json::parse(jsonl.substr(jsonl.rfind('\n', jsonl.size() - 2) + 1));
+  EXPECT_TRUE(third["dice"].is_null()) << third.dump();
+  EXPECT_EQ(third["nonfinite_validation_cases"], 1) << third.dump();
+
+  EvalOptions eo;
+  const EvalResult er = evaluate(dir / "run/nan.ckpt", nullptr, "", one_thread(), eo);
+  ASSERT_FALSE(er.cases.empty());
+  EXPECT_EQ(er.nonfinite_cases, static_cast<std::int64_t>(er.cases.size()));
+  EXPECT_TRUE(std::isnan(er.mean_dice));
+  for (const auto& cs : er.cases) {
+    for (double d : cs.dice) EXPECT_TRUE(std::isnan(d));
+  }
+  EXPECT_TRUE(er.to_json()["mean_dice"].is_null());
+
+  const auto images = os::list_directory(dir / "data/imagesTr");
+  ASSERT_FALSE(images.empty());
+  InferOptions io;
+  try {
+    infer(dir / "run/nan.ckpt", {dir / ("data/imagesTr/" + images[0])}, dir / "out", io, one_thread());
+    FAIL() << "labels of NaN logits were written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds NaN or infinity"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(images[0]), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(os::list_directory(dir / "out").empty());
+}
+
+TEST(NonFiniteGuard, CountsBadStepsInARowPerPrecision) {
+  NonFiniteGuard fp16(Precision::fp16, 3);
+  const auto none = [] { return std::string(); };
+  fp16.record(1, 1, 10, 0.5, false, none);  // an overflow while the scale settles
+  fp16.record(1, 2, 10, 0.5, false, none);
+  fp16.record(1, 3, 10, 0.4, true, none);   // a clean step resets the count
+  EXPECT_EQ(fp16.bad_in_a_row(), 0);
+  fp16.record(1, 4, 10, std::nan(""), false, none);
+  fp16.record(1, 5, 10, INFINITY, false, none);
+  try {
+    fp16.record(1, 6, 10, 0.7, false, [] { return std::string("kept: nothing"); });
+    FAIL() << "3 skipped fp16 steps in a row did not stop";
+  } catch (const NonFiniteLoss& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("epoch 1, step 6 of 10: the fp16 loss scaler skipped the step"), std::string::npos) << m;
+    EXPECT_NE(m.find("3 steps in a row"), std::string::npos) << m;
+    EXPECT_NE(m.find("the last finite loss was 0.7 at epoch 1, step 6"), std::string::npos) << m;
+    EXPECT_NE(m.find(". kept: nothing"), std::string::npos) << m;
+  }
+  NonFiniteGuard fp32(Precision::fp32, 1);
+  try {
+    fp32.record(3, 1, 4, 0.25, false, none);  // finite loss, non-finite gradients
+    FAIL();
+  } catch (const NonFiniteLoss& e) {
+    EXPECT_NE(std::string(e.what()).find("the gradients are not finite (loss 0.25)"), std::string::npos) << e.what();
+  }
+  NonFiniteGuard never(Precision::bf16, 0);
+  for (int i = 1; i <= 100; ++i) never.record(1, i, 100, std::nan(""), false, none);
+  EXPECT_EQ(never.bad_in_a_row(), 100);
+  EXPECT_THROW(NonFiniteGuard(Precision::fp32, -1), ValueError);
 }
 
 TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
@@ -611,6 +793,33 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   const TrainResult rb = Trainer(b, "", one_thread()).run(true);
   ASSERT_EQ(rb.history.size(), 2u);
   EXPECT_EQ(ra.history[1].loss, rb.history[1].loss);
+}
+
+// fp16 on CUDA: a real overflow (the loss scaled past float16's range) is skipped by the
+// scaler, which backs its scale off; train.max_nonfinite_steps skips in a row stop the run.
+TEST(TrainerGpu, Fp16OverflowIsSkippedThenStopsAfterTheLimit) {
+  MEDFAST_REQUIRE_CUDA();
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["device"] = "cuda";
+  c["train"]["amp"] = "fp16";
+  c["train"]["max_nonfinite_steps"] = 4;
+  c["train"]["epochs"] = 3;  // 3 steps an epoch
+  TrainCallbacks cb;
+  cb.loss_filter = [](int epoch, int step, const at::Tensor& loss) {
+    // Epoch 1, steps 1-2: two overflows (recovered); from epoch 2 on: overflows for good.
+    return (epoch == 1 && step <= 2) || epoch >= 2 ? loss * 1e38 : loss;
+  };
+  try {
+    Trainer(c, "", one_thread()).run(false, cb);
+    FAIL() << "4 skipped fp16 steps in a row did not stop the run";
+  } catch (const NonFiniteLoss& e) {
+    EXPECT_NE(std::string(e.what()).find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16 loss scaler skipped"), std::string::npos) << e.what();
+  }
+  const auto first = nlohmann::json::parse(test::read_file(dir / "run/metrics.jsonl"));
+  EXPECT_EQ(first["skipped_steps"], 2) << first.dump();
+  EXPECT_TRUE(first["loss"].is_number()) << first.dump();
 }
 
 // On a GPU, each cache kind that keeps samples in GPU memory (device) or reads them

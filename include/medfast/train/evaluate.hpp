@@ -25,6 +25,8 @@ struct EvalResult {
   std::vector<double> mean_per_class;
   double mean_dice = 0;
   std::optional<double> mean_hd95;
+  /// Cases whose logits held NaN or infinity: their scores and the means are NaN (null).
+  std::int64_t nonfinite_cases = 0;
   nlohmann::json to_json() const;
 };
 struct EvalOptions {

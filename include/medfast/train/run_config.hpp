@@ -38,6 +38,10 @@ struct TrainOptions {
   /// CUDA: deterministic cuDNN algorithms (no autotuning), so that resume is bit-identical
   /// there too (MONAI's set_determinism does the same); false lets cuDNN pick the fastest.
   bool deterministic = true;
+  /// Bad steps in a row (non-finite loss or gradients; fp16: steps the loss scaler skipped)
+  /// that stop the run; -1: kDefaultMaxNonfiniteSteps, fp16 kDefaultMaxNonfiniteStepsFp16
+  /// (train/nonfinite.hpp); 0: never stop.
+  int max_nonfinite_steps = -1;
   /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
   ProfileOptions profile;
   void validate() const;

@@ -8,7 +8,8 @@
 ///   optimizer:   {name: SGD|Adam|AdamW|Novograd, lr, ...}                         (optim.hpp)
 ///   schedule:    {name: constant|warmup_cosine|poly, ...}, stepped once per epoch (optim.hpp)
 ///   validation:  {interval: 1, sliding_window: {roi_size, sw_batch_size, overlap, mode}, hd95: false}
-///   train:       {run_dir, epochs, seed, device, amp, target_dice, threads, image_key, label_key, deterministic}
+///   train:       {run_dir, epochs, seed, device, amp, target_dice, threads, image_key, label_key, deterministic,
+///                 max_nonfinite_steps}
 ///   settings:    medfast settings (threads, ...; see `medfast config show`)
 ///
 /// Reproducibility: the network's initial weights come from train.seed; each epoch
@@ -20,6 +21,12 @@
 /// Files in run_dir: last.ckpt (every epoch), best.ckpt (best validation Dice),
 /// metrics.jsonl (one JSON object per epoch, rewritten atomically), config.json
 /// (the resolved config). Under DDP only rank 0 writes them.
+///
+/// Before the first forward the backends are checked against float64 (nn/self_check.hpp;
+/// setting self_check). Non-finite losses stop the run (train/nonfinite.hpp) with
+/// NonFiniteLoss; checkpoints already written stay, the bad epoch is not saved.
+#include <ATen/ATen.h>
+
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,12 +48,15 @@ struct StageTimes {
 
 struct EpochRecord {
   int epoch = 0;          ///< 1-based
-  int steps = 0, skipped_steps = 0;
+  int steps = 0, skipped_steps = 0;  ///< skipped: non-finite loss or gradients (not applied)
   double loss = 0;        ///< mean training loss
   double lr = 0;
   std::optional<double> dice;            ///< mean validation Dice (validation epochs)
   std::vector<double> dice_per_class;
   std::optional<double> hd95;
+  /// Validation cases whose logits held NaN or infinity: then dice and hd95 are NaN
+  /// (null in JSON), not a mean over the other cases.
+  std::int64_t nonfinite_validation_cases = 0;
   StageTimes times;
   double seconds = 0;     ///< this epoch
   double elapsed = 0;     ///< since the run started (cumulative over resumes)
@@ -81,6 +91,9 @@ struct TrainCallbacks {
   std::function<void(int epoch, int step, int steps, double loss)> step;
   /// Cache fill before training: what ("training items", "validation items"), items done, in all.
   std::function<void(const std::string& what, std::size_t done, std::size_t total)> progress;
+  /// Tests only: sees each step's loss (epoch and step 1-based) before backward and may
+  /// replace it (a NaN, an fp16 overflow), as a diverging run or a faulty backend would.
+  std::function<at::Tensor(int epoch, int step, const at::Tensor& loss)> loss_filter;
 };
 
 class Trainer {

@@ -1,0 +1,194 @@
+// The start-up self-check (nn/self_check.hpp): it passes right backends, catches an
+// injected faulty op, switches the faulty backend off and checks again, and stops with
+// the reason when nothing it can switch off helps.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "medfast/train/self_check.hpp"
+#include "backend_check.hpp"
+
+namespace medfast::train {
+namespace {
+
+constexpr const char* kOneDnn = "oneDNN (mkldnn)";
+
+/// Each test leaves oneDNN as it found it (a check may switch it off for the process).
+class SelfCheck : public ::testing::Test {
+ protected:
+  void SetUp() override { mkldnn_was_ = at::globalContext().userEnabledMkldnn(); }
+  void TearDown() override { at::globalContext().setUserEnabledMkldnn(mkldnn_was_); }
+  /// oneDNN on, as on a machine nothing was switched off on; skips where it is not built in.
+  bool with_onednn() {
+    if (!at::hasMKLDNN()) return false;
+    at::globalContext().setUserEnabledMkldnn(true);
+    return true;
+  }
+  bool mkldnn_was_ = true;
+};
+
+TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
+  for (const auto dtype : {at::kFloat, at::kBFloat16}) {
+    SelfCheckOptions o;
+    o.dtype = dtype;
+    const SelfCheckReport r = run_self_check(o);
+    EXPECT_TRUE(r.ran);
+    EXPECT_TRUE(r.passed()) << r.summary();
+    EXPECT_EQ(r.device, "cpu");
+    EXPECT_FALSE(r.hardware.empty());
+    ASSERT_EQ(r.ops.size(), 10u);
+    std::set<std::string> names;
+    for (const auto& op : r.ops) {
+      names.insert(op.op);
+      EXPECT_TRUE(op.passed) << op.op << " " << op.backend << " " << op.max_abs_error;
+      EXPECT_LE(op.worst_ratio, 1.0) << op.op;
+      EXPECT_TRUE(std::isfinite(op.max_abs_error)) << op.op;
+      EXPECT_FALSE(op.backend.empty()) << op.op;
+    }
+    for (const char* want : {"conv3d 3x3x3 stride 1", "conv3d 3x3x3 stride 2", "conv3d 1x1x1 stride 1",
+                             "conv3d 1x1x1 stride 2", "conv3d 3x3x3 backward (input)", "conv3d 3x3x3 backward (weight)",
+                             "conv_transpose3d 3x3x3 stride 2", "conv_transpose3d 2x2x2 stride 2", "linear (matmul)",
+                             "window attention"}) {
+      EXPECT_TRUE(names.count(want)) << want;
+    }
+    // Nothing is switched off without a failure that made it so (a machine whose oneDNN
+    // is faulty shows both: that is what the check is for).
+    EXPECT_EQ(r.switched_off.empty(), r.failed_first.empty()) << r.summary();
+  }
+}
+
+TEST_F(SelfCheck, BoundsAreTightEnoughToCatchSmallErrorsAndLooseEnoughForRounding) {
+  // Right results perturbed by a float32 rounding error or two pass; 1% off fails.
+  SelfCheckOptions o;
+  o.inject = [](const std::string&, const std::string&, at::Tensor& out) {
+    out.mul_(1 + 2 * std::numeric_limits<float>::epsilon());
+  };
+  EXPECT_TRUE(run_self_check(o).passed());
+  o.inject = [](const std::string& op, const std::string&, at::Tensor& out) {
+    if (op == "conv3d 3x3x3 stride 2") out.mul_(1.01);
+  };
+  try {
+    run_self_check(o);
+    ADD_FAILURE() << "a conv3d 1% off passed";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("conv3d 3x3x3 stride 2"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(SelfCheck, FaultyOneDnnIsSwitchedOffAndEveryOpCheckedAgain) {
+  if (!with_onednn()) GTEST_SKIP() << "this libtorch has no oneDNN to switch off";
+  // As on the AMD EPYC of docs/compat.md: oneDNN's 3x3x3 convolutions return NaN.
+  int calls = 0;
+  SelfCheckOptions o;
+  o.inject = [&](const std::string& op, const std::string& backend, at::Tensor& out) {
+    ++calls;
+    if (backend == kOneDnn && op.rfind("conv3d 3x3x3", 0) == 0) out.fill_(std::nan(""));
+  };
+  const SelfCheckReport r = run_self_check(o);
+  EXPECT_EQ(calls, 20);  // every op, twice
+  EXPECT_TRUE(r.passed()) << r.summary();
+  EXPECT_FALSE(at::globalContext().userEnabledMkldnn());
+  ASSERT_EQ(r.switched_off, std::vector<std::string>{kOneDnn});
+  ASSERT_EQ(r.failed_first.size(), 4u);  // stride 1, stride 2, and the backward's two
+  for (const auto& f : r.failed_first) {
+    EXPECT_EQ(f.backend, kOneDnn);
+    EXPECT_TRUE(std::isnan(f.max_abs_error));
+    EXPECT_FALSE(f.passed);
+  }
+  for (const auto& op : r.ops) {
+    if (op.op.rfind("conv", 0) == 0) EXPECT_NE(op.backend, kOneDnn) << op.op;
+  }
+  const std::string s = r.summary();
+  EXPECT_NE(s.find("conv3d 3x3x3 stride 1 computed by oneDNN (mkldnn) returns NaN"), std::string::npos) << s;
+  EXPECT_NE(s.find("oneDNN (mkldnn) switched off for this process"), std::string::npos) << s;
+  const nlohmann::json j = r.to_json();
+  EXPECT_EQ(j["switched_off"][0], kOneDnn);
+  EXPECT_TRUE(j["failed_first"][0]["max_abs_error"].is_null());
+  EXPECT_TRUE(j["passed"].get<bool>());
+}
+
+TEST_F(SelfCheck, WrongMathNothingCanSwitchOffStopsWithTheReason) {
+  const bool onednn = with_onednn();
+  // A BLAS that is wrong: nothing medfast can switch off computes the linear layer.
+  SelfCheckOptions o;
+  o.inject = [](const std::string& op, const std::string&, at::Tensor& out) {
+    if (op == "linear (matmul)") out.add_(52.8);
+  };
+  try {
+    run_self_check(o);
+    ADD_FAILURE() << "a wrong matmul passed";
+  } catch (const BackendError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("linear (matmul) computed by BLAS"), std::string::npos) << m;
+    EXPECT_NE(m.find("is off by up to 52.8"), std::string::npos) << m;
+    EXPECT_NE(m.find("on cpu ("), std::string::npos) << m;
+    EXPECT_NE(m.find("MEDFAST_SELF_CHECK=off"), std::string::npos) << m;
+    EXPECT_EQ(m.find("switched off"), std::string::npos) << m;
+  }
+  EXPECT_EQ(at::globalContext().userEnabledMkldnn(), onednn);  // not implicated: left on
+
+  // A convolution wrong on every backend: oneDNN is switched off, the ops checked again,
+  // and the check stops saying that it stayed wrong.
+  if (!onednn) return;
+  o.inject = [](const std::string& op, const std::string&, at::Tensor& out) {
+    if (op == "conv_transpose3d 2x2x2 stride 2") out.zero_();
+  };
+  try {
+    run_self_check(o);
+    ADD_FAILURE() << "a zero conv_transpose3d passed";
+  } catch (const BackendError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("conv_transpose3d 2x2x2 stride 2 computed by ATen"), std::string::npos) << m;
+    EXPECT_NE(m.find("stays wrong with oneDNN (mkldnn) switched off"), std::string::npos) << m;
+  }
+}
+
+TEST_F(SelfCheck, AnOpThatThrowsFailsWithItsMessage) {
+  SelfCheckOptions o;
+  o.inject = [](const std::string& op, const std::string&, at::Tensor& out) {
+    if (op == "window attention") out = out.narrow(-1, 0, 3);  // a wrong shape
+  };
+  try {
+    run_self_check(o);
+    ADD_FAILURE() << "a wrong shape passed";
+  } catch (const BackendError& e) {
+    EXPECT_NE(std::string(e.what()).find("window attention computed by"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("failed: shape"), std::string::npos) << e.what();
+  }
+  o.dtype = at::kInt;
+  EXPECT_THROW(run_self_check(o), ValueError);
+}
+
+TEST_F(SelfCheck, OncePerProcessDeviceAndDtype) {
+  // The environment of this binary checked cpu/float32 before any test ran.
+  const SelfCheckReport a = ensure_backends_checked(c10::Device(c10::kCPU), at::kFloat);
+  const SelfCheckReport b = ensure_backends_checked(c10::Device(c10::kCPU), at::kFloat);
+  EXPECT_EQ(a.seconds, b.seconds);  // the same report, not a second run
+  EXPECT_TRUE(a.ran);
+  bool listed = false;
+  for (const auto& r : backend_reports()) listed = listed || (r.device == "cpu" && r.dtype == "float32");
+  EXPECT_TRUE(listed);
+  const SelfCheckReport off = ensure_backends_checked(c10::Device(c10::kCPU), at::kBFloat16, /*enabled=*/false);
+  EXPECT_FALSE(off.ran);
+  EXPECT_TRUE(off.ops.empty());
+  EXPECT_NE(off.summary().find("not checked (self_check is off)"), std::string::npos);
+}
+
+TEST(SelfCheckGpu, CudaBackendsPassInEveryTrainingDtype) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a CUDA device: libtorch without CUDA, or no GPU here";
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    SelfCheckOptions o;
+    o.device = c10::Device(c10::kCUDA);
+    o.dtype = dtype;
+    const SelfCheckReport r = run_self_check(o);
+    EXPECT_TRUE(r.passed()) << r.summary();
+    EXPECT_EQ(r.device, "cuda:0");
+    EXPECT_TRUE(r.switched_off.empty()) << r.summary();
+    for (const auto& op : r.ops) EXPECT_LE(op.worst_ratio, 1.0) << op.op << " " << op.backend;
+  }
+}
+
+}  // namespace
+}  // namespace medfast::train
