@@ -8,7 +8,12 @@
 #                                 12.4, libcufile, NCCL: builds every target with
 #                                 CUDA enabled (NCCL found) and runs all of ctest
 #                                 against the CUDA libtorch (gpu tests skip: no GPU)
-#   bash scripts/compat.sh cpu|cuda shell   a shell inside the root
+#   bash scripts/compat.sh bundle libtorch-dev 2.6, a compiler, CMake and ninja, and none
+#                                 of medfast's -dev packages: builds against the bundle
+#                                 of scripts/gpu_bundle.sh (.gpu/usr, from Debian 12's
+#                                 packages, as the lent GPU machines get it) and runs all
+#                                 of ctest: the proof that the bundle is complete
+#   bash scripts/compat.sh cpu|cuda|bundle shell   a shell inside the root
 #
 # Extra arguments after the variant go to ctest (e.g. -R Nifti).
 #
@@ -37,8 +42,8 @@ set -euo pipefail
 variant=${1:-}
 shift || true
 case "$variant" in
-  cpu|cuda) ;;
-  *) echo "usage: bash scripts/compat.sh cpu|cuda [shell | ctest arguments...]" >&2; exit 2 ;;
+  cpu|cuda|bundle) ;;
+  *) echo "usage: bash scripts/compat.sh cpu|cuda|bundle [shell | ctest arguments...]" >&2; exit 2 ;;
 esac
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -82,6 +87,17 @@ COMMON=(
 )
 if [ "$variant" = cpu ]; then
   PACKAGES=("${COMMON[@]}" libtorch-dev python3-torch libgloo-dev)
+elif [ "$variant" = bundle ]; then
+  # A compiler, CMake, ninja and libtorch (with what it pulls in), and the tests' references
+  # and tools (Python with numpy, nibabel, torch, pydicom; dcmtk, OpenJPEG's tools): no
+  # pkg-config and none of medfast's -dev packages. .gpu/usr brings the rest.
+  PACKAGES=(build-essential cmake ninja-build ccache git ca-certificates libtorch-dev libopenblas0-openmp
+            python3 python3-numpy python3-nibabel python3-scipy python3-torch python3-pydicom python3-pytest
+            dcmtk libopenjp2-tools fio time)
+  if [ ! -d "$src/.gpu/usr/include" ]; then
+    echo "compat: bundle needs the bundle: run bash scripts/gpu_bundle.sh first (it makes .gpu/usr)" >&2
+    exit 2
+  fi
 else
   PACKAGES=("${COMMON[@]}" libtorch-cuda-dev python3-torch-cuda libgloo-cuda-dev nvidia-cuda-toolkit nvidia-cuda-toolkit-gcc
             libcufile-dev libnccl-dev)
@@ -169,6 +185,18 @@ if [ "${1:-}" = shell ]; then
   say "shell in $root (the clone is at /src/medfast, read-only)"
   in_root bash -l || true
   exit 0
+fi
+
+if [ "$variant" = bundle ]; then
+  # Which of medfast's build dependencies the root has anyway (libtorch-dev pulls them in).
+  have=()
+  for p in liburing-dev libdeflate-dev zlib1g-dev libxxhash-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev \
+           libgloo-dev libjpeg62-turbo-dev libopenjp2-7-dev libcharls-dev libgdcm-dev libgtest-dev libgmock-dev \
+           pkgconf pybind11-dev; do
+    if in_root dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then have+=("$p"); fi
+  done
+  say "of medfast's build dependencies the root has: ${have[*]:-none}; the rest come from .gpu/usr"
+  cmake_extra=(-DMEDFAST_DEPS_PREFIX=/src/medfast/.gpu/usr)
 fi
 
 # 4. Build (deprecated torch API is an error on 2.x) and test.

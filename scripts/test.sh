@@ -2,7 +2,8 @@
 # Sets up, builds and runs medfast's tests: the README's test command, and what CI runs.
 #   1. installs the Debian packages (scripts/setup.sh, idempotent)
 #   2. builds medfast and its tests (build/), and the fuzz target with clang (build-fuzz/)
-#   3. runs a short libFuzzer smoke run, then the test suite with ctest
+#   3. runs a short libFuzzer smoke run, then the test suite with ctest, then the GPU
+#      campaign's dry run (scripts/gpu_check.sh --dry-run: what needs a GPU is skipped)
 #   4. the sanitizer job: ASan+UBSan builds (build-asan/) of the torch-free library
 #      and of the NIfTI, tensor I/O and cache-entry tests, and runs them
 # MEDFAST_FUZZ_SECONDS (default 60) sets the length of the fuzz run.
@@ -25,6 +26,11 @@ ctest --test-dir build-fuzz --output-on-failure
 
 echo "== test suite"
 ctest --test-dir build --output-on-failure -j "$jobs"
+
+# The GPU campaign's script (issue 21) without a GPU: the build folder reused, the steps
+# that need a GPU marked skipped; its table is printed.
+echo "== GPU campaign, dry run"
+bash scripts/gpu_check.sh --dry-run --build build --out build/gpu_check_dry
 
 # The sanitizer job: ASan+UBSan builds of the torch-free library and its tests
 # (leak checking on), and of the NIfTI, tensor file engine and cache-entry tests.
