@@ -23,6 +23,7 @@
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/core/rank_env.hpp"
 #include "medfast/core/settings.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -346,6 +347,14 @@ class Loader {
 // train
 
 py::object train_run(const py::object& config, bool resume, bool overwrite, const py::object& on_epoch) {
+  // Under torchrun or srun every process would train alone on its share of the data, with
+  // no gradient averaging and every rank writing the same run_dir (issue 21, finding 3).
+  if (const RankEnvironment env = RankEnvironment::read(); env.distributed()) {
+    throw ValueError(str("medfast.train.run trains in one process, and this one is rank ", env.rank, " of ",
+                         env.world_size, " (RANK/WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS are set): for "
+                         "distributed training run `medfast launch --nproc N train --config CFG` on each node, "
+                         "or `medfast train` under torchrun/srun"));
+  }
   const ConfigSource src = config_from(config);
   train::Trainer trainer(src.root, src.path == "config dict" ? "" : src.path, settings_copy());
   train::TrainCallbacks cb;

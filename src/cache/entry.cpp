@@ -166,14 +166,17 @@ Sample read_entry(const std::string& path, const std::string& expected_key, cons
       const at::ScalarType stored = parse_dtype(p.at("stored_dtype"), "cache entry");
       const at::ScalarType logical = parse_dtype(p.at("dtype"), "cache entry");
       // Host payloads land in O_DIRECT-aligned memory; device payloads straight in GPU memory.
-      at::Tensor raw = dev.is_cpu() ? io::empty_aligned(static_cast<std::size_t>(length))
-                                    : at::empty({static_cast<std::int64_t>(length)},
-                                                at::TensorOptions().dtype(at::kByte).device(dev));
+      // Index arrays (FgBgToIndices' runs) stay on the host even for a device read: the
+      // random crops read them with the CPU, and a GPU copy would come back every sample.
+      const at::Device pdev = p.at("kind") == "volume" ? dev : at::Device(at::kCPU);
+      at::Tensor raw = pdev.is_cpu() ? io::empty_aligned(static_cast<std::size_t>(length))
+                                     : at::empty({static_cast<std::int64_t>(length)},
+                                                 at::TensorOptions().dtype(at::kByte).device(pdev));
       XXH3_state_t* state = XXH3_createState();
       if (!state) throw std::bad_alloc();
       std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> owned(state, &XXH3_freeState);
       XXH3_64bits_reset(state);
-      const bool verify = verify_payloads || dev.is_cpu();
+      const bool verify = verify_payloads || pdev.is_cpu();
       io::HostBytes observe;
       if (verify) observe = [state](const void* d, std::size_t n) { XXH3_64bits_update(state, d, n); };
       const std::size_t got = length == 0 ? 0 : io::read_into(f, raw, offset, observe);

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "medfast/core/log.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::cache {
@@ -29,7 +30,9 @@ Sample to_device(const Sample& s, const at::Device& device) {
     moved.data = v.data.to(device);
     out.volumes[k] = std::move(moved);
   }
-  for (const auto& [k, a] : s.arrays) out.arrays[k] = a.to(device);
+  // Index arrays stay on the host: RandCropByPosNegLabel reads them with the CPU, and on
+  // the GPU they would be copied back, blocking, for every sample (issue 21, finding 9).
+  out.arrays = s.arrays;
   return out;
 }
 
@@ -165,7 +168,7 @@ at::Device cuda_device(const StoreOptions& o) {
     throw ValueError(str("cache kind ", o.kind, " keeps samples in GPU memory, but no CUDA device is available "
                          "(libtorch without CUDA, or no GPU); use memory or disk"));
   }
-  return at::Device(o.device);
+  return io::resolve_device(o.device);  // "cuda": this thread's GPU, not the fill threads' GPU 0
 }
 
 }  // namespace

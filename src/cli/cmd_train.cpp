@@ -126,15 +126,24 @@ std::string train_device(const nlohmann::json& config) {
 /// complete rather than write at the same time. Every rank then says whether it
 /// succeeded, so a failure on one rank stops the others at once instead of
 /// leaving them in a collective until the timeout. Under DDP, train.device "cuda"
-/// means this node's GPU number LOCAL_RANK (an explicit cuda:N is kept).
+/// means this rank's GPU: LOCAL_RANK's, or the one GPU a task sees (local_cuda_index);
+/// an explicit cuda:N is kept where it cannot put several ranks on one GPU.
 std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, train::Collective* comm,
-                                              int local_rank) {
+                                              const dist::DistOptions& dist) {
   auto build = [&] {
     nlohmann::json config = run_config(a.config, a.sets);
     if (!a.profile.empty()) config["train"]["profile"] = a.profile;
     if (comm && config.contains("train") && config["train"].is_object()) {
       nlohmann::json& t = config["train"];
-      if (t.contains("device") && t["device"] == "cuda") t["device"] = str("cuda:", local_rank);
+      if (t.contains("device") && t["device"].is_string()) {
+        const std::string device = t["device"];
+        const int visible = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
+        if (device == "cuda") {
+          t["device"] = str("cuda:", local_cuda_index(dist.local_rank, visible));
+        } else {
+          check_explicit_cuda_index(device, dist.local_world_size, visible);
+        }
+      }
     }
     return std::make_unique<train::Trainer>(std::move(config), a.config, ctx.settings);
   };
@@ -193,7 +202,7 @@ int run_train(const TrainArgs& a, Context& ctx) {
 int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Collective>& comm,
                const dist::DistOptions& dist_options) {
   const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
-  std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options.local_rank);
+  std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options);
   if (comm) trainer->set_collective(comm);
   train::TrainCallbacks cb;
   const int epochs = trainer->options().epochs;

@@ -5,17 +5,55 @@
 // a one-line message and a non-zero exit code.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "app.hpp"
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
 
+namespace {
+
+/// libtorch's warnings, each distinct message printed once: some come from every step
+/// (an op without a deterministic kernel under train.deterministic on CUDA), and a
+/// training log of thousands of copies hides everything else.
+class OnceWarningHandler : public c10::WarningHandler {
+ public:
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning& warning) override { print(warning.msg()); }
+#else
+  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { print(msg); }
+#endif
+
+ private:
+  void print(const std::string& msg) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!seen_.insert(msg).second) return;
+    std::fprintf(stderr, "medfast: libtorch warning (shown once): %s\n", msg.c_str());
+  }
+  std::mutex mutex_;
+  std::set<std::string> seen_;
+};
+
+void install_once_warning_handler() {
+  static OnceWarningHandler handler;
+#if TORCH_VERSION_MAJOR >= 2
+  c10::WarningUtils::set_warning_handler(&handler);
+#else
+  c10::Warning::set_warning_handler(&handler);
+#endif
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace medfast;
+  install_once_warning_handler();
   CLI::App app{"medfast: fast end-to-end training of 3D medical-image segmentation models"};
   cli::Context ctx;
   std::map<std::string, std::string> flag_values;

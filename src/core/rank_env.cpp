@@ -45,6 +45,17 @@ RankEnvironment RankEnvironment::read(const Lookup& lookup) {
   if (world && o.world_size < 1) throw ValueError(str("environment ", world_var, "='", *world, "' must be at least 1"));
   if (rank && o.rank < 0) throw ValueError(str("environment ", rank_var, "='", *rank, "' must be at least 0"));
   if (local && o.local_rank < 0) throw ValueError(str("environment ", local_var, "='", *local, "' must be at least 0"));
+  if (!slurm) {
+    if (const auto lws = env("LOCAL_WORLD_SIZE")) {
+      o.local_world_size = env_int("LOCAL_WORLD_SIZE", *lws);
+      if (o.local_world_size < 1) {
+        throw ValueError(str("environment LOCAL_WORLD_SIZE='", *lws, "' must be at least 1"));
+      }
+      if (local && o.local_rank >= o.local_world_size) {
+        throw ValueError(str("environment LOCAL_RANK='", *local, "' is not below LOCAL_WORLD_SIZE=", o.local_world_size));
+      }
+    }
+  }
   if (rank && !world) {
     throw ValueError(str("environment ", rank_var, "='", *rank, "' is set but ", world_var, " is not"));
   }
@@ -65,6 +76,25 @@ RankEnvironment RankEnvironment::read(const Lookup& lookup) {
     }
   }
   return o;
+}
+
+int local_cuda_index(int local_rank, int visible_devices) {
+  if (visible_devices < 1) {
+    throw ValueError(str("LOCAL_RANK ", local_rank, ": this process sees no CUDA device (CUDA_VISIBLE_DEVICES, the driver)"));
+  }
+  if (visible_devices == 1) return 0;  // one GPU per task: its own, whatever LOCAL_RANK says
+  if (local_rank < visible_devices) return local_rank;
+  throw ValueError(str("LOCAL_RANK ", local_rank, " has no GPU: this process sees ", visible_devices,
+                       " CUDA devices (0..", visible_devices - 1,
+                       "); start at most that many ranks on this node, or give each rank one GPU "
+                       "(CUDA_VISIBLE_DEVICES)"));
+}
+
+void check_explicit_cuda_index(const std::string& device, int local_world_size, int visible_devices) {
+  if (device.rfind("cuda:", 0) != 0 || local_world_size <= 1 || visible_devices <= 1) return;
+  throw ValueError(str("train.device ", device, " names one GPU for every one of this node's ", local_world_size,
+                       " ranks (LOCAL_WORLD_SIZE), which see ", visible_devices,
+                       " GPUs: use train.device cuda, and each rank takes LOCAL_RANK's GPU"));
 }
 
 }  // namespace medfast

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "medfast/core/error.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/core/parallel.hpp"
 #include "medfast/core/random.hpp"
 
@@ -33,6 +34,9 @@ void LoaderOptions::validate() const {
 Loader::Loader(std::size_t size, Source source, transforms::RandomChain chain, LoaderOptions options)
     : size_(size), source_(std::move(source)), chain_(std::move(chain)), options_(std::move(options)) {
   options_.validate();
+  // "cuda" means the constructing thread's GPU (the rank's, the Python caller's after
+  // torch.cuda.set_device): resolved here, since the worker threads all start on GPU 0.
+  options_.device = io::resolve_device(options_.device).str();
   if (size_ == 0) throw ValueError("loader: the dataset is empty");
 }
 

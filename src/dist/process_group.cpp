@@ -531,6 +531,7 @@ DistOptions DistOptions::from(const Settings& settings, const RankEnvironment& e
   o.rank = env.rank;
   o.world_size = env.world_size;
   o.local_rank = env.local_rank;
+  o.local_world_size = env.local_world_size;
   o.master_addr = env.master_addr;
   o.master_port = env.master_port;
   o.timeout_seconds = settings.get_seconds("dist_timeout");
@@ -659,8 +660,10 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
       throw ValueError(str(who, ": dist_backend nccl needs a CUDA device, and none is available here; "
                                 "use dist_backend gloo"));
     }
-    // One GPU per rank: LOCAL_RANK's, as torchrun's convention.
-    wire = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.local_rank));
+    // One GPU per rank: LOCAL_RANK's, as torchrun's convention, or the one GPU a task sees
+    // (the same choice as train.device cuda: core/rank_env.hpp).
+    const int visible = static_cast<int>(at::getNumGPUs());
+    wire = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(local_cuda_index(o.local_rank, visible)));
     c10::impl::VirtualGuardImpl(at::kCUDA).setDevice(wire);
   }
   const auto timeout = to_ms(o.timeout_seconds);

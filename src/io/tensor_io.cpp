@@ -213,4 +213,17 @@ std::string device_path(FileHandle& file) {
 
 std::string device_transfers() { return device_probe().description; }
 
+at::Device resolve_device(const std::string& name, const std::function<int()>& current) {
+  at::Device d(at::kCPU);
+  try {
+    d = at::Device(name);
+  } catch (const std::exception&) {
+    throw ValueError(str("device '", name, "' is not cpu, cuda or cuda:N"));
+  }
+  if (!d.is_cuda() || d.has_index()) return d;
+  if (current) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(current()));
+  if (!at::hasCUDA()) return d;
+  return c10::impl::VirtualGuardImpl(at::kCUDA).getDevice();
+}
+
 }  // namespace medfast::io

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cstdio>
 
 #include "medfast/train/metrics.hpp"
@@ -60,6 +62,14 @@ c10::Device usable_device(const std::string& name, const std::string& what) {
   const c10::Device device = parse_device(name, what);
   if (device.is_cuda() && !torch::cuda::is_available()) {
     throw ValueError(str(what, " ", name, ": libtorch has no usable CUDA device here"));
+  }
+  if (device.is_cuda() && device.has_index()) {
+    const auto count = static_cast<int>(torch::cuda::device_count());
+    if (device.index() >= count) {
+      throw ValueError(str(what, " ", name, ": this process sees ", count, " CUDA device", count == 1 ? "" : "s",
+                           " (cuda:0..cuda:", count - 1, ")"));
+    }
+    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);
   }
   return device;
 }

@@ -20,6 +20,7 @@
 #include "medfast/core/trace.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
 #include "medfast/nn/unet.hpp"
@@ -356,10 +357,11 @@ class Run {
   }
 
   void set_up_device() {
-    device_ = detail::usable_device(t_.device, c_.path + ": train.device");
+    // "cuda" becomes this thread's current GPU (cuda:N, which usable_device made current),
+    // so that the caches and the loader put their tensors there, not on GPU 0.
+    device_ = io::resolve_device(detail::usable_device(t_.device, c_.path + ": train.device").str());
     precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
     if (device_.is_cuda()) {
-      if (device_.has_index()) c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device_);  // this rank's GPU
       at::globalContext().setDeterministicCuDNN(t_.deterministic);
       at::globalContext().setBenchmarkCuDNN(!t_.deterministic);
       if (t_.deterministic) {
@@ -379,7 +381,8 @@ class Run {
   /// Fills the caches (a killed run resumes the fill where it stopped) and makes the loader.
   void prepare_data() {
     pipeline_ = c_.data;
-    pipeline_.loader.device = t_.device;
+    pipeline_.loader.device = device_.str();
+    pipeline_.cache.store.device = device_.is_cuda() ? device_.str() : pipeline_.cache.store.device;
     pipeline_.loader.pin_memory = pipeline_.loader.pin_memory || device_.is_cuda();
     // Under DDP each rank's dataset is already its (padded) partition of the items
     // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.

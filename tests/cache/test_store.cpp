@@ -73,8 +73,19 @@ TEST_P(StoreConformance, PutThenGetReturnsTheSameSample) {
   const auto got = store->get("a");
   ASSERT_TRUE(got.has_value());
   expect_same(s, *got);
+  // Device kinds hold the volumes on the GPU (the one current when the store was made) and
+  // the index arrays on the host, where the random crops read them (issue 21, finding 9).
+  const bool on_gpu = GetParam() == "device" || GetParam() == "disk_device";
+  for (const auto& [k, v] : got->volumes) EXPECT_EQ(v.data.is_cuda(), on_gpu) << k;
+  for (const auto& [k, a] : got->arrays) EXPECT_TRUE(a.is_cpu()) << k;
+  if (GetParam() == "disk_device") {  // a second read of a verified entry: the cuFile-eligible path
+    const auto again = store->get("a");
+    ASSERT_TRUE(again.has_value());
+    for (const auto& [k, a] : again->arrays) EXPECT_TRUE(a.is_cpu()) << k;
+    expect_same(s, *again);
+  }
   const auto st = store->stats();
-  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.hits, GetParam() == "disk_device" ? 2u : 1u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.writes, 1u);
 }

@@ -506,7 +506,7 @@ class DistEnv {
   }
 
  private:
-  static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "MASTER_ADDR",
+  static constexpr const char* kNames[] = {"RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                                            "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                                            "MEDFAST_DIST_TIMEOUT", "MEDFAST_DIST_BACKEND",
                                            "MEDFAST_DIST_BUCKET_BYTES"};
@@ -582,6 +582,57 @@ TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "1");
   EXPECT_FALSE(from_env().enabled());
+}
+
+// Which GPU a rank takes (issue 21, review finding 7): LOCAL_RANK's where the process sees
+// the node's GPUs, its only one where each task sees one (CUDA_VISIBLE_DEVICES per task,
+// SLURM --gpus-per-task), never an "invalid device ordinal"; an explicit cuda:N that would
+// put several ranks of a node on one GPU is refused. Device counts are injected: the logic
+// runs without a GPU.
+TEST(DistOptions, EachRankTakesItsOwnGpu) {
+  EXPECT_EQ(local_cuda_index(0, 4), 0);
+  EXPECT_EQ(local_cuda_index(3, 4), 3);
+  EXPECT_EQ(local_cuda_index(3, 1), 0);  // a task that sees one GPU: its own
+  EXPECT_EQ(local_cuda_index(0, 1), 0);
+  try {
+    local_cuda_index(5, 4);
+    ADD_FAILURE() << "LOCAL_RANK 5 got a GPU of 4";
+  } catch (const ValueError& e) {
+    EXPECT_TRUE(contains(e.what(), "LOCAL_RANK 5 has no GPU")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "sees 4 CUDA devices")) << e.what();
+  }
+  try {
+    local_cuda_index(0, 0);
+    ADD_FAILURE() << "a GPU from none";
+  } catch (const ValueError& e) {
+    EXPECT_TRUE(contains(e.what(), "sees no CUDA device")) << e.what();
+  }
+  try {
+    check_explicit_cuda_index("cuda:0", 4, 4);
+    ADD_FAILURE() << "cuda:0 for 4 ranks of a node was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_TRUE(contains(e.what(), "train.device cuda:0")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "LOCAL_WORLD_SIZE")) << e.what();
+  }
+  EXPECT_NO_THROW(check_explicit_cuda_index("cuda:0", 4, 1));  // each rank sees its own GPU 0
+  EXPECT_NO_THROW(check_explicit_cuda_index("cuda:1", 1, 4));  // one rank on this node
+  EXPECT_NO_THROW(check_explicit_cuda_index("cuda:1", 0, 4));  // unknown: not refused
+  EXPECT_NO_THROW(check_explicit_cuda_index("cuda", 4, 4));
+  EXPECT_NO_THROW(check_explicit_cuda_index("cpu", 4, 4));
+
+  DistEnv env;
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  env.set("LOCAL_RANK", "1");
+  env.set("LOCAL_WORLD_SIZE", "2");
+  EXPECT_EQ(from_env().local_world_size, 2);
+  env.set("LOCAL_WORLD_SIZE", "1");
+  try {
+    from_env();
+    ADD_FAILURE() << "LOCAL_RANK 1 of LOCAL_WORLD_SIZE 1 was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_TRUE(contains(e.what(), "LOCAL_RANK='1' is not below LOCAL_WORLD_SIZE=1")) << e.what();
+  }
 }
 
 TEST(DistOptions, FromEnvironmentNamesTheBadVariableAndValue) {

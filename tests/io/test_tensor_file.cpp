@@ -9,6 +9,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/io/tensor_file.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
@@ -35,6 +36,23 @@ std::string format_error(F&& f) {
   }
   ADD_FAILURE() << "no FormatError";
   return "";
+}
+
+// Issue 21, review findings 1-2: a plain "cuda" names the GPU current on the thread that
+// chose it, resolved there (the caches' fill threads and the loader's workers all start on
+// GPU 0). The current device is injected: the logic runs without a GPU.
+TEST(DeviceNames, PlainCudaIsTheChoosingThreadsCurrentGpu) {
+  const auto third = [] { return 3; };
+  EXPECT_EQ(resolve_device("cuda", third).str(), "cuda:3");
+  EXPECT_EQ(resolve_device("cuda:1", third).str(), "cuda:1");  // an explicit index stays
+  EXPECT_EQ(resolve_device("cpu", third).str(), "cpu");
+  if (!at::hasCUDA()) EXPECT_EQ(resolve_device("cuda").str(), "cuda");  // reported by whoever uses it
+  try {
+    resolve_device("gpu0");
+    ADD_FAILURE() << "gpu0 was taken for a device";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("device 'gpu0' is not cpu, cuda or cuda:N"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TensorFile, RoundTripsDtypeShapeAndValuesOnEveryBackend) {

@@ -81,3 +81,11 @@ def test_check_backends_reports_the_self_check():
         medfast.train.check_backends("cpu", "int8")
     with pytest.raises(ValueError, match="not cpu, cuda or cuda:N"):
         medfast.train.check_backends("tpu")
+
+
+def test_run_refuses_to_train_alone_under_a_launcher(tiny_config, monkeypatch):
+    # Under torchrun each process would train on its share with no gradient averaging.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="rank 1 of 2.*medfast launch"):
+        medfast.train.run(tiny_config)

@@ -792,7 +792,10 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   EXPECT_THROW(Trainer(b, "", one_thread()).run(false, stop), std::runtime_error);
   const TrainResult rb = Trainer(b, "", one_thread()).run(true);
   ASSERT_EQ(rb.history.size(), 2u);
-  EXPECT_EQ(ra.history[1].loss, rb.history[1].loss);
+  // Not bit-identical on a GPU: some CUDA kernels (atomics in scatter/index ops, cuBLAS
+  // split reductions) add in a different order each run, deterministic mode or not. A
+  // resume that lost state (weights, Adam's moments, the loss scale) is off by far more.
+  EXPECT_NEAR(ra.history[1].loss, rb.history[1].loss, 5e-3 * std::abs(ra.history[1].loss));
 }
 
 // fp16 on CUDA: a real overflow (the loss scaled past float16's range) is skipped by the

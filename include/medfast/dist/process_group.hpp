@@ -37,6 +37,7 @@ namespace medfast::dist {
 
 struct DistOptions {
   int rank = 0, world_size = 1, local_rank = 0;
+  int local_world_size = 0;  ///< LOCAL_WORLD_SIZE; 0 where unknown
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   /// Rendezvous and every collective give up after this long (setting dist_timeout).

@@ -52,4 +52,13 @@ std::string device_path(FileHandle& file);
 /// What cuFile offers on this machine, in one line (loads it on first use).
 std::string device_transfers();
 
+/// A device name made definite: "cuda" (no index) becomes the calling thread's current
+/// CUDA device, as torch means it (`current`, for tests: what the current device is).
+/// Worker threads start on GPU 0 whatever their creator chose, so a plain "cuda" resolved
+/// there puts every rank's tensors (and a CUDA context) on GPU 0: resolve on the thread
+/// that chose the device and hand the index on. Other names come back parsed; where there
+/// is no CUDA, "cuda" stays without an index (whoever uses it reports that). ValueError
+/// for a name that is not a device.
+at::Device resolve_device(const std::string& name, const std::function<int()>& current = {});
+
 }  // namespace medfast::io
