@@ -56,16 +56,27 @@ bool bind(void* lib, const char* name, Fn& out, std::string& why) {
 Loaded load() {
   Loaded l;
   void* lib = nullptr;
-  for (const char* name : {"libcufile.so.0", "libcufile.so.1", "libcufile.so"}) {
-    lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
+  // MEDFAST_CUFILE_LIBRARY: another libcufile (tests load a stand-in that records its calls).
+  const char* custom = std::getenv("MEDFAST_CUFILE_LIBRARY");
+  if (custom && *custom) {
+    lib = ::dlopen(custom, RTLD_NOW | RTLD_LOCAL);
+  } else {
+    for (const char* name : {"libcufile.so.0", "libcufile.so.1", "libcufile.so"}) {
+      lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+    }
   }
   if (!lib) {
     l.why = "libcufile.so not found (GPUDirect Storage is not installed)";
     return l;
   }
   CuFileApi& a = l.api;
-  if (!bind(lib, "cuFileDriverOpen", a.driver_open, l.why) || !bind(lib, "cuFileDriverClose", a.driver_close, l.why) ||
+  // cuFileDriverClose_v2 (CUDA 12.x) counts opens: closing ours leaves the driver open for
+  // kvikio or torch's GDS in this process. The legacy close tears it down for everyone.
+  std::string no_v2;
+  if (!bind(lib, "cuFileDriverClose_v2", a.driver_close, no_v2)) a.driver_close = nullptr;
+  if (!bind(lib, "cuFileDriverOpen", a.driver_open, l.why) ||
+      (!a.driver_close && !bind(lib, "cuFileDriverClose", a.driver_close, l.why)) ||
       !bind(lib, "cuFileHandleRegister", a.handle_register, l.why) ||
       !bind(lib, "cuFileHandleDeregister", a.handle_deregister, l.why) || !bind(lib, "cuFileRead", a.read, l.why) ||
       !bind(lib, "cuFileWrite", a.write, l.why) || !bind(lib, "cuFileBufRegister", a.buf_register, l.why) ||
@@ -86,12 +97,22 @@ Loaded load() {
   return l;
 }
 
+/// The close the exit handler calls: a plain pointer, which no destructor touches. The
+/// handler must not read `loaded()`'s static: registered while that static was being built,
+/// the handler runs after its destructor (exit runs both in reverse order of registration).
+CUfileError (*g_driver_close_at_exit)() = nullptr;
+
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r = load();
     // Close the driver before the CUDA runtime tears down (atexit handlers run in
     // reverse order, and the runtime registered its own when CUDA started, before this).
-    if (r.ok) std::atexit([] { loaded().api.driver_close(); });
+    if (r.ok) {
+      g_driver_close_at_exit = r.api.driver_close;
+      std::atexit([] {
+        if (g_driver_close_at_exit) g_driver_close_at_exit();
+      });
+    }
     return r;
   }();
   return l;

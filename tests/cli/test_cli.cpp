@@ -64,7 +64,7 @@ TEST(Cli, InfoBackendsReportsTheSelfCheckOfEveryDeviceAndDtype) {
     seen.insert(c["device"].get<std::string>() + "/" + c["dtype"].get<std::string>());
     EXPECT_TRUE(c["ran"].get<bool>());
     EXPECT_TRUE(c["passed"].get<bool>()) << c.dump(2);
-    EXPECT_EQ(c["ops"].size(), 10u);
+    EXPECT_EQ(c["ops"].size(), 12u);
     for (const auto& op : c["ops"]) {
       EXPECT_TRUE(op["passed"].get<bool>()) << op.dump();
       EXPECT_LE(op["worst_ratio"].get<double>(), 1.0) << op.dump();
@@ -74,7 +74,7 @@ TEST(Cli, InfoBackendsReportsTheSelfCheckOfEveryDeviceAndDtype) {
   EXPECT_EQ(seen.size(), j["checks"].size());
   const auto text = medfast("info --backends");
   EXPECT_EQ(text.exit_code, 0) << text.err;
-  EXPECT_NE(text.out.find("float32: 10 ops match float64"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("float32: 12 ops match float64"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("conv3d 3x3x3 stride 1"), std::string::npos) << text.out;
 
   const nlohmann::json off = json_of(test::run("MEDFAST_SELF_CHECK=off " + test::medfast_binary() + " info --backends --json"));

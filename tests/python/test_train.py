@@ -73,7 +73,7 @@ def test_check_backends_reports_the_self_check():
     r = medfast.train.check_backends("cpu", "float32")
     assert r["ran"] and r["passed"], r
     assert r["device"] == "cpu" and r["dtype"] == "float32"
-    assert len(r["ops"]) == 10
+    assert len(r["ops"]) == 12
     assert all(op["passed"] and op["worst_ratio"] <= 1 for op in r["ops"]), r["ops"]
     # Once per process, device and dtype: the same report again.
     assert medfast.train.check_backends("cpu", "float32")["seconds"] == r["seconds"]

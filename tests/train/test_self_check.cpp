@@ -38,7 +38,7 @@ TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
     EXPECT_TRUE(r.passed()) << r.summary();
     EXPECT_EQ(r.device, "cpu");
     EXPECT_FALSE(r.hardware.empty());
-    ASSERT_EQ(r.ops.size(), 10u);
+    ASSERT_EQ(r.ops.size(), 12u);
     std::set<std::string> names;
     for (const auto& op : r.ops) {
       names.insert(op.op);
@@ -48,7 +48,8 @@ TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
       EXPECT_FALSE(op.backend.empty()) << op.op;
     }
     for (const char* want : {"conv3d 3x3x3 stride 1", "conv3d 3x3x3 stride 2", "conv3d 1x1x1 stride 1",
-                             "conv3d 1x1x1 stride 2", "conv3d 3x3x3 backward (input)", "conv3d 3x3x3 backward (weight)",
+                             "conv3d 1x1x1 stride 2", "conv3d 3x3x3 1->8 channels", "conv3d 3x3x3 32->32 channels",
+                             "conv3d 3x3x3 backward (input)", "conv3d 3x3x3 backward (weight)",
                              "conv_transpose3d 3x3x3 stride 2", "conv_transpose3d 2x2x2 stride 2", "linear (matmul)",
                              "window attention"}) {
       EXPECT_TRUE(names.count(want)) << want;
@@ -87,11 +88,11 @@ TEST_F(SelfCheck, FaultyOneDnnIsSwitchedOffAndEveryOpCheckedAgain) {
     if (backend == kOneDnn && op.rfind("conv3d 3x3x3", 0) == 0) out.fill_(std::nan(""));
   };
   const SelfCheckReport r = run_self_check(o);
-  EXPECT_EQ(calls, 20);  // every op, twice
+  EXPECT_EQ(calls, 24);  // every op, twice
   EXPECT_TRUE(r.passed()) << r.summary();
   EXPECT_FALSE(at::globalContext().userEnabledMkldnn());
   ASSERT_EQ(r.switched_off, std::vector<std::string>{kOneDnn});
-  ASSERT_EQ(r.failed_first.size(), 4u);  // stride 1, stride 2, and the backward's two
+  ASSERT_EQ(r.failed_first.size(), 6u);  // strides 1 and 2, 1->8, 32->32, the backward's two
   for (const auto& f : r.failed_first) {
     EXPECT_EQ(f.backend, kOneDnn);
     EXPECT_TRUE(std::isnan(f.max_abs_error));

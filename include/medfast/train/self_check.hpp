@@ -7,7 +7,7 @@
 /// oneDNN AVX-512 kernels fail on an AMD EPYC: docs/compat.md). A run then trains on
 /// wrong math until its loss turns NaN. So before the first forward, once per process,
 /// device and dtype, a few tiny ops of the kinds medfast's networks use (conv3d 3x3x3
-/// and 1x1x1 at strides 1 and 2, its backward, transposed conv3d, a linear layer, window
+/// and 1x1x1 at strides 1 and 2, a first layer and a 32-channel one, its backward, transposed conv3d, a linear layer, window
 /// attention) are computed as the network computes them (float32 inputs, under the run's
 /// autocast) and compared with float64 on the same device, each element within a bound
 /// scaled to its reduction length:
@@ -39,7 +39,10 @@ struct OpCheck {
   std::string op;       ///< "conv3d 3x3x3 stride 2"
   std::string backend;  ///< what computes it here: "oneDNN (mkldnn)", "cuDNN", "BLAS (libopenblas.so.0)", ...
   double max_abs_error = 0;  ///< max |out - float64|; NaN when out has a non-finite value
-  double worst_ratio = 0;    ///< max |out - float64| / bound over the elements (<= 1 passes; inf: non-finite)
+  /// max |out - float64| / bound over the elements (<= 1 passes; inf: non-finite), against
+  /// the bound with |float64| standing for the magnitudes where that one already passes (a
+  /// tighter bound: the ratio reported is then an upper estimate).
+  double worst_ratio = 0;
   bool passed = false;
   std::string error;  ///< the op's exception, when it threw
   double seconds = 0;  ///< the op, its float64 reference and the comparison
