@@ -168,17 +168,19 @@ class Future {
   std::shared_ptr<io::FileHandle> handle_;  // and so does the file
 };
 
+// The engine's async calls: on CUDA tensors they follow the caller's current stream
+// (torch.cuda.stream(s) in Python), not the worker thread's default one.
 Future async_pread(FileHandle& fh, const at::Tensor& t, std::uint64_t offset) {
   auto h = fh.handle();
-  std::shared_future<std::size_t> f =
-      std::async(std::launch::async, [h, t, offset] { return io::read_into(*h, t, offset); }).share();
+  std::shared_future<std::size_t> f = io::read_into_async(*h, t, offset).share();
   return Future(f, t, h);
 }
 Future async_pwrite(FileHandle& fh, const at::Tensor& t, std::uint64_t offset) {
   auto h = fh.handle();
   const std::size_t n = static_cast<std::size_t>(t.numel()) * t.element_size();
-  std::shared_future<std::size_t> f = std::async(std::launch::async, [h, t, offset, n] {
-                                        io::write_from(*h, t, offset);
+  std::shared_future<void> w = io::write_from_async(*h, t, offset).share();
+  std::shared_future<std::size_t> f = std::async(std::launch::async, [w, n] {
+                                        w.get();
                                         return n;
                                       }).share();
   return Future(f, t, h);

@@ -146,7 +146,12 @@ Batch Loader::build(std::size_t b) {
   std::optional<c10::StreamGuard> on_side_stream;
   if (!device.is_cpu()) {
     guard.emplace(device.type());
-    on_side_stream.emplace(guard->getStreamFromGlobalPool(device));
+    // One side stream per worker thread, kept: the caching allocator reuses blocks per
+    // stream, and a fresh pool stream per batch (cycling through 32) let reserved memory
+    // grow toward 32 batches' worth (issue 21, finding 8).
+    thread_local std::optional<c10::Stream> side;
+    if (!side || side->device() != device) side = guard->getStreamFromGlobalPool(device);
+    on_side_stream.emplace(*side);
   }
   // Every sample of the batch with its last composed steps (flips, turns, intensity steps
   // or a resampling) still pending: they are written straight into the batch (one pass

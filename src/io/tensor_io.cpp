@@ -3,11 +3,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "medfast/core/error.hpp"
@@ -196,14 +198,32 @@ void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   bounce_write(file, src, offset);
 }
 
+namespace {
+/// The caller's current stream for a CUDA tensor: the async transfers run on another
+/// thread, whose current stream is the default one, and must order themselves after (and
+/// put their copies on) the stream the caller queued the tensor's work on.
+std::optional<c10::Stream> callers_stream(const at::Tensor& t) {
+  if (t.is_cpu()) return std::nullopt;
+  return c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+}
+}  // namespace
+
 std::future<std::size_t> read_into_async(FileHandle& file, const at::Tensor& dst, std::uint64_t offset) {
   check_tensor(dst, "read_into_async");
-  return std::async(std::launch::async, [&file, dst, offset] { return read_into(file, dst, offset); });
+  return std::async(std::launch::async, [&file, dst, offset, stream = callers_stream(dst)] {
+    std::optional<c10::StreamGuard> on_callers;
+    if (stream) on_callers.emplace(*stream);
+    return read_into(file, dst, offset);
+  });
 }
 
 std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   check_tensor(src, "write_from_async");
-  return std::async(std::launch::async, [&file, src, offset] { write_from(file, src, offset); });
+  return std::async(std::launch::async, [&file, src, offset, stream = callers_stream(src)] {
+    std::optional<c10::StreamGuard> on_callers;
+    if (stream) on_callers.emplace(*stream);
+    write_from(file, src, offset);
+  });
 }
 
 std::string device_path(FileHandle& file) {

@@ -1,6 +1,8 @@
 // GPU half of the tensor file engine (ctest label: gpu). Every test skips,
 // saying why, where libtorch has no CUDA or no GPU is present.
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -80,6 +82,38 @@ TEST_P(GpuTensorIo, FreshlyComputedTensorsRoundTripExactly) {
     at::Tensor dst = at::empty({n}, cuda.dtype(at::kFloat));  // likely the same block
     EXPECT_EQ(read_into(r, dst, 0), static_cast<std::size_t>(n) * 4);
     EXPECT_TRUE(at::equal(dst.cpu(), expected)) << "round " << round << " via " << device_path(r);
+  }
+}
+
+// Issue 21, review finding 6: the async transfers run on another thread, whose current
+// stream is the default one; they must wait for, and copy on, the stream the caller queued
+// the tensor's work on (here a side stream with work still in flight).
+TEST_P(GpuTensorIo, AsyncTransfersFollowTheCallersStream) {
+  test::TempDir dir;
+  const auto cuda = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const std::int64_t n = 12'000'001;
+  const c10::Stream side =
+      c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStreamFromGlobalPool(at::Device(at::kCUDA, 0));
+  at::Tensor expected;
+  {
+    c10::StreamGuard on_side(side);
+    at::Tensor fresh = at::arange(n, cuda);
+    for (int i = 0; i < 40; ++i) fresh = fresh * 1.0001F + 0.5F;  // still queued on the side stream
+    FileHandle w = FileHandle::open(dir / "async", FileHandle::Mode::write, IoOptions().set_backend(GetParam()));
+    write_from_async(w, fresh, 0).get();
+    w.sync();
+    expected = fresh.cpu();
+  }
+  const std::string bytes = test::read_file(dir / "async");
+  ASSERT_EQ(bytes.size(), static_cast<std::size_t>(n) * 4);
+  EXPECT_EQ(std::memcmp(bytes.data(), expected.data_ptr(), bytes.size()), 0) << "the write did not wait for the side stream";
+  FileHandle r = FileHandle::open(dir / "async", FileHandle::Mode::read, IoOptions().set_backend(GetParam()));
+  {
+    c10::StreamGuard on_side(side);
+    at::Tensor dst = at::zeros({n}, cuda);
+    for (int i = 0; i < 40; ++i) dst.add_(1.0F);  // queued writes the read must come after
+    EXPECT_EQ(read_into_async(r, dst, 0).get(), static_cast<std::size_t>(n) * 4);
+    EXPECT_TRUE(at::equal(dst.cpu(), expected)) << "the read did not follow the side stream, via " << device_path(r);
   }
 }
 
