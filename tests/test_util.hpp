@@ -79,17 +79,24 @@ inline const char* spleen_chain_json() {
   {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
 }
 
+/// The message of the E that f throws, or a note saying what happened instead (which then
+/// contains none of the fragments a test looks for).
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(not the exception expected) ") + e.what();
+  }
+  return "(no exception)";
+}
+
 /// The message of the ValueError f throws, or a note saying what happened instead.
 template <typename F>
 std::string value_error_of(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(not a ValueError) ") + e.what();
-  }
-  return "(no exception)";
+  return error_of<ValueError>(std::forward<F>(f));
 }
 
 /// Skips a test that needs a GPU, saying why. Tests that use it have "Gpu" in their

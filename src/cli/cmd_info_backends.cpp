@@ -67,12 +67,15 @@ int check_backends(Context& ctx, bool json) {
     if (!first_failure.empty()) out["error"] = first_failure;
     print_json(out.dump(2));
   } else {
+    auto state = [&](const char* built, const char* enabled, const char* absent) {
+      return !lib[built].get<bool>() ? absent : lib[enabled].get<bool>() ? "on" : "off";
+    };
+    const std::string blas = lib["blas"];
     std::printf("libtorch %s, %d threads; oneDNN %s; BLAS %s; CUDA devices %d; cuDNN %s\n",
                 lib["libtorch"].get<std::string>().c_str(), lib["threads"].get<int>(),
-                !at::hasMKLDNN() ? "not built in" : at::globalContext().userEnabledMkldnn() ? "on" : "off",
-                lib["blas"].get<std::string>().empty() ? "(libtorch's own)" : lib["blas"].get<std::string>().c_str(),
-                lib["cuda_devices"].get<int>(),
-                !at::globalContext().hasCuDNN() ? "not available" : at::globalContext().userEnabledCuDNN() ? "on" : "off");
+                state("onednn_built", "onednn_enabled", "not built in"),
+                blas.empty() ? "(libtorch's own)" : blas.c_str(), lib["cuda_devices"].get<int>(),
+                state("cudnn_built", "cudnn_enabled", "not available"));
     for (const auto& r : reports) {
       std::printf("%s\n", r.summary().c_str());
       for (const auto& op : r.ops) {

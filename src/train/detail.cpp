@@ -9,6 +9,7 @@
 
 #include <cstdio>
 
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/train/metrics.hpp"
 
 namespace medfast::train::detail {
@@ -71,7 +72,7 @@ c10::Device usable_device(const std::string& name, const std::string& what) {
     }
     c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);
   }
-  return device;
+  return io::resolve_device(device.str());  // "cuda": the current GPU, by its index
 }
 
 CaseScores score_case(const Sample& s, const RunConfig& c, const Predictor& predict, c10::Device device, bool hd95,

@@ -30,7 +30,9 @@ std::string cuda_pci_bus_id(c10::Device device);
 c10::Device parse_device(const std::string& name, const std::string& what);
 /// The same, and CUDA must be usable here. A CUDA device with an index becomes this
 /// thread's current device, so that what is allocated without naming one (libtorch's
-/// workspaces, cuDNN's handles, a CUDA context) lands on it and not on GPU 0.
+/// workspaces, cuDNN's handles, a CUDA context) lands on it and not on GPU 0; "cuda"
+/// comes back as the current device with its index (io::resolve_device), so that the
+/// caches and loader threads given it do not take their own GPU 0.
 c10::Device usable_device(const std::string& name, const std::string& what);
 
 /// One validation case: sliding-window inference of its image, post-processing as the

@@ -1,7 +1,6 @@
 #include "medfast/train/self_check.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #if MEDFAST_TORCH_CUDA
@@ -17,6 +16,7 @@
 #include <utility>
 
 #include "medfast/core/log.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
@@ -312,12 +312,6 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
-c10::Device resolved(c10::Device device) {
-  if (device.is_cuda() && !device.has_index()) return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice();
-  if (device.is_cpu()) return c10::Device(c10::kCPU);
-  return device;
-}
-
 }  // namespace
 
 nlohmann::json OpCheck::to_json() const {
@@ -364,7 +358,7 @@ SelfCheckReport check_backends(const SelfCheckOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   (void)unit_roundoff(o.dtype);  // an unknown dtype is the caller's error, not the backend's
   SelfCheckReport r;
-  const c10::Device device = resolved(o.device);
+  const c10::Device device = io::resolve_device(o.device.str());
   r.device = device.str();
   r.hardware = hardware_of(device);
   r.dtype = dtype_name(o.dtype);
@@ -438,7 +432,7 @@ SelfCheckReport ensure_backends_checked(c10::Device device_in, at::ScalarType dt
     r.hardware = device_in.is_cpu() ? hardware_of(device_in) : "";
     return r;
   }
-  const c10::Device device = resolved(device_in);
+  const c10::Device device = io::resolve_device(device_in.str());
   const std::string key = device.str() + "/" + dtype_name(dtype);
   std::lock_guard<std::mutex> lock(checked_mutex());
   for (const auto& c : checked()) {

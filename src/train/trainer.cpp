@@ -20,7 +20,6 @@
 #include "medfast/core/trace.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
-#include "medfast/io/tensor_io.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
 #include "medfast/nn/unet.hpp"
@@ -357,9 +356,9 @@ class Run {
   }
 
   void set_up_device() {
-    // "cuda" becomes this thread's current GPU (cuda:N, which usable_device made current),
-    // so that the caches and the loader put their tensors there, not on GPU 0.
-    device_ = io::resolve_device(detail::usable_device(t_.device, c_.path + ": train.device").str());
+    // With its index ("cuda" resolved on this thread): the caches and the loader put their
+    // tensors there, not on their threads' GPU 0.
+    device_ = detail::usable_device(t_.device, c_.path + ": train.device");
     precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
     if (device_.is_cuda()) {
       at::globalContext().setDeterministicCuDNN(t_.deterministic);

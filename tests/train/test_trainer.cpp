@@ -53,6 +53,14 @@ nlohmann::json tiny_config(const test::TempDir& dir) {
   return c;
 }
 
+/// tiny_config trained on the current GPU with fp16 autocast and loss scaling.
+nlohmann::json tiny_fp16_cuda_config(const test::TempDir& dir) {
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["device"] = "cuda";
+  c["train"]["amp"] = "fp16";
+  return c;
+}
+
 Settings one_thread() {
   Settings s;
   s.set("threads", "1", SettingSource::flag, "test");
@@ -230,19 +238,14 @@ TEST(Trainer, NonFiniteLossStopsTheRunAndKeepsEarlierCheckpoints) {
     return loss;
   };
   Trainer trainer(c, "", one_thread());
-  try {
-    trainer.run(false, cb);
-    FAIL() << "a NaN loss did not stop the run";
-  } catch (const NonFiniteLoss& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("training stopped at epoch 2, step 2 of "), std::string::npos) << m;
-    EXPECT_NE(m.find("the loss is nan (fp32 has no loss scaler"), std::string::npos) << m;
-    EXPECT_NE(m.find(str("the last finite loss was ", last_finite, " at epoch 2, step 1")), std::string::npos) << m;
-    EXPECT_NE(m.find(str(dir / "run/last.ckpt", " (epoch 1)")), std::string::npos) << m;
-    EXPECT_NE(m.find("epoch 2 is not saved"), std::string::npos) << m;
-    EXPECT_NE(m.find("optimizer.lr 0.005"), std::string::npos) << m;
-    EXPECT_NE(m.find("self-check passed"), std::string::npos) << m;
-  }
+  const std::string m = test::error_of<NonFiniteLoss>([&] { trainer.run(false, cb); });
+  EXPECT_NE(m.find("training stopped at epoch 2, step 2 of "), std::string::npos) << m;
+  EXPECT_NE(m.find("the loss is nan (fp32 has no loss scaler"), std::string::npos) << m;
+  EXPECT_NE(m.find(str("the last finite loss was ", last_finite, " at epoch 2, step 1")), std::string::npos) << m;
+  EXPECT_NE(m.find(str(dir / "run/last.ckpt", " (epoch 1)")), std::string::npos) << m;
+  EXPECT_NE(m.find("epoch 2 is not saved"), std::string::npos) << m;
+  EXPECT_NE(m.find("optimizer.lr 0.005"), std::string::npos) << m;
+  EXPECT_NE(m.find("self-check passed"), std::string::npos) << m;
   EXPECT_EQ(read_checkpoint_meta(dir / "run/last.ckpt")["epoch"], 1);
   EXPECT_TRUE(os::exists(dir / "run/best.ckpt"));
   const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
@@ -265,13 +268,10 @@ TEST(Trainer, NonFiniteStepsAreSkippedUntilTheLimitInARow) {
     const bool bad = (epoch == 1 && step <= 2) || (epoch == 2 && step >= 2) || epoch == 3;
     return bad ? loss * std::nan("") : loss;
   };
-  try {
-    Trainer(c, "", one_thread()).run(false, cb);
-    FAIL() << "3 NaN steps in a row did not stop the run";
-  } catch (const NonFiniteLoss& e) {  // the row runs on across the epochs' end
-    EXPECT_NE(std::string(e.what()).find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("3 steps in a row (fp32"), std::string::npos) << e.what();
-  }
+  // The row of bad steps runs on across the epochs' end.
+  const std::string m = test::error_of<NonFiniteLoss>([&] { Trainer(c, "", one_thread()).run(false, cb); });
+  EXPECT_NE(m.find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("3 steps in a row (fp32"), std::string::npos) << m;
   // Epochs 1 and 2 (2 skipped steps each, the others finite) finished with finite mean losses.
   const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
   ASSERT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 2) << jsonl;
@@ -355,13 +355,10 @@ TEST(Trainer, NaNLogitsAreReportedAsSuchNotAsDiceZero) {
   const auto images = os::list_directory(dir / "data/imagesTr");
   ASSERT_FALSE(images.empty());
   InferOptions io;
-  try {
-    infer(dir / "run/nan.ckpt", {dir / ("data/imagesTr/" + images[0])}, dir / "out", io, one_thread());
-    FAIL() << "labels of NaN logits were written";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("holds NaN or infinity"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(images[0]), std::string::npos) << e.what();
-  }
+  const std::string m = test::error_of<Error>(
+      [&] { infer(dir / "run/nan.ckpt", {dir / ("data/imagesTr/" + images[0])}, dir / "out", io, one_thread()); });
+  EXPECT_NE(m.find("holds NaN or infinity"), std::string::npos) << m;
+  EXPECT_NE(m.find(images[0]), std::string::npos) << m;
   EXPECT_TRUE(os::list_directory(dir / "out").empty());
 }
 
@@ -374,23 +371,16 @@ TEST(NonFiniteGuard, CountsBadStepsInARowPerPrecision) {
   EXPECT_EQ(fp16.bad_in_a_row(), 0);
   fp16.record(1, 4, 10, std::nan(""), false, none);
   fp16.record(1, 5, 10, INFINITY, false, none);
-  try {
-    fp16.record(1, 6, 10, 0.7, false, [] { return std::string("kept: nothing"); });
-    FAIL() << "3 skipped fp16 steps in a row did not stop";
-  } catch (const NonFiniteLoss& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("epoch 1, step 6 of 10: the fp16 loss scaler skipped the step"), std::string::npos) << m;
-    EXPECT_NE(m.find("3 steps in a row"), std::string::npos) << m;
-    EXPECT_NE(m.find("the last finite loss was 0.7 at epoch 1, step 6"), std::string::npos) << m;
-    EXPECT_NE(m.find(". kept: nothing"), std::string::npos) << m;
-  }
+  const std::string m =
+      test::error_of<NonFiniteLoss>([&] { fp16.record(1, 6, 10, 0.7, false, [] { return std::string("kept: nothing"); }); });
+  EXPECT_NE(m.find("epoch 1, step 6 of 10: the fp16 loss scaler skipped the step"), std::string::npos) << m;
+  EXPECT_NE(m.find("3 steps in a row"), std::string::npos) << m;
+  EXPECT_NE(m.find("the last finite loss was 0.7 at epoch 1, step 6"), std::string::npos) << m;
+  EXPECT_NE(m.find(". kept: nothing"), std::string::npos) << m;
   NonFiniteGuard fp32(Precision::fp32, 1);
-  try {
-    fp32.record(3, 1, 4, 0.25, false, none);  // finite loss, non-finite gradients
-    FAIL();
-  } catch (const NonFiniteLoss& e) {
-    EXPECT_NE(std::string(e.what()).find("the gradients are not finite (loss 0.25)"), std::string::npos) << e.what();
-  }
+  // A finite loss, non-finite gradients.
+  const std::string m2 = test::error_of<NonFiniteLoss>([&] { fp32.record(3, 1, 4, 0.25, false, none); });
+  EXPECT_NE(m2.find("the gradients are not finite (loss 0.25)"), std::string::npos) << m2;
   NonFiniteGuard never(Precision::bf16, 0);
   for (int i = 1; i <= 100; ++i) never.record(1, i, 100, std::nan(""), false, none);
   EXPECT_EQ(never.bad_in_a_row(), 100);
@@ -768,9 +758,7 @@ TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {
 TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["device"] = "cuda";
-  c["train"]["amp"] = "fp16";
+  nlohmann::json c = tiny_fp16_cuda_config(dir);
   nlohmann::json a = c;
   a["train"]["run_dir"] = dir / "a";
   const TrainResult ra = Trainer(a, "", one_thread()).run(false);
@@ -803,9 +791,7 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
 TEST(TrainerGpu, Fp16OverflowIsSkippedThenStopsAfterTheLimit) {
   MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["device"] = "cuda";
-  c["train"]["amp"] = "fp16";
+  nlohmann::json c = tiny_fp16_cuda_config(dir);
   c["train"]["max_nonfinite_steps"] = 4;
   c["train"]["epochs"] = 3;  // 3 steps an epoch
   TrainCallbacks cb;
@@ -813,13 +799,9 @@ TEST(TrainerGpu, Fp16OverflowIsSkippedThenStopsAfterTheLimit) {
     // Epoch 1, steps 1-2: two overflows (recovered); from epoch 2 on: overflows for good.
     return (epoch == 1 && step <= 2) || epoch >= 2 ? loss * 1e38 : loss;
   };
-  try {
-    Trainer(c, "", one_thread()).run(false, cb);
-    FAIL() << "4 skipped fp16 steps in a row did not stop the run";
-  } catch (const NonFiniteLoss& e) {
-    EXPECT_NE(std::string(e.what()).find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("fp16 loss scaler skipped"), std::string::npos) << e.what();
-  }
+  const std::string m = test::error_of<NonFiniteLoss>([&] { Trainer(c, "", one_thread()).run(false, cb); });
+  EXPECT_NE(m.find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("fp16 loss scaler skipped"), std::string::npos) << m;
   const auto first = nlohmann::json::parse(test::read_file(dir / "run/metrics.jsonl"));
   EXPECT_EQ(first["skipped_steps"], 2) << first.dump();
   EXPECT_TRUE(first["loss"].is_number()) << first.dump();
