@@ -16,6 +16,9 @@
 #   bash scripts/compat.sh cpu|cuda|bundle shell   a shell inside the root
 #
 # Extra arguments after the variant go to ctest (e.g. -R Nifti).
+# MEDFAST_COMPAT_TARGETS="t1 t2 ..." builds only those targets (object files too, e.g.
+# CMakeFiles/medfast_train.dir/src/train/detail.cpp.o) and runs no tests: a quick check
+# that changed CUDA-only code compiles against the CUDA libtorch.
 #
 # The roots live outside the clone, in ${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
 # (trixie-cpu/, trixie-cuda/), made once per machine with debootstrap from
@@ -129,6 +132,9 @@ mkdir -p "$ccache_dir"
 export MEDFAST_COMPAT_VARIANT=$variant MEDFAST_COMPAT_SRC=$src MEDFAST_COMPAT_ROOTDIR=$root
 export MEDFAST_COMPAT_CCACHE=$ccache_dir MEDFAST_COMPAT_JOBS=$jobs
 export MEDFAST_COMPAT_PACKAGES="${PACKAGES[*]}"
+# The script below reaches bash on its standard input: the caller's is kept on fd 3
+# for `shell` (else the shell would read the rest of this script as its commands).
+exec 3<&0
 exec unshare --mount --propagation private -- bash -s -- "$@" <<'INNER'
 set -euo pipefail
 variant=$MEDFAST_COMPAT_VARIANT root=$MEDFAST_COMPAT_ROOTDIR src=$MEDFAST_COMPAT_SRC
@@ -183,7 +189,7 @@ fi
 
 if [ "${1:-}" = shell ]; then
   say "shell in $root (the clone is at /src/medfast, read-only)"
-  in_root bash -l || true
+  in_root bash -l <&3 || true
   exit 0
 fi
 
@@ -204,6 +210,13 @@ bdir=/build/$variant
 say "configuring $bdir"
 in_root cmake -S /src/medfast -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CXX_FLAGS=-Werror=deprecated-declarations "${cmake_extra[@]}" > /dev/null
+if [ -n "${MEDFAST_COMPAT_TARGETS:-}" ]; then
+  # Only these targets (object files too, e.g. CMakeFiles/medfast_train.dir/src/train/detail.cpp.o):
+  # a quick check that changed code compiles against this libtorch; no tests.
+  say "building only: $MEDFAST_COMPAT_TARGETS"
+  in_root cmake --build "$bdir" -j "$MEDFAST_COMPAT_JOBS" --target $MEDFAST_COMPAT_TARGETS
+  exit 0
+fi
 say "building"
 in_root cmake --build "$bdir" -j "$MEDFAST_COMPAT_JOBS"
 say "testing"

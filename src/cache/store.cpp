@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 
 #include "medfast/core/log.hpp"
+#include "medfast/core/units.hpp"
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 
@@ -52,6 +54,7 @@ class MemoryStore final : public Store {
     return it->second;  // shares tensors: cached outputs are read-only by contract
   }
   void put(const std::string& key, const Sample& sample, const nlohmann::json&) override {
+    if (device_) check_room(sample);
     Sample stored = device_ ? to_device(sample, *device_) : sample;
     // In C order, as disk entries store them: the random chain's resamplings and gathers
     // then read along rows (a chain may end on data in the file's x-fastest order).
@@ -74,6 +77,16 @@ class MemoryStore final : public Store {
   }
 
  private:
+  /// A device cache that filled the GPU would leave training to fail on its first step
+  /// with an out-of-memory error far from the cause: it stops here, naming the cache.
+  void check_room(const Sample& sample) const {
+    std::uint64_t total = 0;
+    const auto free = io::cuda_free_bytes(*device_, &total);
+    if (!free) return;  // unknown (a libtorch without CUDA's headers): the allocator reports
+    const std::string m = device_room_error(sample.bytes(), *free, total, stats(), device_->str());
+    if (!m.empty()) throw Error(m);
+  }
+
   std::string kind_;
   std::optional<at::Device> device_;
   mutable std::mutex mutex_;
@@ -162,6 +175,22 @@ class DiskStore final : public Store {
   std::set<std::string> warned_;
   std::set<std::string> verified_;  // device entries whose checksums this process has checked
 };
+
+}  // namespace
+
+std::string device_room_error(std::uint64_t need, std::uint64_t free, std::uint64_t total, const StoreStats& so_far,
+                              const std::string& device) {
+  constexpr std::uint64_t kGiB = 1ull << 30;
+  const std::uint64_t reserve = std::max<std::uint64_t>(total / 10, kGiB);
+  if (need + reserve <= free) return "";
+  return str("cache kind device: the next sample needs ", format_bytes(need), " on ", device, ", which has ",
+             format_bytes(free), " free of ", format_bytes(total), " with ", so_far.entries, " samples (",
+             format_bytes(so_far.bytes), ") cached, and ", format_bytes(reserve),
+             " stays free for training (a tenth of the GPU, at least 1 GiB). The dataset does not fit in GPU memory: "
+             "use data.cache.kind disk_device (read from the disk cache into the GPU each epoch) or memory");
+}
+
+namespace {
 
 at::Device cuda_device(const StoreOptions& o) {
   if (!at::hasCUDA()) {

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -107,6 +109,43 @@ class Heartbeat {
     }
   }
 
+  /// For a wait on the host: a function that says, each time it is called, whether a
+  /// peer failed (its error) or stopped (its count has not moved for 3 beats since the
+  /// first call); "" while every peer lives. Quick (no sleep), unlike diagnose().
+  std::function<std::string()> watch() {
+    struct Seen {
+      std::vector<std::int64_t> count;
+      std::vector<Clock::time_point> moved;
+    };
+    auto seen = std::make_shared<Seen>();
+    seen->count.assign(static_cast<std::size_t>(world_), -1);
+    seen->moved.assign(static_cast<std::size_t>(world_), Clock::now());
+    return [this, seen]() -> std::string {
+      const auto now = Clock::now();
+      try {
+        for (int r = 0; r < world_; ++r) {
+          if (r == rank_) continue;
+          if (store_->check({failed_key(r)})) {
+            const auto bytes = store_->get(failed_key(r));
+            return str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end()));
+          }
+          const auto k = static_cast<std::size_t>(r);
+          const std::int64_t c = store_->add(beat_key(r), 0);
+          if (c != seen->count[k]) {
+            seen->count[k] = c;
+            seen->moved[k] = now;
+          } else if (now - seen->moved[k] > 3 * kBeat) {
+            return str("rank ", r, " stopped responding (no heartbeat for ",
+                       std::chrono::duration<double>(now - seen->moved[k]).count(), " s: it exited or hangs)");
+          }
+        }
+      } catch (const std::exception&) {
+        if (rank_ != 0) return "rank 0, which hosts the rendezvous store, is unreachable: it exited";
+      }
+      return "";
+    };
+  }
+
   /// "rank 1 failed: ...", "rank 2 stopped responding (...)"; empty if every peer is alive.
   std::string diagnose() {
     std::vector<std::string> found;
@@ -164,13 +203,50 @@ class Heartbeat {
   std::thread thread_;
 };
 
+/// A collective that wait_until_complete gave up on: its message names the peer already.
+class CollectiveAbandoned : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Waits for c10d work on the host: wait() (Gloo blocks there and throws), then, while
+/// the work still runs (NCCL: its wait() only made the current stream wait), polls it
+/// with the peers' heartbeat and dist_timeout (detail::wait_until_complete), so that a
+/// rank that died stops the others with its name, not after NCCL's watchdog timeout.
+class Waiter {
+ public:
+  Waiter(Heartbeat* heartbeat, std::chrono::milliseconds timeout, std::function<void()> abort)
+      : heartbeat_(heartbeat), timeout_(timeout), abort_(std::move(abort)) {}
+
+  void operator()(const c10::intrusive_ptr<c10d::Work>& work) const {
+    work->wait();
+    if (!work->isCompleted()) {
+      detail::CollectiveWait w;
+      w.what = "waiting on the host";
+      w.completed = [&work] { return work->isCompleted(); };
+      if (heartbeat_) w.dead_peers = heartbeat_->watch();
+      w.abort = abort_;
+      w.timeout = timeout_;
+      detail::wait_until_complete(w);
+    }
+    if (const std::exception_ptr e = work->exception()) std::rethrow_exception(e);
+  }
+
+ private:
+  Heartbeat* heartbeat_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> abort_;
+};
+
 /// Runs f(); an error gains `what` as context and, unless it is a ValueError of
-/// medfast's own checks, what the heartbeat says about the peers.
+/// medfast's own checks (or names the peer already), what the heartbeat says about the peers.
 template <typename F>
 void guarded(const std::string& what, Heartbeat* heartbeat, F&& f) {
   try {
     f();
   } catch (const ValueError&) {
+    rethrow_with_context(what);
+  } catch (const CollectiveAbandoned&) {
     rethrow_with_context(what);
   } catch (...) {
     const std::string peers = heartbeat ? heartbeat->diagnose() : "";
@@ -191,13 +267,15 @@ void guarded(const std::string& what, Heartbeat* heartbeat, F&& f) {
 class Buckets final : public train::GradientSync {
  public:
   Buckets(std::vector<at::Tensor> params, c10::intrusive_ptr<detail::Backend> group, at::Device wire,
-          std::size_t bucket_bytes, int world_size, std::string where, bool hooks, Heartbeat* heartbeat)
+          std::size_t bucket_bytes, int world_size, std::string where, bool hooks, Heartbeat* heartbeat,
+          const Waiter* waiter)
       : params_(std::move(params)),
         group_(std::move(group)),
         wire_(wire),
         world_(world_size),
         where_(std::move(where)),
-        heartbeat_(heartbeat) {
+        heartbeat_(heartbeat),
+        waiter_(waiter) {
     layout(bucket_bytes);
     if (hooks) {
       for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -242,7 +320,7 @@ class Buckets final : public train::GradientSync {
       at::NoGradGuard no_grad;
       std::vector<at::Tensor> flags;
       for (Bucket& b : buckets_) {
-        b.work->wait();
+        (*waiter_)(b.work);
         b.flat.narrow(0, 0, b.numel).div_(world_);
         flags.push_back(b.flat.narrow(0, b.numel, static_cast<std::int64_t>(b.members.size())));
       }
@@ -362,6 +440,7 @@ class Buckets final : public train::GradientSync {
   int world_;
   std::string where_;
   Heartbeat* heartbeat_;
+  const Waiter* waiter_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;  // parameter -> (bucket, member)
   std::vector<std::pair<std::size_t, unsigned>> hooks_;
@@ -371,16 +450,31 @@ class Buckets final : public train::GradientSync {
   bool in_backward_ = false;
 };
 
+#if MEDFAST_HAVE_C10D_NCCL
+using NcclHandle = c10::intrusive_ptr<c10d::ProcessGroupNCCL>;
+#else
+struct NcclHandle {
+  explicit operator bool() const { return false; }
+};
+#endif
+
 class GroupCollective final : public train::Collective {
  public:
+  /// `nccl`: the NCCL backend behind `group` (abort on a dead peer, shutdown at the end); else null.
   GroupCollective(DistOptions options, std::string backend, at::Device wire, c10::intrusive_ptr<c10d::Store> store,
-                  c10::intrusive_ptr<detail::Backend> group)
+                  c10::intrusive_ptr<detail::Backend> group, NcclHandle nccl)
       : options_(std::move(options)),
         backend_(std::move(backend)),
         wire_(wire),
         store_(std::move(store)),
         group_(std::move(group)),
-        heartbeat_(std::make_unique<Heartbeat>(store_, options_.rank, options_.world_size)) {}
+        nccl_(std::move(nccl)),
+        heartbeat_(std::make_unique<Heartbeat>(store_, options_.rank, options_.world_size)),
+        waiter_(heartbeat_.get(), to_ms(options_.timeout_seconds), nccl_abort()) {}
+
+  /// NCCL's communicators are shut down here, on every path out (libtorch 2.4+ warns at
+  /// exit otherwise, and a process that skips it may hang in the communicator's teardown).
+  ~GroupCollective() override { nccl_shutdown(); }
 
   void announce_failure(const std::string& message) override { heartbeat_->announce_failure(message); }
 
@@ -397,7 +491,7 @@ class GroupCollective final : public train::Collective {
       at::NoGradGuard no_grad;
       Staged s(tensor, wire_);
       std::vector<at::Tensor> v{s.buffer};
-      group_->allreduce(v)->wait();
+      waiter_(group_->allreduce(v));
       s.commit();
     });
   }
@@ -412,7 +506,7 @@ class GroupCollective final : public train::Collective {
       std::vector<at::Tensor> v{s.buffer};
       c10d::BroadcastOptions o;
       o.rootRank = root;
-      group_->broadcast(v, o)->wait();
+      waiter_(group_->broadcast(v, o));
       s.commit();
     });
   }
@@ -437,7 +531,7 @@ class GroupCollective final : public train::Collective {
         std::vector<at::Tensor> v{at::cat(flat_parts)};
         c10d::BroadcastOptions o;
         o.rootRank = root;
-        group_->broadcast(v, o)->wait();
+        waiter_(group_->broadcast(v, o));
         std::int64_t offset = 0;
         for (auto& t : members) {
           at::Tensor target = t;
@@ -450,13 +544,13 @@ class GroupCollective final : public train::Collective {
 
   void allreduce_mean_gradients(const std::vector<at::Tensor>& parameters) override {
     Buckets(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(), /*hooks=*/false,
-            heartbeat_.get())
+            heartbeat_.get(), &waiter_)
         .finish();
   }
 
   std::unique_ptr<train::GradientSync> gradient_sync(const std::vector<at::Tensor>& parameters) override {
     return std::make_unique<Buckets>(parameters, group_, wire_, options_.bucket_bytes, options_.world_size, where(),
-                                     /*hooks=*/true, heartbeat_.get());
+                                     /*hooks=*/true, heartbeat_.get(), &waiter_);
   }
 
  private:
@@ -474,12 +568,38 @@ class GroupCollective final : public train::Collective {
     }
   }
 
+  std::function<void()> nccl_abort() {
+#if MEDFAST_HAVE_C10D_NCCL && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+    if (nccl_) {
+      return [this] {
+        aborted_ = true;
+        nccl_->abort();  // the kernels waiting for the dead peer end; the communicator is gone
+      };
+    }
+#endif
+    return nullptr;
+  }
+  void nccl_shutdown() noexcept {
+#if MEDFAST_HAVE_C10D_NCCL && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+    if (nccl_ && !aborted_) {
+      try {
+        nccl_->shutdown();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "medfast: %s: NCCL shutdown: %s\n", where().c_str(), cause(e).c_str());
+      }
+    }
+#endif
+  }
+
   DistOptions options_;
   std::string backend_;
   at::Device wire_;
   c10::intrusive_ptr<c10d::Store> store_;  // the group uses it; rank 0's also serves the others
   c10::intrusive_ptr<detail::Backend> group_;
+  NcclHandle nccl_;
+  bool aborted_ = false;
   std::unique_ptr<Heartbeat> heartbeat_;
+  Waiter waiter_;
 };
 
 std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const DistOptions& o) {
@@ -510,7 +630,7 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c1
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, go);
 }
 
-c10::intrusive_ptr<detail::Backend> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistOptions& o) {
+NcclHandle make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistOptions& o) {
 #if MEDFAST_HAVE_C10D_NCCL
   auto no = c10d::ProcessGroupNCCL::Options::create();
   no->timeout = to_ms(o.timeout_seconds);
@@ -525,6 +645,38 @@ c10::intrusive_ptr<detail::Backend> make_nccl(const c10::intrusive_ptr<c10d::Sto
 }  // namespace
 
 bool nccl_available() { return detail::kHaveNccl && at::hasCUDA(); }
+
+void detail::wait_until_complete(const CollectiveWait& w) {
+  constexpr auto kCheckPeers = std::chrono::milliseconds(500);
+  constexpr auto kLongestNap = std::chrono::microseconds(1000);
+  const auto start = Clock::now();
+  auto next_check = start + kCheckPeers;
+  auto nap = std::chrono::microseconds(20);
+  while (!w.completed()) {
+    const auto now = Clock::now();
+    std::string why;
+    if (w.dead_peers && now >= next_check) {
+      why = w.dead_peers();
+      next_check = now + kCheckPeers;
+    }
+    if (why.empty() && w.timeout.count() > 0 && now - start >= w.timeout) {
+      why = str("it did not complete within ", std::chrono::duration<double>(w.timeout).count(),
+                " s (dist_timeout), and every peer still beats: one of them may be stuck outside this collective");
+    }
+    if (!why.empty()) {
+      if (w.abort) {
+        try {
+          w.abort();
+        } catch (const std::exception& e) {
+          why += str("; aborting the collective failed too: ", cause(e));
+        }
+      }
+      throw CollectiveAbandoned(w.what.empty() ? why : str(w.what, ": ", why));
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, kLongestNap);
+  }
+}
 
 DistOptions DistOptions::from(const Settings& settings, const RankEnvironment& env) {
   DistOptions o;
@@ -679,9 +831,13 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
   //    shapes: ranks that diverge get an error naming both collectives, where the
   //    plain backend may hang or abort inside its transport thread.
   c10::intrusive_ptr<detail::Backend> group;
+  NcclHandle nccl;
   try {
     if (backend == "nccl") {
-      group = make_nccl(store, o);
+      nccl = make_nccl(store, o);
+#if MEDFAST_HAVE_C10D_NCCL
+      group = nccl;
+#endif
     } else {
       group = make_gloo(store, o);
     }
@@ -693,7 +849,7 @@ std::shared_ptr<train::Collective> init_process_group(const DistOptions& o) {
   } catch (const std::exception& e) {
     throw Error(str(who, ": ", backend, " process group over the rendezvous at ", at, " failed: ", cause(e)));
   }
-  return std::make_shared<GroupCollective>(o, backend, wire, store, group);
+  return std::make_shared<GroupCollective>(o, backend, wire, store, group, std::move(nccl));
 }
 
 }  // namespace medfast::dist

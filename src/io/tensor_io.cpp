@@ -6,7 +6,14 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#if MEDFAST_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+#endif
+
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -32,10 +39,17 @@ void check_tensor(const at::Tensor& t, const char* what) {
 
 std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
 
-// libtorch 1.13's c10::Event has no host-side wait; poll it (a chunk's copy takes about a millisecond).
+// libtorch 1.13's c10::Event has no host-side wait (and CUDA's own spins a core unless the
+// event was made for blocking sync, which c10 cannot ask for): poll it with naps of 20 us
+// doubling to 200 us. A buffer is reused two chunks later, after the next chunk's file read,
+// so its 16 MiB copy (about a millisecond) has usually ended and no nap is taken at all.
 void wait(const c10::Event& e) {
   if (!e.was_marked_for_recording()) return;
-  while (!e.query()) std::this_thread::yield();
+  auto nap = std::chrono::microseconds(20);
+  while (!e.query()) {
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(200));
+  }
 }
 
 /// How device memory is reached, decided once per process on the first device
@@ -244,6 +258,28 @@ at::Device resolve_device(const std::string& name, const std::function<int()>& c
   if (current) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(current()));
   if (!at::hasCUDA()) return d;
   return c10::impl::VirtualGuardImpl(at::kCUDA).getDevice();
+}
+
+std::optional<std::uint64_t> cuda_free_bytes(const at::Device& device, std::uint64_t* total) {
+#if MEDFAST_TORCH_CUDA
+  if (device.is_cuda() && at::hasCUDA()) {
+    const at::Device d = device.has_index() ? device : resolve_device("cuda");
+    c10::cuda::CUDAGuard guard(d.index());
+    std::size_t free = 0, all = 0;
+    if (cudaMemGetInfo(&free, &all) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    constexpr std::size_t aggregate = 0;  // StatType::AGGREGATE
+    const auto unused = stats.reserved_bytes[aggregate].current - stats.allocated_bytes[aggregate].current;
+    if (total) *total = all;
+    return static_cast<std::uint64_t>(free) + static_cast<std::uint64_t>(std::max<std::int64_t>(unused, 0));
+  }
+#endif
+  (void)device;
+  (void)total;
+  return std::nullopt;
 }
 
 }  // namespace medfast::io

@@ -198,6 +198,25 @@ bool GradScaler::step(torch::optim::Optimizer& opt) {
   return clean;
 }
 
+bool GradScaler::step(torch::optim::Optimizer& opt, bool clean) {
+  if (!options_.enabled) {
+    opt.step();
+    return true;
+  }
+  PerOptimizer& st = per_optimizer(opt);
+  MEDFAST_CHECK(st.stage == Stage::unscaled, "GradScaler: step(opt, clean) needs unscale(opt) first, once");
+  if (clean) opt.step();
+  st.stage = Stage::stepped;
+  return clean;
+}
+
+at::Tensor GradScaler::found_inf(const torch::optim::Optimizer& opt) {
+  PerOptimizer& st = per_optimizer(opt);
+  MEDFAST_CHECK(options_.enabled && st.stage != Stage::ready && st.found_inf.defined(),
+                "GradScaler: found_inf(opt) needs unscale(opt) first");
+  return st.found_inf;
+}
+
 void GradScaler::update() {
   if (!options_.enabled) return;
   MEDFAST_CHECK(scale_.defined(), "GradScaler: update() before any scale(loss)");

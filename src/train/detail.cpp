@@ -2,12 +2,15 @@
 
 #if MEDFAST_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <chrono>
 #include <cstdio>
+#include <deque>
 
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/train/metrics.hpp"
@@ -49,6 +52,84 @@ void reset_cuda_memory_peaks(c10::Device device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 #endif
   (void)device;
+}
+
+// A step's boundaries: the stage each one ends (nullptr: the step's start) and when.
+struct StageClock::Impl {
+  using Clock = std::chrono::steady_clock;
+  struct Boundary {
+    double StageTimes::*stage = nullptr;
+    Clock::time_point host;
+#if MEDFAST_TORCH_CUDA
+    std::shared_ptr<at::cuda::CUDAEvent> event;
+#endif
+  };
+  c10::Device device;
+  bool events = false;  ///< CUDA timing events (else the host clock)
+  std::deque<std::vector<Boundary>> steps;  ///< recorded, not yet added; the back one is the current step
+
+  void add(const std::vector<Boundary>& step, StageTimes& times) const {
+    for (std::size_t i = 1; i < step.size(); ++i) {
+      double seconds = std::chrono::duration<double>(step[i].host - step[i - 1].host).count();
+#if MEDFAST_TORCH_CUDA
+      if (events) seconds = step[i - 1].event->elapsed_time(*step[i].event) / 1e3;
+#endif
+      times.*(step[i].stage) += seconds;
+    }
+  }
+  bool passed(const std::vector<Boundary>& step) const {
+#if MEDFAST_TORCH_CUDA
+    if (events) return step.back().event->query();
+#endif
+    (void)step;
+    return true;
+  }
+};
+
+StageClock::StageClock(c10::Device device) : impl_(std::make_unique<Impl>(Impl{device, false, {}})) {
+#if MEDFAST_TORCH_CUDA
+  impl_->events = device.is_cuda();
+#endif
+}
+StageClock::~StageClock() = default;
+
+void StageClock::start() {
+  impl_->steps.emplace_back();
+  lap(nullptr);
+}
+
+void StageClock::lap(double StageTimes::*stage) {
+  MEDFAST_CHECK(!impl_->steps.empty(), "StageClock::lap before start");
+  Impl::Boundary b;
+  b.stage = stage;
+#if MEDFAST_TORCH_CUDA
+  if (impl_->events) {
+    b.event = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);  // timing on
+    b.event->record(at::cuda::getCurrentCUDAStream(impl_->device.index()));
+  }
+#endif
+  if (!impl_->events && impl_->device.type() != c10::DeviceType::CPU) {
+    // A device this build has no events for: the host clock after the stream's work.
+    c10::impl::VirtualGuardImpl(impl_->device.type()).getStream(impl_->device).synchronize();
+  }
+  b.host = Impl::Clock::now();
+  impl_->steps.back().push_back(std::move(b));
+}
+
+void StageClock::collect(StageTimes& times) {
+  // Every step but the current one, oldest first, as far as their events have passed.
+  while (impl_->steps.size() > 1 && impl_->passed(impl_->steps.front())) {
+    impl_->add(impl_->steps.front(), times);
+    impl_->steps.pop_front();
+  }
+}
+
+void StageClock::flush(StageTimes& times) {
+#if MEDFAST_TORCH_CUDA
+  if (impl_->events && !impl_->steps.empty() && !impl_->steps.back().empty()) impl_->steps.back().back().event->synchronize();
+#endif
+  for (const auto& step : impl_->steps) impl_->add(step, times);
+  impl_->steps.clear();
 }
 
 c10::Device parse_device(const std::string& name, const std::string& what) {

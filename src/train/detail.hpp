@@ -12,6 +12,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/train/inference.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/train/trainer.hpp"
 
 namespace medfast::train::detail {
 
@@ -34,6 +35,31 @@ c10::Device parse_device(const std::string& name, const std::string& what);
 /// comes back as the current device with its index (io::resolve_device), so that the
 /// caches and loader threads given it do not take their own GPU 0.
 c10::Device usable_device(const std::string& name, const std::string& what);
+
+/// The stage times of training steps without host syncs of their own. On CUDA each
+/// boundary records a timing event on the current (consumer) stream, and a step's times
+/// are added once its events have passed: at the next step's host read, or at flush().
+/// Events on one stream never wait for the others (the loader's side-stream copies of
+/// future batches, which a device-wide synchronize would wait for). The host clock elsewhere.
+class StageClock {
+ public:
+  explicit StageClock(c10::Device device);
+  ~StageClock();
+  StageClock(const StageClock&) = delete;
+  StageClock& operator=(const StageClock&) = delete;
+  /// A step begins: its first boundary.
+  void start();
+  /// `stage` of the current step ends here (and the next one begins).
+  void lap(double StageTimes::*stage);
+  /// Adds to `times` the stages of earlier steps whose events have passed; never waits.
+  void collect(StageTimes& times);
+  /// Waits for the current stream to pass every boundary recorded, then adds them all.
+  void flush(StageTimes& times);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 /// One validation case: sliding-window inference of its image, post-processing as the
 /// loss implies (metric_inputs), and Dice per class, [1, C'] (HD95 in mm too with `hd95`).

@@ -312,9 +312,6 @@ class Run {
   void say(const std::string& m) const {
     if (rank0_ && cb_.message) cb_.message(m);
   }
-  void sync() const {
-    if (device_.is_cuda()) torch::cuda::synchronize();
-  }
 
   /// A fresh run refuses a run_dir holding a run (unless overwrite); a resumed one
   /// needs last.ckpt written with the same data, model, loss, optimizer, schedule,
@@ -374,6 +371,7 @@ class Run {
     // convolution kernels by them): wrong math stops here, or its backend is switched off.
     self_check_ = ensure_backends_checked(device_, precision_dtype(precision_), settings_.get_bool("self_check"));
     nonfinite_ = std::make_unique<NonFiniteGuard>(precision_, max_nonfinite_steps(t_.max_nonfinite_steps, precision_));
+    clock_ = std::make_unique<detail::StageClock>(device_);
     trace::set_nvtx(device_.is_cuda());  // Nsight Systems shows medfast's ranges beside the kernels
   }
 
@@ -542,6 +540,7 @@ class Run {
       step.reset();  // the step's range ends before the profiler may write the cycle's trace
       profiler_->after_step(global_step);
     }
+    clock_->flush(rec.times);  // the epoch's last step has run on the device too
     const double train_seconds = since(epoch_start);
     rec.loss = finite_steps ? loss_sum / finite_steps : std::nan("");
     double all_samples = static_cast<double>(rec.samples);
@@ -556,9 +555,11 @@ class Run {
   }
 
   /// One batch: copy, forward, backward (gradients averaged across ranks while it
-  /// runs), optimizer step with loss scaling. Returns the step's loss.
+  /// runs), optimizer step with loss scaling. Returns the step's loss. The step's one
+  /// host read (its loss, and whether a gradient is inf/NaN) waits for this stream alone;
+  /// the stage times come from events on it (StageClock), read a step later.
   double train_step(const data::Batch& batch, EpochRecord& rec) {
-    auto t0 = Clock::now();
+    clock_->start();
     std::optional<trace::Range> stage(std::in_place, "copy");
     const at::Tensor x =
         batch_tensor(batch, t_.image_key, "train.image_key").to(device_, at::kFloat, /*non_blocking=*/true);
@@ -566,15 +567,13 @@ class Run {
     std::string items;
     for (std::size_t i : batch.items) items += (items.empty() ? "" : ", ") + std::to_string(i);
     const std::string where = str("epoch ", rec.epoch, ", step ", rec.steps + 1, " (items ", items, ")");
-    sync();
-    rec.times.copy += since(t0);
+    clock_->lap(&StageTimes::copy);
     stage.reset();
 
     if (distributed_ && !buffers_.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
       torch::NoGradGuard g;
       comm_->broadcast_coalesced(buffers_, 0);
     }
-    t0 = Clock::now();
     stage.emplace("forward");
     at::Tensor loss;
     with_context(where, [&] {
@@ -583,54 +582,67 @@ class Run {
       loss = (*loss_fn_)(logits.to(at::kFloat), y);
     });
     if (cb_.loss_filter) loss = cb_.loss_filter(rec.epoch, rec.steps + 1, loss);
-    sync();
-    rec.times.forward += since(t0);
+    clock_->lap(&StageTimes::forward);
 
-    t0 = Clock::now();
     stage.emplace("backward");
     optimizer_->zero_grad();
     if (grad_sync_) grad_sync_->prepare();
     with_context(where, [&] { scaler_->scale(loss).backward(); });
-    sync();
-    rec.times.backward += since(t0);
+    clock_->lap(&StageTimes::backward);
 
-    t0 = Clock::now();
     if (grad_sync_) {
       stage.emplace("allreduce");
       grad_sync_->finish();
     }
     stage.emplace("optimizer");
-    const double step_loss = loss.item<double>();
+    // fp16: the scaler's unscale finds inf/NaN gradients (and backs off); fp32, bf16: no
+    // NaN may reach the weights. Under DDP the gradients are the averaged ones, so every
+    // rank decides alike, also when only one rank's loss was NaN.
+    if (scaler_->enabled()) scaler_->unscale(*optimizer_);
+    const at::Tensor bad = scaler_->enabled() ? scaler_->found_inf(*optimizer_) : nonfinite_gradients();
+    const at::Tensor read = at::stack({loss.detach().reshape({}).to(at::kDouble), bad.reshape({}).to(at::kDouble)})
+                                .to(at::kCPU);  // the one host read
+    const double step_loss = read[0].item<double>();
+    const bool clean = read[1].item<double>() == 0 && (scaler_->enabled() || std::isfinite(step_loss));
+    clock_->collect(rec.times);  // earlier steps' events have passed
     bool stepped = false;
-    if (scaler_->enabled()) {  // fp16: the scaler skips a step with inf/nan gradients and backs off
-      stepped = scaler_->step(*optimizer_);
+    if (scaler_->enabled()) {
+      stepped = scaler_->step(*optimizer_, clean);
       scaler_->update();
-    } else if (std::isfinite(step_loss) && gradients_finite()) {  // fp32, bf16: no NaN reaches the weights
+    } else if (clean) {
       optimizer_->step();
       stepped = true;
     }
+    clock_->lap(&StageTimes::optimizer);
     if (!stepped) ++rec.skipped_steps;
     ++rec.steps;
     nonfinite_->record(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss, stepped,
                        [this, &rec] { return nonfinite_context(rec.epoch); });
     if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
-    rec.times.optimizer += since(t0);
     stage.reset();
     return step_loss;
   }
 
-  /// Whether every gradient is finite: one sum per parameter (a NaN or infinity anywhere
-  /// makes its sum non-finite). Under DDP the gradients are the averaged ones, so every
-  /// rank decides alike, also when only one rank's loss was NaN.
-  bool gradients_finite() const {
-    at::Tensor total;
-    for (const auto& p : params_) {
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
-      const at::Tensor s = g.sum(at::kDouble);
-      total = total.defined() ? total + s : s;
+  /// How many gradient elements are inf or NaN, as a 1-element tensor on the device (no
+  /// host read): on CUDA one fused check per dtype group (torch's GradScaler kernel, with
+  /// a scale of 1), elsewhere one sum per parameter (inf or NaN anywhere makes it non-finite).
+  at::Tensor nonfinite_gradients() const {
+    torch::NoGradGuard no_grad;
+    if (device_.is_cuda()) {
+      std::map<at::ScalarType, std::vector<at::Tensor>> groups;
+      for (const auto& p : params_) {
+        if (p.grad().defined()) groups[p.grad().scalar_type()].push_back(p.grad());
+      }
+      at::Tensor found = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
+      const at::Tensor one = at::ones({1}, found.options());
+      for (auto& [dtype, grads] : groups) at::_amp_foreach_non_finite_check_and_unscale_(grads, found, one);
+      return found;
     }
-    return !total.defined() || std::isfinite(total.item<double>());
+    at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+    for (const auto& p : params_) {
+      if (p.grad().defined()) total = total + p.grad().sum(at::kDouble);
+    }
+    return at::isfinite(total).logical_not().to(at::kFloat);
   }
 
   /// The end of NonFiniteLoss's message: what is kept, and where to look.
@@ -775,6 +787,7 @@ class Run {
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<detail::StageClock> clock_;
   std::unique_ptr<Loss> loss_fn_;
   TrainResult result_;
 };

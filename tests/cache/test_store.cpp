@@ -11,6 +11,7 @@
 #include "medfast/cache/entry_file.hpp"
 #include "medfast/cache/store.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
@@ -264,6 +265,44 @@ TEST(StoreKinds, UnknownOrImpossibleKindsAreClearErrors) {
       EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos);
     }
   }
+}
+
+// Review finding 11: a device cache that would fill the GPU stops with a message naming
+// the sizes and the way out, leaving training its reserve (a tenth, at least 1 GiB).
+TEST(StoreKinds, DeviceCacheRoomLeavesTrainingItsReserve) {
+  constexpr std::uint64_t MiB = 1ull << 20, GiB = 1ull << 30;
+  StoreStats held;
+  held.entries = 40;
+  held.bytes = 60 * GiB;
+  EXPECT_EQ(device_room_error(100 * MiB, 20 * GiB, 80 * GiB, held, "cuda:0"), "");   // 8 GiB stays free
+  EXPECT_EQ(device_room_error(100 * MiB, 8 * GiB + 100 * MiB, 80 * GiB, held, "cuda:0"), "");  // exactly the reserve
+  const std::string m = device_room_error(100 * MiB, 8 * GiB + 99 * MiB, 80 * GiB, held, "cuda:1");
+  EXPECT_EQ(m, "cache kind device: the next sample needs 100.00 MiB on cuda:1, which has 8.10 GiB free of 80.00 GiB "
+               "with 40 samples (60.00 GiB) cached, and 8.00 GiB stays free for training (a tenth of the GPU, at least "
+               "1 GiB). The dataset does not fit in GPU memory: use data.cache.kind disk_device (read from the disk "
+               "cache into the GPU each epoch) or memory");
+  // Small GPUs keep at least 1 GiB.
+  EXPECT_NE(device_room_error(100 * MiB, GiB + 50 * MiB, 4 * GiB, StoreStats{}, "cuda:0"), "");
+  EXPECT_EQ(device_room_error(100 * MiB, GiB + 100 * MiB, 4 * GiB, StoreStats{}, "cuda:0"), "");
+}
+
+// On a GPU: the free memory the check reads moves with what is allocated.
+TEST(StoreKindsGpu, CudaFreeBytesFollowAllocations) {
+  MEDFAST_REQUIRE_CUDA();
+  std::uint64_t total = 0;
+  const auto before = io::cuda_free_bytes(at::Device("cuda"), &total);
+  if (!before) GTEST_SKIP() << "this build has no libtorch CUDA headers (MEDFAST_TORCH_CUDA)";
+  EXPECT_GT(total, 0u);
+  EXPECT_LE(*before, total);
+  const std::int64_t n = 512ll << 20;
+  at::Tensor big = at::empty({n}, at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  const auto during = io::cuda_free_bytes(at::Device("cuda"));
+  ASSERT_TRUE(during.has_value());
+  EXPECT_LE(*during + static_cast<std::uint64_t>(n), *before + (64u << 20)) << "an allocation did not show";
+  big.reset();  // back in the allocator's cache, still free for new tensors
+  const auto after = io::cuda_free_bytes(at::Device("cuda"));
+  EXPECT_GE(*after + (64u << 20), *before);
+  EXPECT_FALSE(io::cuda_free_bytes(at::Device("cpu")).has_value());
 }
 
 }  // namespace

@@ -521,6 +521,88 @@ DistOptions from_env() {
   return DistOptions::from(s);
 }
 
+// Review finding 5: NCCL's wait() only makes the stream wait, so the host polls the
+// collective with the peers' heartbeat. The polling, on the CPU, with a fake collective.
+TEST(CollectiveWait, ReturnsOnceTheCollectiveCompletesWithoutSpinningACore) {
+  int polls = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(60);
+  dist::detail::CollectiveWait w;
+  w.what = "allreduce";
+  w.completed = [&] {
+    ++polls;
+    return std::chrono::steady_clock::now() >= until;
+  };
+  int checks = 0;
+  w.dead_peers = [&] {
+    ++checks;
+    return std::string();
+  };
+  w.timeout = std::chrono::seconds(30);
+  dist::detail::wait_until_complete(w);
+  EXPECT_GE(std::chrono::steady_clock::now(), until);
+  // Naps of 20 us doubling to 1 ms: about 60 polls in 60 ms (a spinning loop makes millions).
+  EXPECT_LT(polls, 1000);
+  EXPECT_GT(polls, 5);
+  EXPECT_EQ(checks, 0);  // the peers are asked every 0.5 s
+}
+
+TEST(CollectiveWait, ADeadPeerAbortsTheCollectiveAndIsNamed) {
+  bool aborted = false;
+  dist::detail::CollectiveWait w;
+  w.what = "waiting on the host";
+  w.completed = [&] { return aborted; };  // as NCCL: the abort ends the kernel
+  int checks = 0;
+  w.dead_peers = [&] { return ++checks < 2 ? std::string() : std::string("rank 1 stopped responding"); };
+  w.abort = [&] { aborted = true; };
+  w.timeout = std::chrono::seconds(30);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string m = test::error_of<Error>([&] { dist::detail::wait_until_complete(w); });
+  EXPECT_TRUE(aborted);
+  EXPECT_EQ(m, "waiting on the host: rank 1 stopped responding");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));  // not the 30 s timeout
+}
+
+TEST(CollectiveWait, TheTimeoutAbortsWhenEveryPeerStillBeats) {
+  int aborts = 0;
+  dist::detail::CollectiveWait w;
+  w.completed = [] { return false; };
+  w.dead_peers = [] { return std::string(); };
+  w.abort = [&] {
+    ++aborts;
+    throw std::runtime_error("ncclCommAbort failed");
+  };
+  w.timeout = std::chrono::milliseconds(50);
+  const std::string m = test::error_of<Error>([&] { dist::detail::wait_until_complete(w); });
+  EXPECT_EQ(aborts, 1);
+  EXPECT_TRUE(contains(m, "did not complete within 0.05 s (dist_timeout)")) << m;
+  EXPECT_TRUE(contains(m, "aborting the collective failed too: ncclCommAbort failed")) << m;
+}
+
+// One rank over NCCL on the GPU (the lent machines have one): its collectives reach the
+// host's wait (finding 5: NCCL's wait() alone does not block), the gradient buckets
+// average, and the group is shut down when the collective goes (no hang, no warning).
+TEST(DistGpu, OneRankNcclCollectivesCompleteAndShutDown) {
+  MEDFAST_REQUIRE_CUDA();
+  if (!dist::nccl_available()) GTEST_SKIP() << "this libtorch has no NCCL (c10d's ProcessGroupNCCL)";
+  DistOptions o = local_options(0, 1, free_port());
+  o.backend = "nccl";
+  o.cuda = true;
+  {
+    const auto c = init_process_group(o);
+    EXPECT_STREQ(c->backend(), "nccl");
+    at::Tensor t = at::arange(6, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    c->allreduce_sum(t);
+    expect_equal(t.cpu(), at::arange(6, at::kFloat), "allreduce_sum");
+    at::Tensor host = at::tensor({1.5, 2.5}, at::kDouble);  // a CPU tensor travels to the GPU and back
+    c->broadcast(host, 0);
+    expect_equal(host, at::tensor({1.5, 2.5}, at::kDouble), "broadcast of a CPU tensor");
+    at::Tensor p = at::ones({4}, at::TensorOptions().device(at::kCUDA)).requires_grad_(true);
+    (p * 3).sum().backward();
+    c->allreduce_mean_gradients({p});
+    expect_equal(p.grad().cpu(), at::full({4}, 3.0f), "mean gradient");
+  }
+}
+
 TEST(DistOptions, FromEnvironmentReadsTorchrunAndSlurm) {
   DistEnv env;
   DistOptions o = from_env();

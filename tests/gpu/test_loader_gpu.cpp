@@ -8,6 +8,10 @@
 #include "medfast/transforms/spatial.hpp"
 #include "test_util.hpp"
 
+#if MEDFAST_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 namespace medfast::data {
 namespace {
 
@@ -87,6 +91,54 @@ TEST(GpuLoader, CudaSamplesGiveTheSameBatchesAsHostSamples) {
     EXPECT_FALSE(b.next().has_value());
     EXPECT_EQ(batches, 3);
   }
+}
+
+// Review finding 8: a new pool stream per batch (cycling through 32) let the caching
+// allocator, which reuses blocks per stream, grow reserved memory toward 32 batches.
+// With one side stream per worker thread, reserved memory stays where the first
+// epochs put it: 60 more batches after a warm-up reserve (almost) nothing new.
+TEST(GpuLoader, ReservedMemoryPlateausOverManyBatches) {
+  MEDFAST_REQUIRE_CUDA();
+#if MEDFAST_TORCH_CUDA
+  const auto chain = transforms::make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": [16, 16, 16], "num_samples": 2},
+      {"name": "RandFlip", "keys": ["image", "label"], "prob": 0.5}])"),
+                                                   5);
+  auto on_gpu = [](std::size_t i) {
+    Sample s = item(i);
+    for (auto& [k, v] : s.volumes) v.data = at::constant_pad_nd(v.data, {8, 8, 8, 8, 8, 8}, 0).cuda();
+    return s;
+  };
+  LoaderOptions dev;
+  dev.batch_size = 2;
+  dev.threads = 2;
+  dev.device = "cuda";
+  Loader loader(10, on_gpu, chain, dev);
+  const auto index = at::Device("cuda").has_index() ? at::Device("cuda").index() : c10::DeviceIndex{0};
+  auto reserved = [&] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index).reserved_bytes[0].current;
+  };
+  auto run_epochs = [&](std::uint64_t first, int n) {
+    int batches = 0;
+    for (std::uint64_t e = first; e < first + static_cast<std::uint64_t>(n); ++e) {
+      loader.start(e);
+      while (auto b = loader.next()) {
+        (b->tensors.at("image") * 2).sum().item<float>();  // used on the consumer's stream, as training does
+        ++batches;
+      }
+    }
+    return batches;
+  };
+  run_epochs(0, 2);  // warm-up: every worker's stream has had its blocks
+  const auto warm = reserved();
+  EXPECT_EQ(run_epochs(2, 6), 60);
+  const auto later = reserved();
+  const std::int64_t batch_bytes = 2 * 2 * 16 * 16 * 16 * (4 + 1);
+  EXPECT_LE(later, warm + 2 * std::max<std::int64_t>(batch_bytes, 2 << 20))
+      << "reserved memory grew from " << warm << " to " << later << " bytes over 60 batches";
+#else
+  GTEST_SKIP() << "this test binary was built without libtorch's CUDA headers (MEDFAST_TORCH_CUDA)";
+#endif
 }
 
 TEST(GpuTransforms, CudaTensorsResampleLikeCpu) {

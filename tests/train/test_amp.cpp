@@ -217,6 +217,38 @@ TEST(GradScalerTest, NonFiniteGradientSkipsTheStepAndBacksOff) {
   EXPECT_FALSE(at::equal(t.p.detach(), params));
 }
 
+// The trainer's form: found_inf read by the caller (with the loss, in one host read),
+// then step(opt, clean) without a read of its own; the same skip and back-off.
+TEST(GradScalerTest, CallerReadFlagStepsAsStepDoes) {
+  GradScaler scaler(GradScalerOptions{1024.0, 2.0, 0.5, 100, true});
+  Toy t;
+  EXPECT_EQ(error_of([&] { scaler.found_inf(*t.opt); }), "GradScaler: found_inf(opt) needs unscale(opt) first");
+  t.opt->zero_grad();
+  scaler.scale((t.p * t.w).sum()).backward();
+  EXPECT_EQ(error_of([&] { scaler.step(*t.opt, true); }), "GradScaler: step(opt, clean) needs unscale(opt) first, once");
+  scaler.unscale(*t.opt);
+  EXPECT_EQ(scaler.found_inf(*t.opt).item<float>(), 0.0f);
+  const auto before = t.p.detach().clone();
+  EXPECT_TRUE(scaler.step(*t.opt, scaler.found_inf(*t.opt).item<float>() == 0));
+  EXPECT_TRUE(at::allclose(t.p.detach(), before - 0.1 * t.w));
+  EXPECT_EQ(error_of([&] { scaler.step(*t.opt, true); }), "GradScaler: step(opt, clean) needs unscale(opt) first, once");
+  scaler.update();
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+
+  t.opt->zero_grad();
+  scaler.scale((t.p * t.w).sum()).backward();
+  t.p.mutable_grad()[2] = std::numeric_limits<float>::infinity();
+  scaler.unscale(*t.opt);
+  const bool clean = scaler.found_inf(*t.opt).item<float>() == 0;
+  EXPECT_FALSE(clean);
+  const auto params = t.p.detach().clone();
+  EXPECT_FALSE(scaler.step(*t.opt, clean));
+  scaler.update();
+  EXPECT_TRUE(at::equal(t.p.detach(), params));
+  EXPECT_EQ(scaler.scale_value(), 512.0);
+  EXPECT_EQ(scaler.growth_tracker(), 0);
+}
+
 TEST(GradScalerTest, GrowsAfterGrowthIntervalCleanSteps) {
   GradScaler scaler(GradScalerOptions{8.0, 2.0, 0.5, 3, true});
   Toy t;

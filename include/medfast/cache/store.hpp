@@ -36,6 +36,12 @@ struct StoreStats {
   std::uint64_t entries = 0, bytes = 0, hits = 0, misses = 0, corrupt = 0, writes = 0;
 };
 
+/// The device cache's room check: a message when putting `need` more bytes would leave
+/// less than the training's reserve (a tenth of the GPU's `total`, at least 1 GiB) of the
+/// `free` bytes on `device`; "" when the sample fits. `so_far`: what the cache holds.
+std::string device_room_error(std::uint64_t need, std::uint64_t free, std::uint64_t total, const StoreStats& so_far,
+                              const std::string& device);
+
 class Store {
  public:
   virtual ~Store() = default;

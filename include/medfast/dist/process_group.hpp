@@ -27,6 +27,8 @@
 /// ProcessGroupWrapper) and turns that into an error naming both collectives.
 #include <cstdint>
 #include <memory>
+#include <chrono>
+#include <functional>
 #include <string>
 
 #include "medfast/core/rank_env.hpp"
@@ -63,6 +65,27 @@ struct DistOptions {
 
 /// This libtorch has c10d's NCCL backend and a CUDA device is present.
 bool nccl_available();
+
+namespace detail {
+
+/// A collective the host waits for where c10d's wait() does not: NCCL's only makes
+/// the current stream wait (a peer that died leaves its kernel waiting for ever, and
+/// NCCL's watchdog kills the process after dist_timeout with a message about the
+/// watchdog). What waiting needs, as plain callables (the process group's, or a test's).
+struct CollectiveWait {
+  std::string what;                         ///< the collective, for the message
+  std::function<bool()> completed;          ///< without blocking
+  std::function<std::string()> dead_peers;  ///< "" while every peer lives; called about every 0.5 s
+  std::function<void()> abort;              ///< stops the collective (the communicator) before the throw
+  std::chrono::milliseconds timeout{0};     ///< dist_timeout
+};
+
+/// Polls `completed` with short sleeps (20 us doubling up to 1 ms: no core is spun)
+/// until it returns true. A dead peer, or no completion within the timeout, aborts and
+/// throws Error naming the collective and the peer (or the timeout).
+void wait_until_complete(const CollectiveWait& wait);
+
+}  // namespace detail
 
 /// Validates `options`, rendezvouses and returns the process group as a
 /// train::Collective. Throws Error naming the rank and master address:port on a

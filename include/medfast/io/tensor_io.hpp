@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <optional>
 #include <string>
 
 #include "medfast/io/file_handle.hpp"
@@ -60,5 +61,10 @@ std::string device_transfers();
 /// is no CUDA, "cuda" stays without an index (whoever uses it reports that). ValueError
 /// for a name that is not a device.
 at::Device resolve_device(const std::string& name, const std::function<int()>& current = {});
+
+/// Bytes new tensors can still take on a CUDA device: the driver's free memory plus what
+/// libtorch's caching allocator holds unused; `total` (if given) gets the device's size.
+/// nullopt where unknown (not a CUDA device, or a libtorch built without CUDA).
+std::optional<std::uint64_t> cuda_free_bytes(const at::Device& device, std::uint64_t* total = nullptr);
 
 }  // namespace medfast::io

@@ -93,6 +93,13 @@ class GradScaler {
   void unscale(torch::optim::Optimizer& opt);
   /// Throws Error when called twice for one optimizer before update().
   bool step(torch::optim::Optimizer& opt);
+  /// The same, where the caller has already read found_inf(opt) in its own host read
+  /// (the trainer reads it with the loss): `clean` is whether it was 0. Throws Error
+  /// unless unscale(opt) came first.
+  bool step(torch::optim::Optimizer& opt, bool clean);
+  /// After unscale(opt): float32 [1] on the scale's device, > 0 when a gradient was
+  /// inf/nan (no host read). Throws Error before unscale(opt).
+  at::Tensor found_inf(const torch::optim::Optimizer& opt);
   /// Throws Error when no optimizer was unscaled or stepped since the last update().
   void update();
   double scale_value() const;
