@@ -13,6 +13,7 @@
 #include <string>
 
 #include "medfast/core/error.hpp"
+#include "medfast/version.hpp"
 
 namespace medfast::test {
 

@@ -45,7 +45,11 @@ void resolve_settings(const CLI::App& app, Context& ctx, const std::map<std::str
   os::set_buffer_pool_limit(ctx.settings.get_bytes("buffer_pool_bytes"));
 }
 
-std::string version_string() { return str("medfast ", kVersion, " (libtorch ", kTorchVersion, ")"); }
+std::string version_string() {
+  auto on = [](bool b) { return b ? "on" : "off"; };
+  return str("medfast ", kVersion, " (libtorch ", kTorchVersion, "; compressed DICOM decoders ", on(build::kDicomCodecs),
+             ", DICOM writing (GDCM) ", on(build::kGdcm), ", io_uring ", on(build::kIoUring), ")");
+}
 
 const std::vector<std::pair<std::string, std::string>>& torch_commands() {
   static const std::vector<std::pair<std::string, std::string>> commands{

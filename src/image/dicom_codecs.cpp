@@ -2,8 +2,10 @@
 // a stream is checked against the stream before it is used.
 #include "dicom_codecs.hpp"
 
+#if MEDFAST_HAVE_DICOM_CODECS
 #include <charls/charls.h>
 #include <openjpeg.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -13,7 +15,9 @@
 #include <cstring>
 #include <memory>
 
+#if MEDFAST_HAVE_DICOM_CODECS
 #include <jpeglib.h>
+#endif
 
 #include "medfast/core/error.hpp"
 
@@ -418,6 +422,7 @@ Samples decode_jpeg_lossless(const FrameSpec& spec, const JpegHeader& jh, const 
   return s;
 }
 
+#if MEDFAST_HAVE_DICOM_CODECS
 // libjpeg-turbo, for the DCT processes. Its errors longjmp back here; its warnings
 // (corrupt data it would paper over with zeros) are errors too.
 struct JpegError {
@@ -498,6 +503,15 @@ Samples decode_jpeg_dct(const FrameSpec& spec, const JpegHeader& jh, const unsig
   }
   return s;
 }
+#else
+std::string built_without(const char* codec) {
+  return str(codec, " is not in this build: medfast was built without the DICOM codecs (cmake "
+             "-DMEDFAST_WITH_DICOM_CODECS=ON, with libcharls-dev, libopenjp2-7-dev and libjpeg-dev installed)");
+}
+Samples decode_jpeg_dct(const FrameSpec& spec, const JpegHeader&, const unsigned char*, std::size_t) {
+  fail(spec, built_without("Lossy JPEG (libjpeg-turbo)"));
+}
+#endif
 
 Samples decode_jpeg(const FrameSpec& spec, const unsigned char* p, std::size_t n) {
   const JpegHeader jh = read_jpeg_header(spec, p, n);
@@ -505,6 +519,7 @@ Samples decode_jpeg(const FrameSpec& spec, const unsigned char* p, std::size_t n
                                                      : decode_jpeg_dct(spec, jh, p, n);
 }
 
+#if MEDFAST_HAVE_DICOM_CODECS
 // ---------------------------------------------------------------------------
 // JPEG-LS: CharLS.
 // ---------------------------------------------------------------------------
@@ -643,6 +658,10 @@ Samples decode_j2k(const FrameSpec& spec, const unsigned char* p, std::size_t n)
   for (std::size_t i = 0; i < pixels; ++i) s.values[i] = static_cast<std::uint16_t>(c.data[i]);
   return s;
 }
+#else
+Samples decode_jpegls(const FrameSpec& spec, const unsigned char*, std::size_t) { fail(spec, built_without("JPEG-LS (CharLS)")); }
+Samples decode_j2k(const FrameSpec& spec, const unsigned char*, std::size_t) { fail(spec, built_without("JPEG 2000 (OpenJPEG)")); }
+#endif
 
 }  // namespace
 

@@ -2,12 +2,14 @@
 // built with GDCM, serialised by gdcm::Writer into memory, written through the OS layer.
 #include "medfast/image/dicom_write.hpp"
 
+#if MEDFAST_HAVE_GDCM
 #include <gdcmDataSet.h>
 #include <gdcmFile.h>
 #include <gdcmItem.h>
 #include <gdcmSequenceOfItems.h>
 #include <gdcmTrace.h>
 #include <gdcmWriter.h>
+#endif
 #include <xxhash.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 
 namespace medfast::dicom {
 
+#if MEDFAST_HAVE_GDCM
 namespace {
 
 constexpr const char* kCtImageStorage = "1.2.840.10008.5.1.4.1.1.2";
@@ -150,6 +153,7 @@ void put_common(gdcm::DataSet& ds, const CtToWrite& ct, const std::string& modal
 }
 
 }  // namespace
+#endif
 
 std::string make_uid(const std::string& parts) {
   const XXH128_hash_t h = XXH3_128bits(parts.data(), parts.size());
@@ -164,6 +168,7 @@ std::string make_uid(const std::string& parts) {
   return "2.25." + digits;
 }
 
+#if MEDFAST_HAVE_GDCM
 std::vector<std::string> write_ct_series(const std::string& dir, const CtToWrite& ct) {
   if (!ct.hu) throw ValueError("write_ct_series: no voxels");
   const Geometry g = geometry_of(ct);
@@ -282,5 +287,20 @@ void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<s
   put_bytes(ds, 0x7fe0, 0x0010, gdcm::VR::OB, bits.data(), bits.size());
   write_dataset(file, ds);
 }
+
+#else
+namespace {
+[[noreturn]] void no_gdcm(const std::string& path) {
+  throw Error(str(path, ": writing DICOM needs GDCM, and this medfast was built without it (cmake "
+                  "-DMEDFAST_WITH_GDCM=ON, with libgdcm-dev installed); --format nifti needs nothing more"));
+}
+}  // namespace
+
+std::vector<std::string> write_ct_series(const std::string& dir, const CtToWrite&) { no_gdcm(dir); }
+void write_seg(const std::string& file, const CtToWrite&, const std::vector<std::string>&, const std::uint8_t*,
+               const std::string&) {
+  no_gdcm(file);
+}
+#endif
 
 }  // namespace medfast::dicom

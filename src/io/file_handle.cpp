@@ -4,7 +4,9 @@
 #include <pthread.h>
 
 #include <new>
+#if MEDFAST_HAVE_IO_URING
 #include <liburing.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -113,6 +115,7 @@ IoOptions IoOptions::from(const Settings& s) {
 const IoProbe& probe() {
   static const IoProbe p = [] {
     IoProbe r;
+#if MEDFAST_HAVE_IO_URING
     io_uring ring;
     const int e = io_uring_queue_init(4, &ring, 0);
     if (e == 0) {
@@ -121,6 +124,9 @@ const IoProbe& probe() {
     } else {
       r.io_uring_detail = str("io_uring_queue_init: ", std::strerror(-e));
     }
+#else
+    r.io_uring_detail = "this medfast was built without liburing (cmake -DMEDFAST_WITH_IO_URING=ON needs liburing-dev)";
+#endif
     log::info("io: host backend ", r.io_uring ? "io_uring" : "posix",
               r.io_uring ? "" : str(" (io_uring unavailable: ", r.io_uring_detail, ")"));
     return r;
@@ -222,6 +228,7 @@ std::size_t run_pieces(ThreadPool& pool, std::uint64_t offset, std::size_t size,
   return done;
 }
 
+#if MEDFAST_HAVE_IO_URING
 // io_uring ring with lazily registered bounce buffers.
 struct Ring {
   io_uring ring{};
@@ -232,6 +239,9 @@ struct Ring {
   unsigned entries = 0;
   ~Ring() { io_uring_queue_exit(&ring); }
 };
+#else
+struct Ring {};  // built without liburing: the io_uring backend is never selected (probe() says why)
+#endif
 
 constexpr int kMaxBounce = 16;
 
@@ -369,6 +379,7 @@ struct FileHandle::Impl {
 
   // ---- io_uring ----
 
+#if MEDFAST_HAVE_IO_URING
   std::unique_ptr<Ring> take_ring() {
     {
       std::lock_guard<std::mutex> lock(ring_mutex);
@@ -404,6 +415,7 @@ struct FileHandle::Impl {
     // refuses (RLIMIT_MEMLOCK) still works with plain reads.
     r.registered = io_uring_register_buffers(&r.ring, r.iov.data(), static_cast<unsigned>(r.iov.size())) == 0;
   }
+#endif
 
   struct UringOp {
     std::uint64_t file_off;  // where the kernel transfer starts (aligned for direct)
@@ -416,6 +428,7 @@ struct FileHandle::Impl {
     std::size_t done = 0;    // caller bytes completed
   };
 
+#if MEDFAST_HAVE_IO_URING
   // Runs ops through a ring, keeping up to queue_depth in flight (UringRun).
   void run_uring(std::vector<UringOp>& ops, bool is_write, const os::File& fd) {
     if (ops.empty()) return;
@@ -573,6 +586,11 @@ struct FileHandle::Impl {
       }
     }
   };
+#else
+  void run_uring(std::vector<UringOp>&, bool, const os::File&) {
+    throw Error(str(path, ": io_uring: ", probe().io_uring_detail));  // unreachable: select_backend refuses first
+  }
+#endif
 
   // Builds the ops of a request: direct transfers where caller memory and
   // offsets allow, bounce buffers elsewhere; buffered I/O needs no alignment.

@@ -24,6 +24,10 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(v.exit_code, 0);
   EXPECT_NE(v.out.find("medfast 0."), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("libtorch"), std::string::npos);
+  // The optional dependencies this build has (CMake's MEDFAST_WITH_*).
+  EXPECT_NE(v.out.find(str("compressed DICOM decoders ", build::kDicomCodecs ? "on" : "off")), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find(str("DICOM writing (GDCM) ", build::kGdcm ? "on" : "off")), std::string::npos) << v.out;
+  EXPECT_NE(v.out.find(str("io_uring ", build::kIoUring ? "on" : "off")), std::string::npos) << v.out;
   const auto none = medfast("");
   EXPECT_NE(none.exit_code, 0);
 }

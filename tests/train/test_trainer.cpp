@@ -1037,6 +1037,7 @@ ExampleCommands example_commands(const std::string& yaml) {
 
 TEST(Examples, RunOnSyntheticDataAsTheirCommentsSay) {
   for (const std::string name : {"spleen", "brats", "nsclc"}) {
+    if (name == "nsclc" && !build::kGdcm) continue;  // its data is written as DICOM (GDCM; off in this build)
     SCOPED_TRACE(name);
     const std::string yaml = test::source_dir() + "/examples/" + name + ".yaml";
     const ExampleCommands cmd = example_commands(yaml);
