@@ -69,6 +69,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     medfast = os.path.join(a.build, "medfast")
+    version = subprocess.run([medfast, "--version"], capture_output=True, text=True).stdout
+    if "io_uring off" in version:
+        print(f"io_bench: skipped: this medfast was built without io_uring ({version.strip()}); "
+              "the benchmark compares its io_uring backend with fio's")
+        return
     os.makedirs(a.dir, exist_ok=True)
     path = os.path.join(a.dir, "bench.bin")
     if not os.path.exists(path) or os.path.getsize(path) != a.size_mb << 20:

@@ -54,8 +54,16 @@ class MemoryStore final : public Store {
     return it->second;  // shares tensors: cached outputs are read-only by contract
   }
   void put(const std::string& key, const Sample& sample, const nlohmann::json&) override {
-    if (device_) check_room(sample);
-    Sample stored = device_ ? to_device(sample, *device_) : sample;
+    Sample stored;
+    if (device_) {
+      // The check and the copy together, one fill thread at a time: threads that all
+      // checked first would each see the same free memory and overrun the reserve.
+      std::lock_guard<std::mutex> room(room_mutex_);
+      check_room(sample);
+      stored = to_device(sample, *device_);
+    } else {
+      stored = sample;
+    }
     // In C order, as disk entries store them: the random chain's resamplings and gathers
     // then read along rows (a chain may end on data in the file's x-fastest order).
     for (auto& [k, v] : stored.volumes) v.data = v.data.contiguous();
@@ -90,6 +98,7 @@ class MemoryStore final : public Store {
   std::string kind_;
   std::optional<at::Device> device_;
   mutable std::mutex mutex_;
+  std::mutex room_mutex_;  ///< device stores: check_room and the copy to the GPU
   std::map<std::string, Sample> items_;
   StoreStats stats_;
 };

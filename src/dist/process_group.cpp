@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -109,13 +110,21 @@ class Heartbeat {
     }
   }
 
+  /// How long a peer's count may stand still, and how many store errors in a row, before
+  /// a wait gives up on it: its verdict aborts the collective, so it leaves room for a
+  /// loaded machine (a slow beat thread, a store busy with other ranks).
+  static constexpr std::chrono::seconds kSilence{10};
+  static constexpr int kStoreFailures = 3;
+
   /// For a wait on the host: a function that says, each time it is called, whether a
-  /// peer failed (its error) or stopped (its count has not moved for 3 beats since the
-  /// first call); "" while every peer lives. Quick (no sleep), unlike diagnose().
+  /// peer failed (its error) or stopped (its count has not moved for kSilence since the
+  /// first call, or the store failed kStoreFailures times in a row); "" while every peer
+  /// lives. Quick (no sleep), unlike diagnose().
   std::function<std::string()> watch() {
     struct Seen {
       std::vector<std::int64_t> count;
       std::vector<Clock::time_point> moved;
+      int store_failures = 0;
     };
     auto seen = std::make_shared<Seen>();
     seen->count.assign(static_cast<std::size_t>(world_), -1);
@@ -134,13 +143,16 @@ class Heartbeat {
           if (c != seen->count[k]) {
             seen->count[k] = c;
             seen->moved[k] = now;
-          } else if (now - seen->moved[k] > 3 * kBeat) {
+          } else if (now - seen->moved[k] > kSilence) {
             return str("rank ", r, " stopped responding (no heartbeat for ",
                        std::chrono::duration<double>(now - seen->moved[k]).count(), " s: it exited or hangs)");
           }
         }
-      } catch (const std::exception&) {
-        if (rank_ != 0) return "rank 0, which hosts the rendezvous store, is unreachable: it exited";
+        seen->store_failures = 0;
+      } catch (const std::exception& e) {
+        if (++seen->store_failures >= kStoreFailures && rank_ != 0) {
+          return str("rank 0, which hosts the rendezvous store, is unreachable: it exited (", cause(e), ")");
+        }
       }
       return "";
     };
@@ -474,9 +486,27 @@ class GroupCollective final : public train::Collective {
 
   /// NCCL's communicators are shut down here, on every path out (libtorch 2.4+ warns at
   /// exit otherwise, and a process that skips it may hang in the communicator's teardown).
-  ~GroupCollective() override { nccl_shutdown(); }
+  /// A rank that failed aborts its communicator instead: a graceful shutdown would wait
+  /// for collectives it started (gradient buckets of the step that failed) that its
+  /// peers, aborted or gone, will never finish.
+  ~GroupCollective() override {
+    if (failed_) {
+      if (const auto abort = nccl_abort()) {
+        try {
+          abort();
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "medfast: %s: NCCL abort: %s\n", where().c_str(), cause(e).c_str());
+        }
+      }
+    } else {
+      nccl_shutdown();
+    }
+  }
 
-  void announce_failure(const std::string& message) override { heartbeat_->announce_failure(message); }
+  void announce_failure(const std::string& message) override {
+    failed_ = true;
+    heartbeat_->announce_failure(message);
+  }
 
   int rank() const override { return options_.rank; }
   int world_size() const override { return options_.world_size; }
@@ -598,6 +628,7 @@ class GroupCollective final : public train::Collective {
   c10::intrusive_ptr<detail::Backend> group_;
   NcclHandle nccl_;
   bool aborted_ = false;
+  std::atomic<bool> failed_{false};  ///< announce_failure: the destructor aborts rather than shuts down
   std::unique_ptr<Heartbeat> heartbeat_;
   Waiter waiter_;
 };
@@ -633,7 +664,10 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> make_gloo(const c10::intrusive_ptr<c1
 NcclHandle make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistOptions& o) {
 #if MEDFAST_HAVE_C10D_NCCL
   auto no = c10d::ProcessGroupNCCL::Options::create();
-  no->timeout = to_ms(o.timeout_seconds);
+  // NCCL's watchdog counts from when a collective is queued and tears the process down;
+  // medfast's own wait (Waiter) gives up at dist_timeout with a message naming the peers,
+  // so NCCL's comes a little later.
+  no->timeout = to_ms(o.timeout_seconds + 30);
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, no);
 #else
   (void)store;

@@ -134,7 +134,9 @@ TEST(GpuLoader, ReservedMemoryPlateausOverManyBatches) {
   EXPECT_EQ(run_epochs(2, 6), 60);
   const auto later = reserved();
   const std::int64_t batch_bytes = 2 * 2 * 16 * 16 * 16 * (4 + 1);
-  EXPECT_LE(later, warm + 2 * std::max<std::int64_t>(batch_bytes, 2 << 20))
+  // Slack: two of the allocator's large-pool segments (20 MiB), far below the 32 extra
+  // batches' streams that the bug reserved.
+  EXPECT_LE(later, warm + 2 * std::max<std::int64_t>(batch_bytes, 20 << 20))
       << "reserved memory grew from " << warm << " to " << later << " bytes over 60 batches";
 #else
   GTEST_SKIP() << "this test binary was built without libtorch's CUDA headers (MEDFAST_TORCH_CUDA)";

@@ -134,7 +134,7 @@ TEST(DicomErrors, BadInputsNameTheFileAndTheTag) {
     } catch (const std::exception& e) {
       message = std::string("(not a FormatError) ") + e.what();
     }
-    if (!build::kDicomCodecs && needs_codecs(name)) {  // stopped before the frame is looked at, naming the option
+    if (!build::kDicomCodecs && needs_codecs(name)) {  // the frame's decoder is missing: its error names the option
       EXPECT_NE(message.find("MEDFAST_WITH_DICOM_CODECS"), std::string::npos) << message;
       continue;
     }
