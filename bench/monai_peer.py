@@ -46,14 +46,17 @@ def _tuples(args):
     return {k: (tuple(v) if isinstance(v, list) and k != "keys" else v) for k, v in args.items()}
 
 
-def _load_image(mt, args):
-    """LoadImage: medfast's per-key dtype ("" keeps the file's) as one LoadImaged per distinct dtype."""
+def _load_image(mt, args, reader=None):
+    """LoadImage: medfast's per-key dtype ("" keeps the file's) as one LoadImaged per distinct dtype;
+    `reader` (an ImageReader instance) replaces MONAI's choice (NibabelReader for NIfTI)."""
     import numpy as np
     keys = args.pop("keys")
     keys = [keys] if isinstance(keys, str) else keys
     dtypes = args.pop("dtype", "float32")
     dtypes = [dtypes] * len(keys) if isinstance(dtypes, str) or dtypes is None else dtypes
     args.pop("image_only", None)  # medfast keeps the geometry either way; MONAI's meta does the same
+    if reader is not None:
+        args["reader"] = reader
     groups = {}
     for k, d in zip(keys, dtypes):
         groups.setdefault(d or "", []).append(k)
@@ -69,15 +72,16 @@ def _crop_foreground(mt, args):
     return [mt.CropForegroundd(**_tuples(args))]
 
 
-def transforms(monai, chain):
-    """MONAI dictionary transforms for a medfast chain (a list of {"name": ..., arguments})."""
+def transforms(monai, chain, reader=None):
+    """MONAI dictionary transforms for a medfast chain (a list of {"name": ..., arguments});
+    `reader`: the ImageReader its LoadImage uses (default: MONAI's own choice, nibabel for NIfTI)."""
     mt = monai.transforms
     out = []
     for item in chain:
         args = dict(item)
         name = args.pop("name")
         if name == "LoadImage":
-            out += _load_image(mt, args)
+            out += _load_image(mt, args, reader)
         elif name == "CropForeground":
             out += _crop_foreground(mt, args)
         else:

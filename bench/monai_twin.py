@@ -3,18 +3,35 @@
 
 Usage: /usr/bin/python3 bench/monai_twin.py --config RUN_DIR/config.json --base DIR [--seed S]
            [--threads 2] [--run-dir DIR] [--monai ../shared/peers/monai-1.3.2]
+           [--device cpu|cuda] [--amp fp32|fp16|bf16] [--reader auto|nibabel|numpy]
 
-bench/default_run.py runs it beside medfast's built-in default run. It reads the config
+bench/default_run.py runs it beside medfast's built-in default run, and the GPU campaign's
+`monai` step (scripts/gpu_check.py) beside medfast's spleen recipe on CUDA. It reads the config
 medfast wrote into its run folder (config.json: the built-in default plus any --set; paths
 relative to --base, the folder medfast ran in) and runs that config with MONAI, as MONAI's
 spleen fast-training tutorial would:
   data        the same dataset list, training items and validation items ({num: N}: the last N);
+  reader      --reader: LoadImaged's NIfTI reader. nibabel: MONAI's NibabelReader; numpy:
+              bench/monai_nifti_reader.py (gzip and numpy, the same arrays and meta as NibabelReader
+              gives, checked by its --self-test), for machines where nibabel does not import (the
+              GPU image's numpy 2, where .gpu-peers carries only nibabel's orientations, which
+              MONAI's Orientation needs); auto (default): nibabel where it imports whole, else numpy.
+              The reader only changes how the cache fills, not the training after it;
   chains      the same deterministic and random chains as MONAI dictionary transforms
               (monai_peer.transforms); the deterministic outputs cached by CacheDataset
               (cache_rate 1, num_workers = threads), ending with EnsureTyped(track_meta=False),
               and meta tracking off afterwards (the tutorial's fast path);
+  device      train.device (or --device): on CUDA, as the tutorial's GPU path, the cached volumes
+              move to the GPU with ToDeviced after EnsureTyped when data.cache.kind is device or
+              disk_device (medfast's device caches), so that the random chain runs on the GPU;
+              with any other cache kind they stay on the host and each batch is copied over;
+              cudnn.benchmark on unless train.deterministic (as medfast);
+  AMP         train.amp (or --amp; true: fp16 on CUDA, bf16 on the CPU, as medfast): forward and
+              loss under torch.autocast, fp16 with a GradScaler (scale, step, update), as the
+              tutorial does;
   loader      ThreadDataLoader(num_workers=0) with the config's batch size and shuffle, batching
-              the image and label only (SelectItemsd), as medfast's loader does;
+              the image and label only (SelectItemsd), as medfast's loader does; the time spent
+              waiting for its next batch is the epoch's data wait;
   model       monai.networks.nets.UNet(spatial_dims=3, the config's arguments);
   loss        DiceCELoss / DiceLoss / DiceFocalLoss with the config's flags;
   optimizer   torch.optim.Adam / SGD / AdamW (MONAI's Novograd) with the config's arguments;
@@ -27,10 +44,15 @@ spleen fast-training tutorial would:
               line every epoch, as medfast writes best.ckpt, last.ckpt and metrics.jsonl.
 torch.set_num_threads(threads) and monai.utils.set_determinism(seed). Prints one JSON
 document on stdout: per-epoch seconds (training + validation, as medfast's epoch
-"seconds"), loss, Dice, steps and samples, and the time to the target from the start of
-the run (before the caches fill, as medfast's "elapsed").
+"seconds"), training seconds, data wait, samples/s (samples over training seconds, as
+medfast's), loss, Dice, steps and samples, and the time to the target from the start of
+the run (before the caches fill, as medfast's "elapsed"). Before printing, the run is
+checked: every epoch's loss finite, and every epoch the steps and samples that the dataset,
+batch size, drop_last and the random chain's num_samples give; a failed check exits non-zero
+with the reason and prints no figures.
 """
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -96,12 +118,67 @@ def optimizer(monai, params, opt, schedule):
     return kinds[opt["name"]](params, **args)
 
 
-def caches(monai, config, train_files, val_files, threads):
-    """The training and validation CacheDatasets (filled now) and the training loader."""
+def precision(value, cuda):
+    """medfast's train.amp: true (fp16 on CUDA, bf16 on the CPU), false, fp16, bf16 or fp32."""
+    if value is None or isinstance(value, bool):
+        return ("fp16" if cuda else "bf16") if value else "fp32"
+    p = str(value).lower()
+    if p not in ("fp16", "bf16", "fp32"):
+        refuse(f"train.amp {value!r}")
+    if p == "fp16" and not cuda:
+        refuse("fp16 on the CPU (medfast refuses it too)")
+    return p
+
+
+def autocast(device, amp):
+    """The forward pass's autocast context (none for fp32)."""
+    if amp == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype={"fp16": torch.float16, "bf16": torch.bfloat16}[amp])
+
+
+def grad_scaler():
+    """fp16's loss scaler: torch.amp.GradScaler where this torch has it, else torch.cuda.amp's."""
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda")
+    return torch.cuda.amp.GradScaler()
+
+
+def expected_counts(config, items):
+    """(steps, samples) per epoch that `items` training items give: batch size, drop_last, num_samples."""
+    loader = config["data"].get("loader", {})
+    batch, drop_last = loader.get("batch_size", 1), loader.get("drop_last", False)
+    steps = items // batch if drop_last else -(-items // batch)
+    per_item = 1
+    for t in config["data"].get("random", []):
+        per_item *= int(t.get("num_samples", 1))
+    return steps, (steps * batch if drop_last else items) * per_item
+
+
+def verify(result, config):
+    """The run's own checks before it reports figures; exits with the reason when one fails."""
+    steps, samples = expected_counts(config, result["train_items"])
+    for e in result["history"]:
+        where = f"monai_twin: verification failed: epoch {e['epoch']}"
+        if not math.isfinite(e["loss"]):
+            sys.exit(f"{where}: loss {e['loss']}")
+        if (e["steps"], e["samples"]) != (steps, samples):
+            sys.exit(f"{where}: {e['steps']} steps and {e['samples']} samples, expected {steps} and {samples}")
+    if not result["history"]:
+        sys.exit("monai_twin: verification failed: no epoch ran")
+    return {"steps_per_epoch": steps, "samples_per_epoch": samples, "finite_losses": True}
+
+
+def caches(monai, config, train_files, val_files, threads, device=None, on_device=False, reader=None):
+    """The training and validation CacheDatasets (filled now) and the training loader.
+    on_device: the cached volumes move to `device` (ToDeviced, after EnsureTyped: the tutorial's GPU path).
+    reader: LoadImaged's ImageReader (None: MONAI's choice, NibabelReader)."""
     d, t = config["data"], config["train"]
     keys = [t.get("image_key", "image"), t.get("label_key", "label")]
-    deterministic = monai_peer.transforms(monai, d["deterministic"])
+    deterministic = monai_peer.transforms(monai, d["deterministic"], reader)
     deterministic.append(monai.transforms.EnsureTyped(keys=keys, track_meta=False))
+    if on_device:
+        deterministic.append(monai.transforms.ToDeviced(keys=keys, device=device))
     random = monai_peer.transforms(monai, d.get("random", []))
     # medfast's loader batches the volumes only; MONAI's collates every key, and index arrays
     # that no transform consumed (different lengths per item) would stop it.
@@ -118,8 +195,9 @@ def caches(monai, config, train_files, val_files, threads):
     return train_loader, val_ds, keys
 
 
-def validate(monai, model, val_ds, keys, config):
+def validate(monai, model, val_ds, keys, config, device=None, amp="fp32"):
     """Mean validation Dice of the foreground classes, as medfast scores a softmax model."""
+    device = device or torch.device("cpu")
     sw = dict(config.get("validation", {}).get("sliding_window", {}))
     roi, sw_batch = tuple(sw.pop("roi_size")), sw.pop("sw_batch_size", 1)
     classes = config["model"].get("out_channels", 2)
@@ -128,32 +206,50 @@ def validate(monai, model, val_ds, keys, config):
     with torch.no_grad():
         for i in range(len(val_ds)):
             item = val_ds[i]
-            x = torch.as_tensor(item[keys[0]])[None].float()
-            logits = monai.inferers.sliding_window_inference(x, roi, sw_batch, model, **sw)
+            x = torch.as_tensor(item[keys[0]])[None].to(device).float()
+            with autocast(device, amp):
+                logits = monai.inferers.sliding_window_inference(x, roi, sw_batch, model, **sw)
             pred = torch.nn.functional.one_hot(logits.argmax(1), classes).permute(0, 4, 1, 2, 3)
-            label = torch.as_tensor(item[keys[1]])[None, 0].long()
+            label = torch.as_tensor(item[keys[1]])[None, 0].to(device).long()
             truth = torch.nn.functional.one_hot(label, classes).permute(0, 4, 1, 2, 3)
             metric(pred, truth)
     model.train()
     return metric.aggregate().item()
 
 
-def train_epoch(model, loader, keys, loss_fn, opt):
-    """One pass over the loader: (mean step loss, steps, samples)."""
+def train_epoch(model, loader, keys, loss_fn, opt, device=None, amp="fp32", scaler=None):
+    """One pass over the loader: (mean step loss, steps, samples, seconds waiting for batches)."""
+    device = device or torch.device("cpu")
     model.train()
-    loss_sum, steps, samples = 0.0, 0, 0
-    for batch in loader:
-        x, y = batch[keys[0]].float(), batch[keys[1]]
+    loss_sum, steps, samples, wait = 0.0, 0, 0, 0.0
+    batches = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        wait += time.perf_counter() - t0
+        if batch is None:
+            break
+        # On the device already where the cache is (ToDeviced); else copied over here.
+        x = batch[keys[0]].to(device, non_blocking=True).float()
+        y = batch[keys[1]].to(device, non_blocking=True)
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        with autocast(device, amp):
+            loss = loss_fn(model(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         loss_sum += loss.item()
         steps += 1
         samples += x.shape[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     if steps == 0:  # ThreadDataLoader's producer thread died (its traceback is above)
         sys.exit("monai_twin: the training loader delivered no batch")
-    return loss_sum / steps, steps, samples
+    return loss_sum / steps, steps, samples, wait
 
 
 def save(run_dir, model, opt, record, improved):
@@ -164,33 +260,61 @@ def save(run_dir, model, opt, record, improved):
         f.write(json.dumps(record) + "\n")
 
 
-def run(monai, config, base, seed, threads, run_dir):
+def image_reader(choice):
+    """(LoadImaged's reader, its name) for --reader: None is MONAI's own NibabelReader."""
+    if choice == "auto":
+        try:
+            import nibabel
+            nibabel.load  # noqa: B018 (.gpu-peers' nibabel carries only its orientations: no reader)
+            return None, f"nibabel {nibabel.__version__}"
+        except Exception:  # noqa: BLE001 (absent, failing on this numpy, or orientations only: numpy)
+            choice = "numpy"
+    if choice == "nibabel":
+        import nibabel  # fails here, with its own reason, where it cannot run
+        nibabel.load  # noqa: B018
+        return None, f"nibabel {nibabel.__version__}"
+    import monai_nifti_reader
+    return monai_nifti_reader.NumpyNiftiReader(), "numpy (bench/monai_nifti_reader.py)"
+
+
+def run(monai, config, base, seed, threads, run_dir, device=None, amp="fp32", reader="auto"):
     """The whole run; returns the result document."""
+    device = device or torch.device("cpu")
     start = time.perf_counter()
     torch.set_num_threads(threads)
+    t = config["train"]
     monai.utils.set_determinism(seed=seed)
+    if device.type == "cuda":  # set_determinism turned cudnn's autotuner off; medfast's rule
+        torch.backends.cudnn.benchmark = not t.get("deterministic", False)
+        torch.backends.cudnn.deterministic = bool(t.get("deterministic", False))
+    on_device = device.type == "cuda" and config["data"].get("cache", {}).get("kind") in ("device", "disk_device")
     train_files, val_files = dataset_items(config, base)
-    loader, val_ds, keys = caches(monai, config, train_files, val_files, threads)
+    reader, reader_name = image_reader(reader)
+    loader, val_ds, keys = caches(monai, config, train_files, val_files, threads, device, on_device, reader)
     prepare = time.perf_counter() - start
-    model = network(monai, config["model"])
+    model = network(monai, config["model"]).to(device)
     loss_fn = loss_function(monai, config.get("loss", {}))
     opt = optimizer(monai, model.parameters(), config["optimizer"], config.get("schedule"))
-    t = config["train"]
+    scaler = grad_scaler() if amp == "fp16" else None
     epochs, target = t.get("epochs", 1), t.get("target_dice", 0)
     interval = config.get("validation", {}).get("interval", 1)
     result = {"history": [], "reached_target": False, "time_to_target": None, "best_dice": -1.0,
               "prepare_seconds": prepare, "train_items": len(train_files), "val_items": len(val_files),
-              "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+              "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+              "device": str(device), "amp": amp, "cache_on_device": on_device, "reader": reader_name,
+              "versions": {"monai": monai.__version__, "torch": torch.__version__,
+                           "numpy": sys.modules["numpy"].__version__ if "numpy" in sys.modules else None}}
     for epoch in range(epochs):
         t0 = time.perf_counter()
-        loss, steps, samples = train_epoch(model, loader, keys, loss_fn, opt)
+        loss, steps, samples, wait = train_epoch(model, loader, keys, loss_fn, opt, device, amp, scaler)
         train_seconds = time.perf_counter() - t0
         dice = None
         if val_ds is not None and ((epoch + 1) % interval == 0 or epoch + 1 == epochs):
-            dice = validate(monai, model, val_ds, keys, config)
+            dice = validate(monai, model, val_ds, keys, config, device, amp)
         rec = {"epoch": epoch + 1, "loss": loss, "dice": dice, "steps": steps, "samples": samples,
-               "train_seconds": train_seconds, "seconds": time.perf_counter() - t0,
-               "elapsed": time.perf_counter() - start}
+               "train_seconds": train_seconds, "data_wait": wait,
+               "samples_per_second": samples / train_seconds if train_seconds > 0 else 0.0,
+               "seconds": time.perf_counter() - t0, "elapsed": time.perf_counter() - start}
         improved = dice is not None and not math.isnan(dice) and dice > result["best_dice"]
         result["best_dice"] = dice if improved else result["best_dice"]
         result["history"].append(rec)
@@ -200,6 +324,7 @@ def run(monai, config, base, seed, threads, run_dir):
             result["reached_target"], result["time_to_target"] = True, rec["elapsed"]
             break
     result["seconds"] = time.perf_counter() - start
+    result["verified"] = verify(result, config)
     return result
 
 
@@ -215,13 +340,13 @@ def medfast_checkpoint(path):
     return meta, {k[len("model."):]: v.detach() for k, v in state.items() if k.startswith("model.")}
 
 
-def score_checkpoint(monai, config, base, checkpoint, threads):
+def score_checkpoint(monai, config, base, checkpoint, threads, reader="auto"):
     """MONAI's validation (this twin's chain, sliding window and metric) of medfast's trained weights."""
     torch.set_num_threads(threads)
     _, val_files = dataset_items(config, base)
     d, t = config["data"], config["train"]
     keys = [t.get("image_key", "image"), t.get("label_key", "label")]
-    deterministic = monai_peer.transforms(monai, d["deterministic"])
+    deterministic = monai_peer.transforms(monai, d["deterministic"], image_reader(reader)[0])
     val_ds = monai.data.CacheDataset(val_files, transform=monai.transforms.Compose(deterministic),
                                      cache_rate=1.0, num_workers=threads, progress=False)
     model = network(monai, config["model"])
@@ -238,6 +363,11 @@ def main():
     ap.add_argument("--seed", type=int, default=None, help="default: the config's train.seed")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--run-dir", default=None, help="default: a temporary folder")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: the config's train.device")
+    ap.add_argument("--amp", choices=["fp32", "fp16", "bf16"], default=None, help="default: the config's train.amp")
+    ap.add_argument("--reader", choices=["auto", "nibabel", "numpy"], default="auto",
+                    help="NIfTI reader: MONAI's NibabelReader, or bench/monai_nifti_reader.py (gzip + numpy); "
+                         "auto: nibabel where it imports (default)")
     monai_peer.add_argument(ap)
     a = ap.parse_args()
     monai = monai_peer.load(a.monai)
@@ -245,14 +375,18 @@ def main():
         return 2
     config = json.load(open(a.config))
     t = config["train"]
-    if t.get("device", "cpu") != "cpu" or t.get("amp", False):
-        refuse("a CUDA or AMP run")
+    device = torch.device(a.device or t.get("device", "cpu"))
+    if device.type not in ("cpu", "cuda"):
+        refuse(f"train.device {device}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("monai_twin: CUDA was asked for and this torch sees no CUDA device")
+    amp = precision(a.amp if a.amp is not None else t.get("amp", False), device.type == "cuda")
     seed = t.get("seed", 0) if a.seed is None else a.seed
     threads = t.get("threads", 0) or a.threads
     with tempfile.TemporaryDirectory(prefix="monai-twin-") as tmp:
         run_dir = a.run_dir or tmp
         os.makedirs(run_dir, exist_ok=True)
-        print(json.dumps(run(monai, config, os.path.abspath(a.base), seed, threads, run_dir)))
+        print(json.dumps(run(monai, config, os.path.abspath(a.base), seed, threads, run_dir, device, amp, a.reader)))
     return 0
 
 

@@ -6,12 +6,33 @@ still run. scripts/gpu_check.sh calls this.
     bash scripts/gpu_check.sh --phase build        # call 1: configure + build (all cores)
     bash scripts/gpu_check.sh --phase run          # call 2: tests and benchmarks
     bash scripts/gpu_check.sh --only io,train      # re-run chosen steps after a fix
+    bash scripts/gpu_check.sh --only sanitizer     # fits one 10-minute device call
     bash scripts/gpu_check.sh --dry-run --build build   # here, without a GPU (CI runs this)
 
-On the device machine (see docs/benchmarks.md, "GPU runs"): the working tree travels with
-.gpu (scripts/gpu_bundle.sh: the build's dependencies from Debian 12) and, for the MONAI
-peer, .gpu-peers (MONAI 1.3.2 and nibabel, pure Python) carried; the build configures
-against the image's pip torch (Torch_DIR from torch.utils.cmake_prefix_path), CUDA arch 90.
+On the device machine (see docs/benchmarks.md, "GPU runs"): each call carries [".gpu",
+".gpu-peers"], made here by scripts/gpu_bundle.sh (the build's dependencies from Debian 12)
+and scripts/gpu_peers.sh (MONAI 1.3.2, pure Python, patched for numpy 2 and Python 3.12, and
+nibabel's orientations module); the build configures against the image's pip torch (Torch_DIR
+from torch.utils.cmake_prefix_path), CUDA arch 90.
+
+Steps with more to them than a command:
+  monai      .gpu-peers first on PYTHONPATH; first (PEER_IMPORT) `import monai` there, from
+             there, patched (MANIFEST), MONAI's Spacing geometry on the image's numpy, and the
+             first training item through the recipe's deterministic chain with LoadImaged
+             reading it by bench/monai_nifti_reader.py (gzip + numpy: of nibabel only its
+             orientations module is carried, for Orientation). If that works,
+             bench/monai_twin.py --device cuda --amp fp16 --reader numpy on the config.json of
+             step_train's `fp16 device` run (medfast's side is run here when step_train did not run in
+             this call): CacheDataset + ToDeviced, ThreadDataLoader(num_workers=0), autocast +
+             GradScaler; the twin verifies its run (finite losses, expected steps and samples)
+             before it prints. Reported: both sides' samples/s and data-wait share,
+             medfast/MONAI and the issue's target (>= 1.5x, medfast's data wait < 5%). If MONAI
+             does not import or run there, the reason is the result and a plain PyTorch
+             DataLoader is timed over the same files instead (PEER_LOADER).
+  sanitizer  compute-sanitizer over tests/medfast_gpu_tests, the stream and I/O GPU tests
+             (SANITIZER_RUNS): memcheck, then synccheck where the step's budget leaves room;
+             the device refused ("Device not supported", error 999, no permission, a sanitizer
+             error before any test ran): skipped with the tool's message.
 
 Results accumulate in BUILD/gpu_check.json (so that the run phase adds to the build
 phase's) and are copied with a Markdown table and the log into $OUT (or --out); the table
@@ -24,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,6 +93,24 @@ class Campaign:
             tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-3:]
             raise RuntimeError(f"{os.path.basename(cmd[0])} exited {r.returncode}: {' | '.join(tail)}")
         return r.stdout
+
+    def sh_limited(self, cmd, timeout, env=None, cwd=None):
+        """Runs cmd in its own process group, stdout and stderr together, killing the whole group
+        (a sanitizer and the program under it) at `timeout`; returns (exit code, output, timed out)."""
+        self.log(f"$ {' '.join(cmd)}   (limit {timeout} s)")
+        e = dict(os.environ)
+        e.update(env or {})
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                             cwd=cwd or ROOT, start_new_session=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+            timed_out = True
+        self.log(out[-40000:])
+        return p.returncode, out, timed_out
 
     def medfast(self, *args, **kw):
         return self.sh([os.path.join(self.build, "medfast"), *args], **kw)
@@ -161,8 +201,8 @@ class Campaign:
         self.sh(["cmake", "--build", self.build, "-j", jobs], timeout=3000)
         return {"configure_s": round(configure, 1), "build_s": round(time.time() - t0 - configure, 1)}
 
-    def ctest(self, *args):
-        out = self.sh(["ctest", "--test-dir", self.build, "--output-on-failure", "-j", "4", *args], timeout=1500,
+    def ctest(self, *args, jobs=4):
+        out = self.sh(["ctest", "--test-dir", self.build, "--output-on-failure", "-j", str(jobs), *args], timeout=1500,
                       check=False)
         summary = next((l.strip() for l in out.splitlines() if "tests passed" in l), "no summary")
         skipped = sum(1 for l in out.splitlines() if re.match(r"^\s+\d+ - .* \(Skipped\)\s*$", l))
@@ -174,7 +214,9 @@ class Campaign:
         return {"ctest": summary, "skipped": skipped}
 
     def step_gpu_tests(self):
-        return self.ctest("-L", "gpu")
+        # One at a time: they share the one GPU, and some read its free memory, time a
+        # stream against another or watch the allocator's reserve.
+        return self.ctest("-L", "gpu", jobs=1)
 
     def step_python_tests(self):
         return self.ctest("-L", "python")
@@ -259,11 +301,102 @@ class Campaign:
         return figures
 
     def step_monai(self):
+        """MONAI 1.3.2 on the GPU beside medfast's `fp16 device` run of step_train: bench/monai_twin.py
+        on that run's config.json (the same files, chains, UNet, loss, optimizer and batch; AMP fp16
+        with a GradScaler; the cache moved to the GPU with ToDeviced; ThreadDataLoader(num_workers=0)),
+        with .gpu-peers (scripts/gpu_peers.sh: MONAI patched for numpy 2 and Python 3.12) on
+        PYTHONPATH and NIfTI read by bench/monai_nifti_reader.py (of nibabel, only
+        nibabel.orientations is carried). First the probe (PEER_IMPORT): MONAI imports from there,
+        the copy is patched, Spacing's geometry runs on this numpy, and the first training item
+        goes through the deterministic chain. Where that fails, or the twin fails, the reason is
+        the result and a plain PyTorch DataLoader is timed over the same files instead (the
+        issue's fallback, no model)."""
         self.need_cuda()
         peers = os.path.join(ROOT, ".gpu-peers")
         if not os.path.isdir(os.path.join(peers, "monai")):
-            raise Skip("MONAI 1.3.2 was not carried (.gpu-peers/monai)")
-        raise Skip("the MONAI twin on CUDA (bench/monai_twin.py --device cuda) is not written yet")
+            raise Skip("MONAI 1.3.2 was not carried: run scripts/gpu_peers.sh here and carry .gpu-peers")
+        config = os.path.join(self.work, "train-fp16-device", "config.json")
+        ours = self.results.get("_train", {}).get("fp16 device")
+        if not (os.path.exists(config) and ours):  # step_train did not run in this call: medfast's side now
+            data = self.synth("spleen", 12, "256,256,48-64")
+            ours = self.train_run("monai-medfast-fp16-device", data,
+                                  ["train.device=cuda", "train.amp=fp16", "data.cache.kind=device"])
+            config = os.path.join(self.work, "monai-medfast-fp16-device", "config.json")
+        figures = {"medfast fp16 device": f"samples/s {ours['samples/s']}, data wait % {ours['data wait %']}"}
+        path = os.environ.get("PYTHONPATH")
+        env = {"PYTHONPATH": peers + (os.pathsep + path if path else "")}
+        try:
+            out = self.sh([sys.executable, "-c", PEER_IMPORT, peers, os.path.join(ROOT, "bench"), config, self.work],
+                          env=env, timeout=180)
+            probe = json.loads(out.strip().splitlines()[-1])
+        except (RuntimeError, ValueError, IndexError, subprocess.TimeoutExpired) as e:  # the probe itself died
+            probe = {"errors": {"probe": str(e)}}
+        where = f"numpy {probe.get('numpy')}, torch {probe.get('torch')}, Python {probe.get('python')}"
+        detail = {"probe": probe, "medfast": ours}
+        if probe["errors"]:
+            why = "; ".join(f"{k}: {v}" for k, v in probe["errors"].items())
+            figures["MONAI 1.3.2"] = f"does not run on {where}: {why}"
+            figures.update(self.plain_loader(config, ours, detail))
+            self.results["_monai"] = detail
+            return figures
+        try:
+            out = self.sh([sys.executable, os.path.join(ROOT, "bench", "monai_twin.py"), "--config", config,
+                           "--base", self.work, "--device", "cuda", "--amp", "fp16", "--reader", "numpy",
+                           "--threads", str(os.cpu_count() or 2), "--monai", peers,
+                           "--run-dir", os.path.join(self.work, "monai-twin")], env=env, timeout=480)
+            twin = json.loads(out.strip().splitlines()[-1])
+        except (RuntimeError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+            fallback = self.plain_loader(config, ours, detail)
+            self.results["_monai"] = detail
+            raise RuntimeError(f"the MONAI twin failed on {where}: {e}; instead: "
+                               + "; ".join(f"{k} {v}" for k, v in fallback.items())) from e
+        last = twin["history"][1:] or twin["history"]  # the first epoch autotunes
+        sps = statistics.median(e["samples_per_second"] for e in last)
+        wait = statistics.median(e["data_wait"] / max(e["train_seconds"], 1e-9) for e in last)
+        ratio = ours["samples/s"] / sps if sps > 0 else float("inf")
+        met = ratio >= 1.5 and ours["data wait %"] < 5
+        figures["MONAI 1.3.2"] = (f"{where}; {probe.get('patches', '?')} patches; reader {twin.get('reader')}; "
+                                  f"verified {twin['verified']['steps_per_epoch']} steps, "
+                                  f"{twin['verified']['samples_per_epoch']} samples per epoch, finite losses")
+        side = f"MONAI {twin['amp']}{' ToDeviced' if twin['cache_on_device'] else ''}"
+        figures[side] = f"samples/s {round(sps, 2)}, data wait % {round(100 * wait, 1)}"
+        figures["medfast/MONAI samples/s"] = round(ratio, 2)
+        figures["target (>= 1.5x, medfast data wait < 5%)"] = "met" if met else "not met"
+        detail["twin"] = twin
+        self.results["_monai"] = detail
+        return figures
+
+    def plain_loader(self, config_path, ours, detail):
+        """The issue's fallback: a plain PyTorch DataLoader (no MONAI, no nibabel) over the run's
+        training files, each item read, scaled and cut into the recipe's crops, batches copied to
+        the GPU; loader samples/s (no model runs)."""
+        with open(config_path) as f:
+            c = json.load(f)
+        d = c["data"]
+        listing_path = os.path.join(self.work, d["dataset"])
+        with open(listing_path) as f:
+            listing = json.load(f)
+        folder = os.path.dirname(listing_path)
+        items = [{k: os.path.normpath(os.path.join(folder, i[k])) for k in ("image", "label")}
+                 for i in listing[d.get("section", "training")]]
+        num = (d.get("validation") or {}).get("num")
+        if num:
+            items = items[:-num]
+        crop = next(t for t in d["random"] if t["name"] == "RandCropByPosNegLabel")
+        scale = next((t for t in d["deterministic"] if t["name"] == "ScaleIntensityRange"), {})
+        args = {"items": items, "roi": crop["spatial_size"], "num_samples": crop.get("num_samples", 1),
+                "batch": d.get("loader", {}).get("batch_size", 1), "workers": min(8, os.cpu_count() or 2),
+                "epochs": 5, "scale": [scale.get(k, v) for k, v in (("a_min", 0), ("a_max", 1), ("b_min", 0),
+                                                                       ("b_max", 1))]}
+        r = self.sh([sys.executable, "-c", PEER_LOADER, json.dumps(args)], timeout=300)
+        r = json.loads(r.strip().splitlines()[-1])
+        detail["plain_loader"] = r
+        return {"plain DataLoader (loader alone, no model)":
+                f"samples/s {round(r['samples_per_second'], 2)} ({r['workers']} workers, {len(items)} items x "
+                f"{args['num_samples']} crops {'x'.join(map(str, args['roi']))}, read + scale + crops + flips, "
+                f"to the GPU; "
+                f"verified {r['samples_per_epoch']} samples per epoch, finite)",
+                "medfast train / plain loader samples/s": round(ours["samples/s"] / r["samples_per_second"], 2)}
 
     def step_nccl(self):
         self.need_cuda()
@@ -296,18 +429,76 @@ class Campaign:
         return {"traces": len(traces)}
 
     def step_sanitizer(self):
+        """compute-sanitizer over the stream and I/O GPU tests of tests/gpu (the binary
+        medfast_gpu_tests): memcheck over all four suites, then synccheck over the stream tests
+        when the budget leaves room (racecheck is not run: medfast launches no kernels of its own,
+        and racecheck audits shared-memory hazards inside kernels, here libtorch's). Fits one
+        10-minute device call: `bash scripts/gpu_check.sh --only sanitizer`."""
         self.need_cuda()
-        tool = shutil.which("compute-sanitizer")
+        tool = shutil.which("compute-sanitizer") or next(
+            (t for t in ("/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer")
+             if os.access(t, os.X_OK)), None)
         if not tool:
-            raise Skip("compute-sanitizer is not on PATH")
-        out = self.sh([tool, "--tool", "memcheck", "--error-exitcode", "3",
-                       os.path.join(self.build, "tests", "medfast_gpu_tests")], timeout=1200, check=False)
-        if "Device not supported" in out or "error 999" in out:
-            raise Skip("compute-sanitizer refused the device")
-        errors = next((l for l in out.splitlines() if "ERROR SUMMARY" in l), "no summary")
-        if "ERROR SUMMARY: 0 errors" not in errors:
-            raise RuntimeError(errors)
-        return {"memcheck": errors.strip()}
+            raise Skip("compute-sanitizer is not on PATH (nor in /usr/local/cuda)")
+        binary = os.path.join(self.build, "tests", "medfast_gpu_tests")
+        t0 = time.time()
+        figures = {}
+        for name, gtest_filter, limit in SANITIZER_RUNS:
+            left = SANITIZER_BUDGET_S - (time.time() - t0)
+            if name != "memcheck" and left < limit:
+                figures[name] = (f"not run: {left:.0f} s of the step's {SANITIZER_BUDGET_S} s left, "
+                                 f"it may take {limit} s")
+                continue
+            figures[name] = self.sanitize(tool, name, binary, gtest_filter, min(limit, left))
+        return figures
+
+    def sanitize(self, tool, name, binary, gtest_filter, limit):
+        """One compute-sanitizer run; its figure, or Skip (the device refused) / RuntimeError."""
+        t = time.time()
+        rc, out, timed_out = self.sh_limited(
+            [tool, "--tool", name, "--error-exitcode", "3", "--print-limit", "50", binary,
+             f"--gtest_filter={gtest_filter}"], timeout=int(limit), cwd=os.path.join(self.build, "tests"))
+        seconds = round(time.time() - t)
+        lines = out.splitlines()
+        own = [l for l in lines if l.startswith("=========")]  # the sanitizer's lines, not the tests'
+        tool_errors = [l.strip("= ").strip() for l in own
+                       if re.search(r"\berror\b|not supported|permission", l, re.I) and "ERROR SUMMARY" not in l]
+        refused = any(re.search(r"Device not supported|error 999|no permission|insufficient permission|"
+                                r"permission denied|ERR_NVGPUCTRPERM", l, re.I) for l in own)
+        ran = any(l.startswith("[==========] Running") for l in lines)
+        if refused or (not ran and tool_errors and not timed_out):
+            why = " | ".join(tool_errors[:2]) or "refused the device"
+            raise Skip(f"compute-sanitizer {name} could not run here: {why}")
+        if timed_out:
+            raise RuntimeError(f"{name} stopped at its {int(limit)} s limit (see the log)")
+        summary = next((l.strip("= ").strip() for l in lines if "ERROR SUMMARY" in l), None)
+        passed = next((re.search(r"(\d+) tests?", l).group(1) for l in lines if l.startswith("[  PASSED  ]")), "0")
+        skipped = next((re.search(r"(\d+) tests?", l).group(1) for l in lines if l.startswith("[  SKIPPED ]")
+                        and re.search(r"\d+ tests?,", l)), "0")
+        failed = sorted({l[len("[  FAILED  ] "):].split(" ")[0].rstrip(",") for l in lines
+                         if l.startswith("[  FAILED  ] ") and "listed below" not in l})
+        if summary is None:
+            raise RuntimeError(f"{name}: no ERROR SUMMARY (exit {rc}): {' | '.join(tool_errors[:2]) or 'see the log'}")
+        errors = int(re.search(r"(\d+) error", summary).group(1))
+        if errors:
+            kinds = sorted({l.strip("= ").strip().split(" at ")[0][:120] for l in own
+                            if not l.startswith("=========     ") and l.strip("= ").strip()
+                            and not re.search(r"ERROR SUMMARY|COMPUTE-SANITIZER", l)})[:4]
+            raise RuntimeError(f"{name}: {summary}: {' | '.join(kinds)}")
+        if failed:
+            raise RuntimeError(f"{name}: {summary}, but tests failed under it: {', '.join(failed[:6])}")
+        if passed == "0":
+            raise Skip(f"{name}: no test ran under compute-sanitizer ({skipped} skipped: see the log)")
+        return f"{summary}; {passed} tests passed, {skipped} skipped; {seconds} s"
+
+
+# compute-sanitizer runs of step_sanitizer: (tool, gtest filter over medfast_gpu_tests, limit in
+# seconds). memcheck always runs; a later one only where the step's budget has room for its limit.
+SANITIZER_RUNS = [
+    ("memcheck", "*GpuTensorIo.*:GpuTensorIoPath.*:GpuLoader.*:GpuTransforms.*", 420),
+    ("synccheck", "*GpuTensorIo.AsyncTransfersFollowTheCallersStream/*:GpuLoader.DeviceBatchesEqualHostBatches", 120),
+]
+SANITIZER_BUDGET_S = 540
 
 
 PEER_IO = r"""
@@ -328,6 +519,153 @@ load = lambda: torch.load(pt, map_location="cuda")
 r = {"read_cuda": size / timed(read_cuda) / 1e9, "torch_load": size / timed(load) / 1e9}
 os.remove(pt)
 print(json.dumps(r))
+"""
+
+
+# The monai step's first check, run with .gpu-peers first on PYTHONPATH: argv[1] .gpu-peers,
+# argv[2] bench/, argv[3] the run's config.json, argv[4] the folder its paths are relative to.
+# Errors (any one sends the step to the fallback): MONAI does not import there, from there; the
+# copy carries no patches (MANIFEST: an old .gpu-peers); compute_shape_offset (Spacing's
+# geometry, ndarray.ptp before the patch) fails on this numpy; the first training item does not
+# go through the recipe's deterministic chain with LoadImaged reading it by
+# bench/monai_nifti_reader.py (Orientationd there runs nibabel's orientations, which .gpu-peers
+# carries alone). Recorded: which nibabel imports (the carried orientations-only one, expected).
+PEER_IMPORT = r"""
+import json, os, sys, traceback, warnings
+warnings.simplefilter("ignore")
+peers, bench = os.path.realpath(sys.argv[1]), os.path.realpath(sys.argv[2])
+config_path, base = sys.argv[3], sys.argv[4]
+r = {"python": sys.version.split()[0], "errors": {}}
+def failure(e):
+    tb = traceback.extract_tb(e.__traceback__)
+    ours = lambda f: os.path.realpath(f.filename).startswith((peers, bench))
+    at = next((f for f in reversed(tb) if ours(f)), tb[-1] if tb else None)
+    if at is None:
+        return f"{type(e).__name__}: {e}"
+    name = os.path.relpath(at.filename, os.path.dirname(peers)) if ours(at) else at.filename
+    return f"{type(e).__name__}: {e} ({name}:{at.lineno})"
+try:
+    import numpy, torch
+    r["numpy"], r["torch"] = numpy.__version__, torch.__version__
+except BaseException as e:
+    r["errors"]["numpy/torch"] = failure(e)
+try:
+    import nibabel
+    only = getattr(nibabel, "ORIENTATIONS_ONLY", False)
+    r["nibabel"] = f"{nibabel.__version__} from {os.path.dirname(nibabel.__file__)}" + (" (orientations only)" if only else "")
+except BaseException as e:
+    r["nibabel"] = f"not importable: {failure(e)}"
+try:
+    with open(os.path.join(peers, "MANIFEST")) as f:
+        r["patches"] = sum(1 for line in f if line.startswith("patched "))
+    if not r["patches"]:
+        r["errors"]["patches"] = "the carried MONAI is not patched: run scripts/gpu_peers.sh again and carry it"
+except OSError as e:
+    r["errors"]["patches"] = f"no MANIFEST in {peers}: {e}"
+try:
+    import monai
+    import monai.data, monai.inferers, monai.losses, monai.metrics, monai.networks.nets, monai.transforms
+    r["monai"] = monai.__version__
+    if not os.path.realpath(monai.__file__).startswith(peers):
+        r["errors"]["monai"] = f"imported from {monai.__file__}, not from {peers}"
+except BaseException as e:
+    r["errors"]["monai"] = failure(e)
+if "monai" in r and "monai" not in r["errors"]:
+    try:
+        from monai.data.utils import compute_shape_offset
+        compute_shape_offset([4, 4, 4], numpy.eye(4), numpy.diag([2.0, 2.0, 2.0, 1.0]))
+    except BaseException as e:
+        r["errors"]["monai Spacing"] = failure(e)
+    try:
+        sys.path.insert(0, bench)
+        import monai_peer, monai_twin
+        from monai_nifti_reader import NumpyNiftiReader
+        config = json.load(open(config_path))
+        item = monai_twin.dataset_items(config, os.path.abspath(base))[0][0]
+        chain = monai_peer.transforms(monai, config["data"]["deterministic"], NumpyNiftiReader())
+        out = monai.transforms.Compose(chain)(dict(item))
+        shapes = {k: list(v.shape) for k, v in out.items() if hasattr(v, "shape") and len(v.shape) == 4}
+        if not shapes or not all(bool(torch.isfinite(torch.as_tensor(out[k])).all()) for k in shapes):
+            raise RuntimeError(f"the chain gave {shapes} (expected finite [C, X, Y, Z] volumes)")
+        r["reader"] = {"item": os.path.basename(item["image"]), "shapes": shapes}
+    except BaseException as e:
+        r["errors"]["monai reader + deterministic chain"] = failure(e)
+print(json.dumps(r))
+"""
+
+# The fallback where MONAI does not run: a plain PyTorch DataLoader over the same training files
+# (argv[1]: JSON with items, roi, num_samples, batch, workers, epochs, scale). NIfTI-1/2 read with
+# gzip and numpy (nibabel may be what does not import); per item: ScaleIntensityRange's scaling,
+# num_samples crops of roi centred alternately on foreground and background voxels (padded where
+# the volume is smaller), random flips; batches pinned and copied to the GPU. Checked: every
+# epoch num_samples x items samples of the roi's shape, all finite.
+PEER_LOADER = r"""
+import gzip, json, os, statistics, sys, time
+import numpy as np, torch
+a = json.loads(sys.argv[1])
+DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8", 1280: "u8"}
+def read_nifti(path):
+    raw = (gzip.open if path.endswith(".gz") else open)(path, "rb").read()
+    bo = "<" if int.from_bytes(raw[:4], "little") in (348, 540) else ">"
+    if int(np.frombuffer(raw, bo + "i4", 1, 0)[0]) == 348:
+        dim = np.frombuffer(raw, bo + "i2", 8, 40)
+        code, off = int(np.frombuffer(raw, bo + "i2", 1, 70)[0]), int(np.frombuffer(raw, bo + "f4", 1, 108)[0])
+        slope, inter = (float(v) for v in np.frombuffer(raw, bo + "f4", 2, 112))
+    else:
+        dim = np.frombuffer(raw, bo + "i8", 8, 16)
+        code, off = int(np.frombuffer(raw, bo + "i2", 1, 12)[0]), int(np.frombuffer(raw, bo + "i8", 1, 168)[0])
+        slope, inter = (float(v) for v in np.frombuffer(raw, bo + "f8", 2, 176))
+    shape = tuple(int(n) for n in dim[1:1 + int(dim[0])])
+    x = np.frombuffer(raw, bo + DTYPES[code], int(np.prod(shape)), off).reshape(shape, order="F")
+    return x * slope + inter if slope not in (0.0, 1.0) or inter != 0.0 else x
+a_min, a_max, b_min, b_max = a["scale"]
+roi, k = a["roi"], a["num_samples"]
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return len(a["items"])
+    def __getitem__(self, i):
+        img = read_nifti(a["items"][i]["image"]).astype(np.float32)
+        lab = read_nifti(a["items"][i]["label"]).astype(np.float32)
+        img = np.clip((img - a_min) / (a_max - a_min), 0, 1) * (b_max - b_min) + b_min
+        pad = [(0, max(0, r - s)) for r, s in zip(roi, img.shape)]
+        img, lab = np.pad(img, pad), np.pad(lab, pad)
+        rng = np.random.default_rng(torch.initial_seed() % 2 ** 32 + i)
+        fg, bg = np.flatnonzero(lab > 0), np.flatnonzero(lab == 0)
+        xs, ys = [], []
+        for j in range(k):
+            pool = fg if (j % 2 == 0 and fg.size) or not bg.size else bg
+            c = np.unravel_index(pool[rng.integers(pool.size)], lab.shape)
+            sl = tuple(slice(min(max(ci - r // 2, 0), s - r), min(max(ci - r // 2, 0), s - r) + r)
+                       for ci, r, s in zip(c, roi, lab.shape))
+            x, y = img[sl], lab[sl]
+            for ax in range(3):
+                if rng.random() < 0.5:
+                    x, y = np.flip(x, ax), np.flip(y, ax)
+            xs.append(np.ascontiguousarray(x)[None])
+            ys.append(np.ascontiguousarray(y)[None])
+        return torch.from_numpy(np.stack(xs)), torch.from_numpy(np.stack(ys))
+def collate(items):
+    return torch.cat([x for x, _ in items]), torch.cat([y for _, y in items])
+loader = torch.utils.data.DataLoader(Items(), batch_size=a["batch"], shuffle=True, num_workers=a["workers"],
+                                     collate_fn=collate, pin_memory=True, persistent_workers=a["workers"] > 0)
+want = len(a["items"]) * k
+epochs = []
+for epoch in range(a["epochs"]):
+    torch.cuda.synchronize()
+    t0, samples, finite = time.perf_counter(), 0, True
+    for x, y in loader:
+        x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+        if list(x.shape[1:]) != [1] + list(roi) or x.shape != y.shape:
+            sys.exit(f"plain loader: a batch of shape {list(x.shape)}, expected [N, 1, {roi}]")
+        finite = finite and bool(torch.isfinite(x).all())
+        samples += x.shape[0]
+    torch.cuda.synchronize()
+    epochs.append(samples / (time.perf_counter() - t0))
+    if samples != want or not finite:
+        sys.exit(f"plain loader: epoch {epoch + 1}: {samples} samples (expected {want}), finite {finite}")
+print(json.dumps({"samples_per_second": statistics.median(epochs[1:] or epochs), "epochs": epochs,
+                  "samples_per_epoch": want, "workers": a["workers"], "numpy": np.__version__,
+                  "torch": torch.__version__}))
 """
 
 
