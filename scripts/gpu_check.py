@@ -5,6 +5,7 @@ still run. scripts/gpu_check.sh calls this.
 
     bash scripts/gpu_check.sh --phase build        # call 1: configure + build (all cores)
     bash scripts/gpu_check.sh --phase run          # call 2: tests and benchmarks
+    bash scripts/gpu_check.sh --phase sanitize     # call 3: compute-sanitizer
     bash scripts/gpu_check.sh --only io,train      # re-run chosen steps after a fix
     bash scripts/gpu_check.sh --only sanitizer     # fits one 10-minute device call
     bash scripts/gpu_check.sh --dry-run --build build   # here, without a GPU (CI runs this)
@@ -54,7 +55,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = ["build", "gpu_tests", "python_tests", "self_check", "io", "train", "monai", "nccl", "trace", "sanitizer"]
-PHASES = {"build": ["build"], "run": STEPS[1:], "all": STEPS}
+# Each phase fits one device call of 10 minutes: the sanitizer (up to 9 minutes of its own)
+# is a third call.
+PHASES = {"build": ["build"], "run": STEPS[1:-1], "sanitize": ["sanitizer"], "all": STEPS}
 
 
 class Skip(Exception):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU campaign (issue 21), run on a lent GPU machine in two calls: `--phase build`, then
-# `--phase run` (or `--only STEP,...` to re-run what failed after a fix). `--dry-run --build
+# The GPU campaign (issue 21), run on a lent GPU machine in three calls: `--phase build`, then
+# `--phase run`, then `--phase sanitize` (or `--only STEP,...` to re-run what failed after a fix). `--dry-run --build
 # build` runs here without a GPU, reusing a build folder (CI does: scripts/test.sh).
 # Everything is in scripts/gpu_check.py; docs/benchmarks.md ("GPU runs") has the device calls.
 set -euo pipefail
