@@ -466,6 +466,24 @@ def _patch_header(path, fields):
         f.write(bytes(raw))
 
 
+def spleen_deterministic_chain():
+    """The spleen recipe's deterministic chain, as examples/spleen.yaml writes it."""
+    import yaml
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "spleen.yaml")
+    with open(path) as f:
+        return yaml.safe_load(f)["data"]["deterministic"]
+
+
+def image_only(step):
+    """A step of `spleen_deterministic_chain` on the image key alone (its first mode, where it has several)."""
+    step = dict(step)
+    step["keys"] = ["image"] if isinstance(step["keys"], list) else step["keys"]
+    if isinstance(step.get("mode"), list):
+        step["mode"] = step["mode"][:1]
+    return step
+
+
 def self_test(monai_path, medfast, synth_dir=None):
     import subprocess
     import tempfile
@@ -487,24 +505,8 @@ def self_test(monai_path, medfast, synth_dir=None):
               "orientations-only one (pass --monai with a MONAI folder that has no nibabel beside it)", file=sys.stderr)
         return 2
     failures, checks = [], 0
-    chain = [  # the spleen recipe's deterministic chain (examples/spleen.yaml), image key only
-        {"name": "LoadImage", "keys": ["image"]},
-        {"name": "EnsureChannelFirst", "keys": ["image"]},
-        {"name": "Orientation", "keys": ["image"], "axcodes": "RAS"},
-        {"name": "Spacing", "keys": ["image"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear"]},
-        {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0,
-         "clip": True},
-    ]
-    recipe = [  # the whole deterministic chain on image and label (medfast synth files)
-        {"name": "LoadImage", "keys": ["image", "label"]},
-        {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
-        {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
-        {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
-        {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0,
-         "clip": True},
-        {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image"},
-        {"name": "FgBgToIndices", "keys": "label", "fg_postfix": "_fg", "bg_postfix": "_bg", "image_key": "image"},
-    ]
+    recipe = spleen_deterministic_chain()  # image and label (medfast synth files)
+    chain = [image_only(step) for step in recipe[:5]]  # LoadImage .. ScaleIntensityRange, for image-only files
     ours = NumpyNiftiReader()
     ref = monai.data.NibabelReader()
 

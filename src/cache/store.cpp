@@ -22,6 +22,18 @@ StoreOptions& StoreOptions::set_kind(const std::string& v) {
 
 std::string entry_path(const std::string& dir, const std::string& key) { return dir + "/" + key + kEntrySuffix; }
 
+std::string device_room_error(std::uint64_t need, std::uint64_t free, std::uint64_t total, const StoreStats& so_far,
+                              const std::string& device) {
+  constexpr std::uint64_t kGiB = 1ull << 30;
+  const std::uint64_t reserve = std::max<std::uint64_t>(total / 10, kGiB);
+  if (need + reserve <= free) return "";
+  return str("cache kind device: the next sample needs ", format_bytes(need), " on ", device, ", which has ",
+             format_bytes(free), " free of ", format_bytes(total), " with ", so_far.entries, " samples (",
+             format_bytes(so_far.bytes), ") cached, and ", format_bytes(reserve),
+             " stays free for training (a tenth of the GPU, at least 1 GiB). The dataset does not fit in GPU memory: "
+             "use data.cache.kind disk_device (read from the disk cache into the GPU each epoch) or memory");
+}
+
 namespace {
 
 Sample to_device(const Sample& s, const at::Device& device) {
@@ -184,22 +196,6 @@ class DiskStore final : public Store {
   std::set<std::string> warned_;
   std::set<std::string> verified_;  // device entries whose checksums this process has checked
 };
-
-}  // namespace
-
-std::string device_room_error(std::uint64_t need, std::uint64_t free, std::uint64_t total, const StoreStats& so_far,
-                              const std::string& device) {
-  constexpr std::uint64_t kGiB = 1ull << 30;
-  const std::uint64_t reserve = std::max<std::uint64_t>(total / 10, kGiB);
-  if (need + reserve <= free) return "";
-  return str("cache kind device: the next sample needs ", format_bytes(need), " on ", device, ", which has ",
-             format_bytes(free), " free of ", format_bytes(total), " with ", so_far.entries, " samples (",
-             format_bytes(so_far.bytes), ") cached, and ", format_bytes(reserve),
-             " stays free for training (a tenth of the GPU, at least 1 GiB). The dataset does not fit in GPU memory: "
-             "use data.cache.kind disk_device (read from the disk cache into the GPU each epoch) or memory");
-}
-
-namespace {
 
 at::Device cuda_device(const StoreOptions& o) {
   if (!at::hasCUDA()) {
