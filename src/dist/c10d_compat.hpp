@@ -9,7 +9,8 @@
 ///   without libuv (Debian's) refuses that, so the store falls back to the classic
 ///   server when libuv is missing.
 /// - ProcessGroupNCCL exists when libtorch was built with NCCL; CMake checks that
-///   it links (MEDFAST_HAVE_C10D_NCCL) and defines USE_C10D_NCCL for its header.
+///   it links (MEDFAST_HAVE_C10D_NCCL) and defines USE_C10D_NCCL for its header. Its
+///   abort() and shutdown(), called without arguments, are there from 2.4 (MEDFAST_NCCL_ABORT_AND_SHUTDOWN).
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
@@ -21,6 +22,13 @@
 #endif
 #if MEDFAST_HAVE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+/// ProcessGroupNCCL::abort() and shutdown() as medfast calls them (without arguments): 2.4 on.
+#if MEDFAST_HAVE_C10D_NCCL && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+#define MEDFAST_NCCL_ABORT_AND_SHUTDOWN 1
+#else
+#define MEDFAST_NCCL_ABORT_AND_SHUTDOWN 0
 #endif
 
 #include <string>

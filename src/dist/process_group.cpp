@@ -134,10 +134,7 @@ class Heartbeat {
       try {
         for (int r = 0; r < world_; ++r) {
           if (r == rank_) continue;
-          if (store_->check({failed_key(r)})) {
-            const auto bytes = store_->get(failed_key(r));
-            return str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end()));
-          }
+          if (std::string failed = failure_of(r); !failed.empty()) return failed;
           const auto k = static_cast<std::size_t>(r);
           const std::int64_t c = store_->add(beat_key(r), 0);
           if (c != seen->count[k]) {
@@ -166,9 +163,8 @@ class Heartbeat {
       std::vector<bool> reported(static_cast<std::size_t>(world_), false);
       for (int r = 0; r < world_; ++r) {
         if (r == rank_) continue;
-        if (store_->check({failed_key(r)})) {
-          const auto bytes = store_->get(failed_key(r));
-          found.push_back(str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end())));
+        if (std::string failed = failure_of(r); !failed.empty()) {
+          found.push_back(std::move(failed));
           reported[static_cast<std::size_t>(r)] = true;
         }
         before[static_cast<std::size_t>(r)] = store_->add(beat_key(r), 0);
@@ -193,6 +189,12 @@ class Heartbeat {
  private:
   static std::string beat_key(int r) { return str("medfast/heartbeat/", r); }
   static std::string failed_key(int r) { return str("medfast/failed/", r); }
+  /// "rank r failed: <its error>" where rank r left one (announce_failure), else "".
+  std::string failure_of(int r) {
+    if (!store_->check({failed_key(r)})) return "";
+    const auto bytes = store_->get(failed_key(r));
+    return str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end()));
+  }
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
@@ -599,7 +601,7 @@ class GroupCollective final : public train::Collective {
   }
 
   std::function<void()> nccl_abort() {
-#if MEDFAST_HAVE_C10D_NCCL && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+#if MEDFAST_NCCL_ABORT_AND_SHUTDOWN
     if (nccl_) {
       return [this] {
         aborted_ = true;
@@ -610,7 +612,7 @@ class GroupCollective final : public train::Collective {
     return nullptr;
   }
   void nccl_shutdown() noexcept {
-#if MEDFAST_HAVE_C10D_NCCL && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+#if MEDFAST_NCCL_ABORT_AND_SHUTDOWN
     if (nccl_ && !aborted_) {
       try {
         nccl_->shutdown();
