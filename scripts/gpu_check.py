@@ -387,7 +387,8 @@ class Campaign:
             items = items[:-num]
         crop = next(t for t in d["random"] if t["name"] == "RandCropByPosNegLabel")
         scale = next((t for t in d["deterministic"] if t["name"] == "ScaleIntensityRange"), {})
-        args = {"items": items, "roi": crop["spatial_size"], "num_samples": crop.get("num_samples", 1),
+        args = {"bench": os.path.join(ROOT, "bench"), "items": items, "roi": crop["spatial_size"],
+                "num_samples": crop.get("num_samples", 1),
                 "batch": d.get("loader", {}).get("batch_size", 1), "workers": min(8, os.cpu_count() or 2),
                 "epochs": 5, "scale": [scale.get(k, v) for k, v in (("a_min", 0), ("a_max", 1), ("b_min", 0),
                                                                        ("b_max", 1))]}
@@ -603,24 +604,13 @@ print(json.dumps(r))
 # the volume is smaller), random flips; batches pinned and copied to the GPU. Checked: every
 # epoch num_samples x items samples of the roi's shape, all finite.
 PEER_LOADER = r"""
-import gzip, json, os, statistics, sys, time
+import json, os, statistics, sys, time
 import numpy as np, torch
 a = json.loads(sys.argv[1])
-DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8", 1280: "u8"}
+sys.path.insert(0, a["bench"])
+from monai_nifti_reader import image_data, load  # numpy alone: no MONAI, no nibabel
 def read_nifti(path):
-    raw = (gzip.open if path.endswith(".gz") else open)(path, "rb").read()
-    bo = "<" if int.from_bytes(raw[:4], "little") in (348, 540) else ">"
-    if int(np.frombuffer(raw, bo + "i4", 1, 0)[0]) == 348:
-        dim = np.frombuffer(raw, bo + "i2", 8, 40)
-        code, off = int(np.frombuffer(raw, bo + "i2", 1, 70)[0]), int(np.frombuffer(raw, bo + "f4", 1, 108)[0])
-        slope, inter = (float(v) for v in np.frombuffer(raw, bo + "f4", 2, 112))
-    else:
-        dim = np.frombuffer(raw, bo + "i8", 8, 16)
-        code, off = int(np.frombuffer(raw, bo + "i2", 1, 12)[0]), int(np.frombuffer(raw, bo + "i8", 1, 168)[0])
-        slope, inter = (float(v) for v in np.frombuffer(raw, bo + "f8", 2, 176))
-    shape = tuple(int(n) for n in dim[1:1 + int(dim[0])])
-    x = np.frombuffer(raw, bo + DTYPES[code], int(np.prod(shape)), off).reshape(shape, order="F")
-    return x * slope + inter if slope not in (0.0, 1.0) or inter != 0.0 else x
+    return image_data(load(path, rectify=False))
 a_min, a_max, b_min, b_max = a["scale"]
 roi, k = a["roi"], a["num_samples"]
 class Items(torch.utils.data.Dataset):
