@@ -4,14 +4,6 @@
 
 namespace medfast {
 
-namespace {
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-}  // namespace
-
 ConfigReader::ConfigReader(const nlohmann::json& mapping, std::string where, Naming naming)
     : mapping_(mapping.is_null() ? nlohmann::json::object() : mapping),
       where_(std::move(where)),

@@ -7,6 +7,12 @@ Error& Error::add_context(const std::string& context) {
   return *this;
 }
 
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : std::string()) + items[i];
+  return out;
+}
+
 std::string message_of(const std::exception& e) {
   std::string m = e.what();
   const auto trace = m.find("\nException raised from ");

@@ -86,12 +86,6 @@ std::vector<SettingDef> make_defs() {
   };
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
 std::string where(SettingSource source, const std::string& origin) {
   std::string s = source_name(source);
   if (!origin.empty()) s += " " + origin;

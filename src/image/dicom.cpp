@@ -695,7 +695,7 @@ std::array<double, 3> minus(const std::array<double, 3>& a, const std::array<dou
 std::string slice_name(const Slice& s) { return s.frame > 0 || s.file.empty() ? str(s.file, " frame ", s.frame + 1) : s.file; }
 
 template <typename A>
-std::string join(const A& values) {
+std::string dicom_values(const A& values) {
   std::ostringstream o;
   for (std::size_t i = 0; i < values.size(); ++i) o << (i ? "\\" : "") << values[i];
   return o.str();
@@ -839,15 +839,15 @@ void check_geometry(Series& s, const std::string& where) {
     }
     for (int i = 0; i < 6; ++i) {
       if (std::fabs(sl.orientation[i] - first.orientation[i]) > 1e-4) {
-        throw FormatError(str(slice_name(sl), ": ", name_of(ImageOrientationPatient), " is ", join(sl.orientation),
-                              ", but ", slice_name(first), " in the same series has ", join(first.orientation),
+        throw FormatError(str(slice_name(sl), ": ", name_of(ImageOrientationPatient), " is ", dicom_values(sl.orientation),
+                              ", but ", slice_name(first), " in the same series has ", dicom_values(first.orientation),
                               " (mixed orientations in one series)"));
       }
     }
     for (int i = 0; i < 2; ++i) {
       if (std::fabs(sl.pixel_spacing[i] - first.pixel_spacing[i]) > 1e-4 * std::max(1.0, first.pixel_spacing[i])) {
-        throw FormatError(str(slice_name(sl), ": ", name_of(PixelSpacing), " is ", join(sl.pixel_spacing), ", but ",
-                              slice_name(first), " in the same series has ", join(first.pixel_spacing)));
+        throw FormatError(str(slice_name(sl), ": ", name_of(PixelSpacing), " is ", dicom_values(sl.pixel_spacing), ", but ",
+                              slice_name(first), " in the same series has ", dicom_values(first.pixel_spacing)));
       }
     }
   }
@@ -856,11 +856,11 @@ void check_geometry(Series& s, const std::string& where) {
   }
   if (!(first.pixel_spacing[0] > 0 && first.pixel_spacing[1] > 0)) {
     throw FormatError(str(slice_name(first), ": ", name_of(PixelSpacing), " is missing or not positive (",
-                          join(first.pixel_spacing), ")"));
+                          dicom_values(first.pixel_spacing), ")"));
   }
   const auto r = row_of(first.orientation), c = column_of(first.orientation);
   if (std::fabs(dot(r, r) - 1) > 1e-3 || std::fabs(dot(c, c) - 1) > 1e-3 || std::fabs(dot(r, c)) > 1e-3) {
-    throw FormatError(str(slice_name(first), ": ", name_of(ImageOrientationPatient), " is ", join(first.orientation),
+    throw FormatError(str(slice_name(first), ": ", name_of(ImageOrientationPatient), " is ", dicom_values(first.orientation),
                           ", not two orthogonal unit vectors"));
   }
   s.rows = first.rows;
@@ -1275,8 +1275,8 @@ std::size_t slice_for_frame(const Header& h, std::size_t fr, const Series& ref,
   const auto d = minus(sl.position, ref.slices[best].position);
   if (std::fabs(dot(d, n)) > 0.25 * spacing || std::fabs(dot(d, r)) > 0.5 * ref.pixel_spacing[1] ||
       std::fabs(dot(d, c)) > 0.5 * ref.pixel_spacing[0]) {
-    throw FormatError(str(h.file, ": frame ", fr + 1, ": ", name_of(ImagePositionPatient), " ", join(sl.position),
-                          " matches no slice of series ", ref.series_uid, " (nearest: ", join(ref.slices[best].position),
+    throw FormatError(str(h.file, ": frame ", fr + 1, ": ", name_of(ImagePositionPatient), " ", dicom_values(sl.position),
+                          " matches no slice of series ", ref.series_uid, " (nearest: ", dicom_values(ref.slices[best].position),
                           ")"));
   }
   return best;
@@ -1291,7 +1291,7 @@ Image place_seg(const Header& h, const char* pixels, const Series& ref, const La
   if (h.segments.empty()) throw FormatError(str(h.file, ": ", name_of(SegmentSequence), " is empty"));
   if (!h.referenced_series.empty() &&
       std::find(h.referenced_series.begin(), h.referenced_series.end(), ref.series_uid) == h.referenced_series.end()) {
-    throw FormatError(str(h.file, ": ", name_of(ReferencedSeriesSequence), " names series ", join(h.referenced_series),
+    throw FormatError(str(h.file, ": ", name_of(ReferencedSeriesSequence), " names series ", dicom_values(h.referenced_series),
                           ", not ", ref.series_uid, ", the image series it is loaded with"));
   }
   if (h.rows != ref.rows || h.columns != ref.columns) {
@@ -1308,8 +1308,8 @@ Image place_seg(const Header& h, const char* pixels, const Series& ref, const La
     for (int i = 0; i < 6; ++i) {
       if (std::fabs(sl.orientation[i] - ref.orientation[i]) > 1e-3) {
         throw FormatError(str(h.file, ": frame ", fr + 1, ": ", name_of(ImageOrientationPatient), " ",
-                              join(sl.orientation), " differs from series ", ref.series_uid, "'s ",
-                              join(ref.orientation)));
+                              dicom_values(sl.orientation), " differs from series ", ref.series_uid, "'s ",
+                              dicom_values(ref.orientation)));
       }
     }
   }

@@ -38,8 +38,6 @@ std::string dtype_name(at::ScalarType t) {
                        "float16, bfloat16, float32, float64)"));
 }
 
-std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
-
 /// Writes `path` through a temporary name: `fill` writes the content through a
 /// FileHandle on the temporary file; commit() renames it into place.
 template <typename Fill>
@@ -78,7 +76,7 @@ at::Tensor load_bytes(const std::string& path, at::Tensor out, const std::string
                        : at::empty({static_cast<std::int64_t>(size)}, at::TensorOptions().dtype(at::kByte).device(dev));
   }
   MEDFAST_CHECK_T(ValueError, out.is_contiguous(), "load: ", path, ": the destination tensor must be contiguous");
-  const std::size_t want = std::min<std::size_t>(nbytes(out), static_cast<std::size_t>(f.size()));
+  const std::size_t want = std::min<std::size_t>(tensor_bytes(out), static_cast<std::size_t>(f.size()));
   if (want == 0) return out;
   const at::Tensor target = out.view({-1}).view(at::kByte).narrow(0, 0, static_cast<std::int64_t>(want));
   read_into(f, target, 0);
@@ -88,7 +86,7 @@ at::Tensor load_bytes(const std::string& path, at::Tensor out, const std::string
 void save_tensor(const at::Tensor& tensor, const std::string& path, const IoOptions& io, bool durable) {
   MEDFAST_CHECK_T(ValueError, tensor.defined(), "save_tensor: the tensor is undefined");
   const at::Tensor t = tensor.contiguous();
-  const std::size_t n = nbytes(t);
+  const std::size_t n = tensor_bytes(t);
   nlohmann::json meta{{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"bytes", n}};
   // A CPU payload's checksum costs a pass over memory; a GPU payload's would cost a copy to the host.
   meta["xxh3"] = t.is_cpu() ? nlohmann::json(XXH3_64bits(t.data_ptr(), n)) : nlohmann::json();

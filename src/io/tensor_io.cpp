@@ -37,8 +37,6 @@ void check_tensor(const at::Tensor& t, const char* what) {
                   " are not supported (CPU or CUDA)");
 }
 
-std::size_t nbytes(const at::Tensor& t) { return static_cast<std::size_t>(t.numel()) * t.element_size(); }
-
 // libtorch 1.13's c10::Event has no host-side wait (and CUDA's own spins a core unless the
 // event was made for blocking sync, which c10 cannot ask for): poll it with naps of 20 us
 // doubling to 200 us. A buffer is reused two chunks later, after the next chunk's file read,
@@ -99,7 +97,7 @@ void wait_for_stream(const at::Tensor& t) {
 // Device transfers through two pinned host buffers, double-buffered. `observe`
 // sees each chunk's host bytes in file order (for checksums).
 std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
-  const std::size_t total = nbytes(dst);
+  const std::size_t total = tensor_bytes(dst);
   const at::Tensor flat = dst.view({-1}).view(at::kByte);
   const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
   const std::size_t chunk = std::min(total, kBounceChunk);
@@ -128,7 +126,7 @@ std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offs
 }
 
 void bounce_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
-  const std::size_t total = nbytes(src);
+  const std::size_t total = tensor_bytes(src);
   const at::Tensor flat = src.view({-1}).view(at::kByte);
   const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
   const std::size_t chunk = std::min(total, kBounceChunk);
@@ -142,7 +140,7 @@ void bounce_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
 
 std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
   const shim::CuFileApi* api = shim::cufile();
-  const std::size_t total = nbytes(dst);
+  const std::size_t total = tensor_bytes(dst);
   std::size_t pos = 0;
   while (pos < total) {
     const ssize_t n = api->read(f.cufile_handle(), dst.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
@@ -160,7 +158,7 @@ std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offs
 
 void cufile_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
   const shim::CuFileApi* api = shim::cufile();
-  const std::size_t total = nbytes(src);
+  const std::size_t total = tensor_bytes(src);
   std::size_t pos = 0;
   while (pos < total) {
     const ssize_t n = api->write(f.cufile_handle(), src.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
@@ -187,7 +185,7 @@ at::Tensor empty_aligned(std::size_t bytes) {
 std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
   check_tensor(dst, "read_into");
   if (dst.is_cpu()) {
-    const std::size_t got = file.read(dst.data_ptr(), nbytes(dst), offset);
+    const std::size_t got = file.read(dst.data_ptr(), tensor_bytes(dst), offset);
     if (observe && got > 0) observe(dst.data_ptr(), got);
     return got;
   }
@@ -203,7 +201,7 @@ std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t off
 
 void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   check_tensor(src, "write_from");
-  if (src.is_cpu()) return file.write(src.data_ptr(), nbytes(src), offset);
+  if (src.is_cpu()) return file.write(src.data_ptr(), tensor_bytes(src), offset);
   const c10::DeviceGuard on_device(src.device());
   if (use_cufile(file)) {
     wait_for_stream(src);  // the tensor's producers have finished

@@ -167,7 +167,7 @@ torch::Tensor drop_path(const torch::Tensor& x, double p, bool training) {
 }
 
 // dynunet_block.get_conv_layer with conv_only=True: a Sequential holding "conv", no bias.
-Block conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool bias = false) {
+Block dynunet_conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, bool bias = false) {
   Block s;
   // MONAI's get_padding: int((kernel - stride + 1) / 2).
   const std::int64_t pad = (kernel - stride + 1) / 2;
@@ -187,15 +187,15 @@ class UnetResBlockImpl : public torch::nn::Module {
  public:
   UnetResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, const std::string& norm)
       : lrelu_(torch::nn::LeakyReLUOptions().negative_slope(0.01)) {
-    conv1_ = register_module("conv1", conv_layer(in, out, kernel, stride));
-    conv2_ = register_module("conv2", conv_layer(out, out, kernel, 1));
+    conv1_ = register_module("conv1", dynunet_conv_layer(in, out, kernel, stride));
+    conv2_ = register_module("conv2", dynunet_conv_layer(out, out, kernel, 1));
     register_module("lrelu", lrelu_);
     norm1_ = make_norm(norm, out);
     norm2_ = make_norm(norm, out);
     register_module("norm1", norm1_.ptr());
     register_module("norm2", norm2_.ptr());
     if (in != out || stride != 1) {
-      conv3_ = register_module("conv3", conv_layer(in, out, 1, stride));
+      conv3_ = register_module("conv3", dynunet_conv_layer(in, out, 1, stride));
       norm3_ = make_norm(norm, out);
       register_module("norm3", norm3_.ptr());
     }
@@ -250,7 +250,7 @@ TORCH_MODULE(UnetrUpBlock);
 class UnetOutBlockImpl : public torch::nn::Module {
  public:
   UnetOutBlockImpl(std::int64_t in, std::int64_t out)
-      : conv_(register_module("conv", conv_layer(in, out, 1, 1, true))) {}
+      : conv_(register_module("conv", dynunet_conv_layer(in, out, 1, 1, true))) {}
   torch::Tensor forward(torch::Tensor x) { return conv_->forward(x); }
 
  private:

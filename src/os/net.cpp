@@ -13,20 +13,14 @@
 #include <cstring>
 
 #include "medfast/core/error.hpp"
+#include "fd.hpp"
 
 namespace medfast::os {
 
+using detail::errno_text;
+using detail::Fd;
+
 namespace {
-
-/// Closes a descriptor on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-std::string errno_text(int e) { return std::strerror(e); }
 
 /// A non-blocking connect to one address, waiting up to timeout_ms.
 bool connects(const addrinfo& a, int timeout_ms) {

@@ -17,26 +17,20 @@
 #include <thread>
 
 #include "medfast/core/error.hpp"
+#include "fd.hpp"
 
 extern char** environ;
 
 namespace medfast::os {
+
+using detail::errno_text;
+using detail::Fd;
 
 namespace {
 
 std::atomic<int> g_signal{0};
 
 void on_signal(int sig) { g_signal.store(sig); }
-
-std::string errno_text(int e) { return std::strerror(e); }
-
-/// Closes a descriptor on scope exit.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 }  // namespace
 
@@ -164,6 +158,21 @@ std::string library_of_symbol(const char* symbol) {
   if (address == nullptr || ::dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
   char resolved[PATH_MAX];
   return ::realpath(info.dli_fname, resolved) ? std::string(resolved) : std::string(info.dli_fname);
+}
+
+void* open_library(const std::string& name, std::string* why) {
+  void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib && why) {
+    const char* e = ::dlerror();
+    *why = e ? e : "dlopen failed";
+  }
+  return lib;
+}
+
+void* library_symbol(void* lib, const char* name) { return lib ? ::dlsym(lib, name) : nullptr; }
+
+void close_library(void* lib) {
+  if (lib) ::dlclose(lib);
 }
 
 MachineInfo machine_info() {

@@ -1,11 +1,10 @@
 #include "medfast/shim/cufile.hpp"
 
-#include <dlfcn.h>
-
 #include <cstddef>
 #include <mutex>
 
 #include "medfast/core/error.hpp"
+#include "medfast/os/process.hpp"
 
 #include <cstdlib>
 
@@ -46,23 +45,16 @@ struct Loaded {
   std::string why;
 };
 
-template <typename Fn>
-bool bind(void* lib, const char* name, Fn& out, std::string& why) {
-  out = reinterpret_cast<Fn>(::dlsym(lib, name));
-  if (!out) why = str("libcufile has no symbol ", name);
-  return out != nullptr;
-}
-
 Loaded load() {
   Loaded l;
   void* lib = nullptr;
   // MEDFAST_CUFILE_LIBRARY: another libcufile (tests load a stand-in that records its calls).
   const char* custom = std::getenv("MEDFAST_CUFILE_LIBRARY");
   if (custom && *custom) {
-    lib = ::dlopen(custom, RTLD_NOW | RTLD_LOCAL);
+    lib = os::open_library(custom);
   } else {
     for (const char* name : {"libcufile.so.0", "libcufile.so.1", "libcufile.so"}) {
-      lib = ::dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      lib = os::open_library(name);
       if (lib) break;
     }
   }
@@ -71,6 +63,9 @@ Loaded load() {
     return l;
   }
   CuFileApi& a = l.api;
+  const auto bind = [](void* lib, const char* name, auto& out, std::string& why) {
+    return os::bind_symbol(lib, name, out, why, "libcufile");
+  };
   // cuFileDriverClose_v2 (CUDA 12.x) counts opens: closing ours leaves the driver open for
   // kvikio or torch's GDS in this process. The legacy close tears it down for everyone.
   std::string no_v2;

@@ -1,10 +1,9 @@
 #include "medfast/shim/nvml.hpp"
 
-#include <dlfcn.h>
-
 #include <cstdlib>
 
 #include "medfast/core/error.hpp"
+#include "medfast/os/process.hpp"
 
 // NVML's C API, declared here (the driver ships the library; nvml.h is in the CUDA
 // toolkit only sometimes). Where nvml.h is there, the declarations are checked
@@ -55,25 +54,19 @@ struct Nvml::Api {
   }
 };
 
-namespace {
-template <typename Fn>
-bool bind(void* lib, const char* name, Fn& out, std::string& why) {
-  out = reinterpret_cast<Fn>(::dlsym(lib, name));
-  if (!out) why = str("libnvidia-ml has no symbol ", name);
-  return out != nullptr;
-}
-}  // namespace
-
 std::shared_ptr<Nvml> Nvml::open(std::string& why) {
   const char* custom = std::getenv("MEDFAST_NVML_LIBRARY");
   const std::string name = custom && *custom ? custom : "libnvidia-ml.so.1";
-  void* lib = ::dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::string error;
+  void* lib = os::open_library(name, &error);
   if (!lib) {
-    const char* e = ::dlerror();
-    why = str(name, " could not be loaded (", e ? e : "no NVIDIA driver here", ")");
+    why = str(name, " could not be loaded (", error.empty() ? "no NVIDIA driver here" : error, ")");
     return nullptr;
   }
   auto api = std::make_unique<Api>();
+  const auto bind = [](void* lib, const char* name, auto& out, std::string& why) {
+    return os::bind_symbol(lib, name, out, why, "libnvidia-ml");
+  };
   if (!bind(lib, "nvmlInit_v2", api->init, why) || !bind(lib, "nvmlShutdown", api->shutdown, why) ||
       !bind(lib, "nvmlDeviceGetHandleByIndex_v2", api->by_index, why) ||
       !bind(lib, "nvmlDeviceGetHandleByPciBusId_v2", api->by_pci, why) ||
@@ -81,14 +74,14 @@ std::shared_ptr<Nvml> Nvml::open(std::string& why) {
       !bind(lib, "nvmlDeviceGetMemoryInfo", api->memory, why) ||
       !bind(lib, "nvmlDeviceGetPowerUsage", api->power, why) ||
       !bind(lib, "nvmlDeviceGetTemperature", api->temperature, why)) {
-    ::dlclose(lib);
+    os::close_library(lib);
     return nullptr;
   }
-  api->error_string = reinterpret_cast<const char* (*)(nvmlReturn)>(::dlsym(lib, "nvmlErrorString"));
+  api->error_string = reinterpret_cast<const char* (*)(nvmlReturn)>(os::library_symbol(lib, "nvmlErrorString"));
   const nvmlReturn r = api->init();
   if (r != kSuccess) {
     why = str("nvmlInit failed: ", api->error(r));
-    ::dlclose(lib);
+    os::close_library(lib);
     return nullptr;
   }
   std::shared_ptr<Nvml> n(new Nvml);
@@ -99,7 +92,7 @@ std::shared_ptr<Nvml> Nvml::open(std::string& why) {
 
 Nvml::~Nvml() {
   if (api_) api_->shutdown();
-  if (lib_) ::dlclose(lib_);
+  os::close_library(lib_);
 }
 
 void* Nvml::device(const std::string& pci_bus_id, unsigned index, std::string& why) const {

@@ -41,12 +41,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
-
 /// The canonical spelling of `name` among `known`, matched ignoring case; throws naming `where`.name.
 std::string canonical_name(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& where,
                            const char* what) {

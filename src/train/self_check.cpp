@@ -159,7 +159,7 @@ class Probes {
         y.backward(gi.to(y.scalar_type()));
         return std::make_pair(xr.grad(), wr.grad());
       };
-      backward_ = Backward{grads(x, w, g, true), grads(x64, w64, g64, false), {}};
+      backward_ = Backward{grads(x, w, g, true), grads(x64, w64, g64, false), {}, {}};
       backward_->magnitude_of = [grads, xa = x64.abs(), wa = w64.abs(), ga = g64.abs()] {
         c10::InferenceMode normal(false);
         torch::AutoGradMode grad(true);

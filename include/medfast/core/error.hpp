@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace medfast {
 
@@ -64,6 +65,9 @@ template <typename... Args>
 std::string str(Args&&... args) {
   return detail::concat(std::forward<Args>(args)...);
 }
+
+/// The items with `sep` between them, for messages: join({"a", "b"}) is "a, b".
+std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
 
 /// The message of any exception, without the C++ backtrace that libtorch's
 /// c10::Error appends to what() ("\nException raised from ...").

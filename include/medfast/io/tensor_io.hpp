@@ -31,6 +31,11 @@ namespace medfast::io {
 /// A CPU uint8 tensor of `bytes` whose memory is aligned for O_DIRECT.
 at::Tensor empty_aligned(std::size_t bytes);
 
+/// The bytes of `t`'s elements (numel x element size; a contiguous tensor's storage span).
+inline std::size_t tensor_bytes(const at::Tensor& t) {
+  return static_cast<std::size_t>(t.numel()) * t.element_size();
+}
+
 /// Sees bytes read, in file order, while they are in host memory.
 using HostBytes = std::function<void(const void* data, std::size_t size)>;
 

@@ -52,6 +52,23 @@ std::string self_executable();
 /// BLAS behind libtorch for "sgemm_"; "" when no loaded library defines it.
 std::string library_of_symbol(const char* symbol);
 
+/// dlopen(name, RTLD_NOW | RTLD_LOCAL): the library's handle, or nullptr with dlerror's
+/// text in `why` (where given). The shims load optional GPU libraries this way.
+void* open_library(const std::string& name, std::string* why = nullptr);
+/// dlsym(lib, name), or nullptr where `lib` has no such symbol.
+void* library_symbol(void* lib, const char* name);
+/// dlclose(lib); nothing for nullptr.
+void close_library(void* lib);
+
+/// Points `out` (a function pointer) at `lib`'s `name`; false, with "<what> has no symbol
+/// <name>" in `why`, where the library lacks it.
+template <typename Fn>
+bool bind_symbol(void* lib, const char* name, Fn& out, std::string& why, const char* what) {
+  out = reinterpret_cast<Fn>(library_symbol(lib, name));
+  if (!out) why = std::string(what) + " has no symbol " + name;
+  return out != nullptr;
+}
+
 /// What a run report says about the machine: host, CPU model, cores, memory, kernel.
 struct MachineInfo {
   std::string hostname, cpu, kernel;
