@@ -52,19 +52,8 @@ esac
 src=$(cd "$(dirname "$0")/.." && pwd)
 base=${MEDFAST_COMPAT_ROOT:-/var/cache/medfast}
 # The Debian mirror: MEDFAST_COMPAT_MIRROR, else the first main archive this machine's own
-# apt sources name (deb822 .sources files or one-line sources.list entries).
-host_mirror() {
-  local f
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' "$f"
-  done
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] || continue
-    awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) { if ($i !~ /security/) print $i; break } }' "$f"
-  done
-}
-mirror=${MEDFAST_COMPAT_MIRROR:-$(host_mirror | head -n 1)}
+# apt sources name (scripts/debian_mirror.sh).
+mirror=$(bash "$src/scripts/debian_mirror.sh" || true)
 if [ -z "$mirror" ]; then
   echo "compat: no Debian mirror in this machine's apt sources; set MEDFAST_COMPAT_MIRROR" >&2
   exit 2
@@ -210,7 +199,7 @@ bdir=/build/$variant
 say "configuring $bdir"
 # File by file (no unity build): this build also proves that every source compiles on its own,
 # and MEDFAST_COMPAT_TARGETS can name single object files.
-in_root cmake -S /src/medfast -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEDFAST_UNITY_BUILD=OFF \
+in_root cmake -S /src/medfast -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEDFAST_UNITY_BUILD=OFF -DMEDFAST_BUILD_TESTS=ON \
   -DCMAKE_CXX_FLAGS=-Werror=deprecated-declarations "${cmake_extra[@]}" > /dev/null
 if [ -n "${MEDFAST_COMPAT_TARGETS:-}" ]; then
   # Only these targets (object files too, e.g. CMakeFiles/medfast_train.dir/src/train/detail.cpp.o):

@@ -198,7 +198,8 @@ class Campaign:
             raise RuntimeError(f"{deps} is missing: run scripts/gpu_bundle.sh on the host and carry .gpu")
         t0 = time.time()
         self.sh(["cmake", "-S", ROOT, "-B", self.build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DTorch_DIR={torch_dir}", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DTORCH_CUDA_ARCH_LIST=9.0",
+                 "-DMEDFAST_BUILD_TESTS=ON", f"-DTorch_DIR={torch_dir}", "-DCMAKE_CUDA_ARCHITECTURES=90",
+                 "-DTORCH_CUDA_ARCH_LIST=9.0",
                  f"-DMEDFAST_DEPS_PREFIX={deps}", f"-DPython3_EXECUTABLE={sys.executable}"], timeout=900)
         configure = time.time() - t0
         self.sh(["cmake", "--build", self.build, "-j", jobs], timeout=3000)

@@ -1,11 +1,35 @@
 #!/usr/bin/env bash
-# Installs every Debian package medfast's build, tests and benchmarks need.
-# Idempotent: packages already present are skipped, so README and CI can both call it.
+# Installs the Debian packages medfast needs, in three groups, and (--python) its Python module.
+#   bash scripts/setup.sh            the `medfast` command's build and run-time packages: what
+#                                    scripts/run.sh (the main job) needs, nothing more
+#   bash scripts/setup.sh --test     and the test suite's, fuzzing's and benchmarks' packages
+#                                    (scripts/test.sh)
+#   bash scripts/setup.sh --python   and the Python module's packages; then installs the module
+#                                    for Debian's /usr/bin/python3 (`import medfast`): pip installs
+#                                    what CMake built in build/, building only what is missing there
+# Options combine (--test --python). Idempotent: packages already present are skipped and an
+# up-to-date module is not compiled again, so README, CI and the other scripts can all call it.
+# --packages-only installs the packages of the groups named and skips the module's install.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
+test_group=0
+python_group=0
+packages_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) test_group=1 ;;
+    --python) python_group=1 ;;
+    --packages-only) packages_only=1 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (expected --test, --python, --packages-only; --help)" >&2; exit 2 ;;
+  esac
+done
+
+# The `medfast` command: compiler, build tools and the libraries it links.
 PACKAGES=(
-  # toolchain
-  build-essential cmake ninja-build ccache pkg-config git clang llvm libclang-rt-14-dev
+  # toolchain (ccache makes a second build folder, or a rebuild, cost seconds)
+  build-essential cmake ninja-build ccache pkg-config
   # libraries
   libtorch-dev libgloo-dev liburing-dev libdeflate-dev zlib1g-dev
   # an optimised BLAS for libtorch (Debian's libtorch runs on whichever libblas.so.3 is
@@ -14,11 +38,19 @@ PACKAGES=(
   libopenblas0-openmp
   nlohmann-json3-dev libcli11-dev libyaml-cpp-dev libxxhash-dev
   # DICOM: decoders for JPEG-LS (CharLS), JPEG 2000 (OpenJPEG) and 8-bit lossy JPEG
-  # (libjpeg-turbo); medfast parses and decodes RLE and lossless JPEG itself; GDCM writes
+  # (libjpeg-turbo); medfast parses and decodes RLE and lossless JPEG itself; GDCM writes.
+  # (libtorch-dev already pulls in CharLS's, OpenJPEG's and GDCM's libraries: the -dev
+  # packages add headers only.)
   libcharls-dev libopenjp2-7-dev libjpeg-dev libgdcm-dev
+)
+# The Python module: pybind11, pip with Debian's setuptools (no package index), the torch it binds.
+PYTHON_PACKAGES=(pybind11-dev python3-dev python3-pip python3-setuptools python3-torch python3-numpy)
+# The tests, the fuzz and sanitizer builds, golden references and benchmarks.
+TEST_PACKAGES=(
+  git clang llvm libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # the Python module (pybind11, pip with Debian's setuptools: no package index) and its tests
-  pybind11-dev python3-dev python3-pip python3-setuptools python3-pytest
+  # the Python module's tests
+  "${PYTHON_PACKAGES[@]}" python3-pytest
   # medfast report's page is checked in a real (headless) browser
   chromium
   # reference implementations for golden tests and benchmarks
@@ -29,9 +61,13 @@ PACKAGES=(
   # benchmarks
   fio time
 )
+wanted=("${PACKAGES[@]}")
+if [ "$test_group" = 1 ]; then wanted+=("${TEST_PACKAGES[@]}"); fi
+if [ "$python_group" = 1 ]; then wanted+=("${PYTHON_PACKAGES[@]}"); fi
 
 missing=()
-for p in "${PACKAGES[@]}"; do
+for p in "${wanted[@]}"; do
+  case " ${missing[*]:-} " in *" $p "*) continue ;; esac
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
@@ -40,7 +76,7 @@ done
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  echo "setup: the packages needed are installed"
 else
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -48,12 +84,11 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The Python module, for Debian's python3 (the one with python3-torch), built in
-# build/ (which run.sh and test.sh then reuse) and installed with pip from this
-# checkout: `python3 -c "import medfast"` works afterwards. MEDFAST_SKIP_PYTHON=1 skips it.
-if [ "${MEDFAST_SKIP_PYTHON:-0}" != 1 ]; then
-  cd "$(dirname "$0")/.."
-  echo "setup: building and installing the Python module (pip install --no-build-isolation .)"
+# The Python module, for Debian's python3 (the one with python3-torch): setup.py builds the
+# target medfast_python in build/ (the folder run.sh and test.sh build in: whatever is already
+# built there is reused, nothing is compiled twice) and pip installs it from this checkout.
+if [ "$python_group" = 1 ] && [ "$packages_only" = 0 ]; then
+  echo "setup: installing the Python module (pip install --no-build-isolation ., built in build/)"
   where=()  # root: the system's site-packages; a user: ~/.local (the build stays the user's)
   if [ "$(id -u)" -ne 0 ]; then where=(--user); fi
   /usr/bin/python3 -m pip install --quiet --no-build-isolation --no-deps --no-index --break-system-packages \

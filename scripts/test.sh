@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs medfast's tests: the README's test command, and what CI runs.
-#   1. installs the Debian packages (scripts/setup.sh, idempotent)
-#   2. builds medfast and its tests (build/), and the fuzz target with clang (build-fuzz/)
+#   1. installs the Debian packages (scripts/setup.sh --test, idempotent)
+#   2. builds medfast, its tests and its Python module (build/), installs the module for
+#      /usr/bin/python3 (scripts/setup.sh --python: pip installs what was built in build/),
+#      and builds the fuzz target with clang (build-fuzz/)
 #   3. runs a short libFuzzer smoke run, then the test suite with ctest, then the GPU
 #      campaign's dry run (scripts/gpu_check.sh --dry-run: what needs a GPU is skipped)
 #   4. the sanitizer job: ASan+UBSan builds (build-asan/) of the torch-free library
@@ -10,13 +12,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 
 jobs=$(nproc)
 # Every optional dependency ON: a missing one fails here rather than turning its tests into skips.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEDFAST_BUILD_TESTS=ON \
   -DMEDFAST_WITH_DICOM_CODECS=ON -DMEDFAST_WITH_GDCM=ON -DMEDFAST_WITH_IO_URING=ON
 cmake --build build -j "$jobs"
+# The Python tests import the installed module: pip installs the one just built (no compile).
+bash scripts/setup.sh --python
 
 # The fuzz build also proves that the optional dependencies it does not fuzz can be
 # switched off (MEDFAST_WITH_GDCM, MEDFAST_WITH_IO_URING: their off paths compile).
@@ -40,6 +44,6 @@ bash scripts/gpu_check.sh --dry-run --build build --out build/gpu_check_dry
 # The sanitizer job: ASan+UBSan builds of the torch-free library and its tests
 # (leak checking on), and of the NIfTI, tensor file engine and cache-entry tests.
 echo "== sanitizer job (ASan + UBSan, build-asan)"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDFAST_SANITIZE=ON
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDFAST_SANITIZE=ON -DMEDFAST_BUILD_TESTS=ON
 cmake --build build-asan -j "$jobs" --target medfast_base_tests medfast_sanitize_tests
 ctest --test-dir build-asan --output-on-failure -j "$jobs"
