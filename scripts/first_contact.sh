@@ -76,12 +76,12 @@ fi
 fresh_root() {
   local root=$1
   rm -rf "$root"
+  mkdir -p "$(dirname "$root")"
   cp -a "$template" "$root"
   git clone -q --no-hardlinks "$src" "$root/root/medfast"
 }
 
-# Runs `bash scripts/<script>` in <root>, twice for run.sh; each line of output stamped with
-# the seconds since the start, into <log>.
+# Runs `bash scripts/<script>` in <root>, its output into <log>.
 in_fresh_root() {
   local root=$1 script=$2 log=$3
   MEDFAST_FC_ROOT=$root MEDFAST_FC_SCRIPT=$script unshare --mount --propagation private -- bash -c '
@@ -93,21 +93,19 @@ in_fresh_root() {
     cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
     chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 TERM=dumb \
       bash -c "cd /root/medfast && bash scripts/$MEDFAST_FC_SCRIPT" 2>&1
-  ' | awk -v t0="$(date +%s.%N)" '{ "date +%s.%N" | getline now; close("date +%s.%N"); printf "%7.1f %s\n", now - t0, $0; fflush() }' \
-    > "$log"
-  return "${PIPESTATUS[0]}"
+  ' > "$log" 2>&1
 }
 
 phase_of() {  # phase_of LOG "packages ready": the seconds run.sh printed for that phase
-  sed -n "s/^ *[0-9.]* run.sh: $2 (\([0-9]*\) s)\$/\1/p" "$1" | head -n 1
+  sed -n "s/^run.sh: $2 (\([0-9]*\) s)\$/\1/p" "$1" | head -n 1
 }
 
 results=$out/first_contact.md
 {
   echo "# First contact ($(date -u +%Y-%m-%d), commit $commit, $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo))"
   echo
-  echo "| run | packages s | configure s | build s | train s | total | download MB | Dice target | second run.sh |"
-  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
+  echo "| run | packages s | configure s | build s | train s | total | download MB | first epoch line | Dice target | second run.sh |"
+  echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
 } > "$results"
 totals=()
 for i in $(seq 1 "$runs"); do
@@ -124,16 +122,19 @@ for i in $(seq 1 "$runs"); do
   mb=$(find "$root/var/cache/apt/archives" -name '*.deb' -printf '%s\n' | awk '{ s += $1 } END { printf "%.0f", s / 1e6 }')
   reached="no (exit $status)"
   if [ "$status" = 0 ] && grep -q "target .* reached after" "$log"; then
-    reached=$(sed -n 's/^ *[0-9.]* best dice \([0-9.]*\) at epoch \([0-9]*\).*/Dice \1, epoch \2/p' "$log" | tail -n 1)
+    reached=$(sed -n 's/^best dice \([0-9.]*\) at epoch \([0-9]*\).*/Dice \1, epoch \2/p' "$log" | tail -n 1)
   fi
+  # The wait for the first epoch line: metrics.jsonl's process_seconds of epoch 1.
+  first=$(head -n 1 "$root/root/medfast/runs/default/metrics.jsonl" 2>/dev/null \
+          | sed -n 's/.*"process_seconds":\([0-9.]*\).*/\1/p' | awk '{ printf "%.1f", $1 }')
   second="no"
   if in_fresh_root "$root" run.sh "$out/run$i-again.log" && grep -q "continuing it (--resume)" "$out/run$i-again.log"; then
     second="continued"
   fi
-  printf '| %s | %s | %s | %s | %s | %d:%02d | %s | %s | %s |\n' "$i" "${pk:-?}" "${cf:-?}" "${bd:-?}" "$train" \
-    $((total / 60)) $((total % 60)) "$mb" "$reached" "$second" >> "$results"
+  printf '| %s | %s | %s | %s | %s | %d:%02d | %s | %s s | %s | %s |\n' "$i" "${pk:-?}" "${cf:-?}" "${bd:-?}" "$train" \
+    $((total / 60)) $((total % 60)) "$mb" "${first:-?}" "$reached" "$second" >> "$results"
   totals+=("$total")
-  say "run $i: $((total / 60)) min $((total % 60)) s (packages ${pk:-?} s, configure ${cf:-?} s, build ${bd:-?} s, train $train s; $mb MB downloaded; $reached; second run.sh: $second)"
+  say "run $i: $((total / 60)) min $((total % 60)) s (packages ${pk:-?} s, configure ${cf:-?} s, build ${bd:-?} s, train $train s; $mb MB downloaded; first epoch line after ${first:-?} s; $reached; second run.sh: $second)"
   rm -rf "$root"
 done
 median=$(printf '%s\n' "${totals[@]}" | sort -n | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.0f", m }')

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "medfast/core/error.hpp"
@@ -197,6 +198,34 @@ MachineInfo machine_info() {
     }
   }
   return m;
+}
+
+namespace {
+/// The first bytes of a /proc file ("" where it cannot be read).
+std::string read_proc(const char* path) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+}  // namespace
+
+double process_seconds() {
+  // /proc/self/stat's 22nd field: the start in clock ticks after boot; /proc/uptime: now.
+  // The 2nd field (the command name, in parentheses) may hold spaces: count after its ')'.
+  const std::string stat = read_proc("/proc/self/stat"), uptime = read_proc("/proc/uptime");
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || uptime.empty()) return -1;
+  std::istringstream fields(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+  }
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (!fields || ticks <= 0) return -1;
+  const double started = std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
+  return std::strtod(uptime.c_str(), nullptr) - started;
 }
 
 std::uint64_t peak_rss_bytes() {

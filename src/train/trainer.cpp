@@ -80,6 +80,7 @@ nlohmann::json StageTimes::to_json() const {
 nlohmann::json EpochRecord::to_json() const {
   nlohmann::json j{{"epoch", epoch}, {"steps", steps}, {"skipped_steps", skipped_steps}, {"loss", loss}, {"lr", lr},
                    {"seconds", seconds}, {"elapsed", elapsed}, {"times", times.to_json()},
+                   {"process_seconds", process_seconds},
                    {"samples", samples}, {"samples_per_second", samples_per_second},
                    {"peak_rss_bytes", peak_rss_bytes}};
   if (cuda_peak_allocated) j["cuda_peak_allocated_bytes"] = *cuda_peak_allocated;
@@ -105,6 +106,7 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
   r.lr = j.at("lr");
   r.seconds = j.at("seconds");
   r.elapsed = j.at("elapsed");
+  r.process_seconds = j.value("process_seconds", -1.0);
   // Absent in checkpoints written before these were recorded.
   r.samples = j.value("samples", std::int64_t{0});
   r.samples_per_second = j.value("samples_per_second", 0.0);
@@ -680,6 +682,7 @@ class Run {
     }
     rec.seconds = since(epoch_start);
     rec.elapsed = elapsed_before_ + since(start_);
+    rec.process_seconds = os::process_seconds();
     rec.peak_rss_bytes = os::peak_rss_bytes();
     if (gpu_sampler_) {
       const profile::GpuEpochStats g = gpu_sampler_->take();

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "medfast/os/process.hpp"
@@ -38,6 +39,20 @@ TEST(Process, LibraryOfSymbolNamesTheLoadedFile) {
   EXPECT_NE(libc.find("libc"), std::string::npos) << libc;
   EXPECT_EQ(libc.front(), '/');  // a resolved path
   EXPECT_EQ(library_of_symbol("medfast_no_such_symbol_anywhere"), "");
+}
+
+// Seconds since the process started: metrics.jsonl's process_seconds (the wait for the first
+// epoch line). This test binary started well under a minute ago and time moves forward.
+TEST(Process, ProcessSecondsCountFromThisProcessStart) {
+  const double a = process_seconds();
+  ASSERT_GE(a, 0.0) << "/proc/self/stat and /proc/uptime are readable on Linux";
+  EXPECT_LT(a, 600.0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(120);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  const double b = process_seconds();
+  EXPECT_GE(b - a, 0.09) << "clock ticks are 10 ms";
+  EXPECT_LT(b - a, 5.0);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "medfast/io/trace_file.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/losses.hpp"
@@ -190,6 +191,9 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   EXPECT_EQ(first["samples"].get<std::int64_t>() % crops, 0);
   EXPECT_GE(first["samples"].get<std::int64_t>(), first["steps"].get<std::int64_t>() * crops);
   EXPECT_GT(first["samples_per_second"].get<double>(), 0.0);
+  // Since the process started: at least this epoch, at most the test binary's life so far.
+  EXPECT_GE(first["process_seconds"].get<double>(), first["seconds"].get<double>() - 0.02);
+  EXPECT_LE(first["process_seconds"].get<double>(), os::process_seconds());
   EXPECT_GT(first["peak_rss_bytes"].get<std::uint64_t>(), std::uint64_t{10} << 20);  // libtorch alone is more
   EXPECT_FALSE(first.contains("cuda_peak_allocated_bytes"));  // a CPU run
   for (const auto& e : ra.history) {

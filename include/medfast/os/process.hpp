@@ -77,6 +77,10 @@ struct MachineInfo {
 };
 MachineInfo machine_info();
 
+/// Seconds since this process started (exec keeps the start: for `medfast train` it counts
+/// from the light front end's start), to 10 ms; negative where /proc cannot be read.
+double process_seconds();
+
 /// The process's peak resident set size in bytes since it started or since the
 /// last reset_peak_rss() (VmHWM in /proc/self/status; getrusage's maxrss where
 /// that cannot be read).

@@ -60,6 +60,9 @@ struct EpochRecord {
   StageTimes times;
   double seconds = 0;     ///< this epoch
   double elapsed = 0;     ///< since the run started (cumulative over resumes)
+  /// Since this process started (start-up, dataset and cache preparation included): the
+  /// first epoch's is how long the user waited for the first epoch line. Negative: unknown.
+  double process_seconds = -1;
   std::int64_t samples = 0;        ///< training samples (crops) this rank stepped through
   double samples_per_second = 0;   ///< samples over the training part of the epoch (all ranks)
   std::uint64_t peak_rss_bytes = 0;  ///< this process's peak resident memory during the epoch
