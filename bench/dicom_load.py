@@ -36,7 +36,7 @@ try:
     from pydicom.dataset import FileDataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 except ImportError:
-    sys.exit("python3-pydicom is missing: apt-get install python3-pydicom (scripts/setup.sh installs it)")
+    sys.exit("python3-pydicom is missing: apt-get install python3-pydicom (scripts/setup.sh --test installs it)")
 
 CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 

@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     *) echo "first_contact: unknown argument '$1' (expected --runs N, --test, --out DIR)" >&2; exit 2 ;;
   esac
 done
-case "$runs" in ''|*[!0-9]*) echo "first_contact: --runs: expected a whole number, got '$runs'" >&2; exit 2 ;; esac
+case "$runs" in ''|*[!0-9]*|0) echo "first_contact: --runs: expected a whole number of at least 1, got '$runs'" >&2; exit 2 ;; esac
 if [ "$(id -u)" -ne 0 ]; then
   echo "first_contact: needs root (debootstrap, chroot and mounts); run it with sudo" >&2
   exit 2
@@ -72,9 +72,14 @@ if [ -n "$(git -C "$src" status --porcelain --untracked-files=no)" ]; then
   say "note: the checkout has uncommitted changes; the roots get HEAD ($commit) as a user's clone would"
 fi
 
+# A root left by an interrupted run is removed on the way out (each is a few GB).
+current_root=""
+trap '[ -n "$current_root" ] && rm -rf "$current_root"' EXIT
+
 # One fresh root: the template copied, HEAD cloned into /root/medfast.
 fresh_root() {
   local root=$1
+  current_root=$root
   rm -rf "$root"
   mkdir -p "$(dirname "$root")"
   cp -a "$template" "$root"
@@ -125,8 +130,8 @@ for i in $(seq 1 "$runs"); do
     reached=$(sed -n 's/^best dice \([0-9.]*\) at epoch \([0-9]*\).*/Dice \1, epoch \2/p' "$log" | tail -n 1)
   fi
   # The wait for the first epoch line: metrics.jsonl's process_seconds of epoch 1.
-  first=$(head -n 1 "$root/root/medfast/runs/default/metrics.jsonl" 2>/dev/null \
-          | sed -n 's/.*"process_seconds":\([0-9.]*\).*/\1/p' | awk '{ printf "%.1f", $1 }')
+  first=$( (head -n 1 "$root/root/medfast/runs/default/metrics.jsonl" 2>/dev/null || true) \
+          | sed -n 's/.*"process_seconds":\([0-9.]\{1,\}\).*/\1/p' | awk '{ printf "%.1f", $1 }')
   second="no"
   if in_fresh_root "$root" run.sh "$out/run$i-again.log" && grep -q "continuing it (--resume)" "$out/run$i-again.log"; then
     second="continued"

@@ -21,7 +21,7 @@ for arg in "$@"; do
     --test) test_group=1 ;;
     --python) python_group=1 ;;
     --packages-only) packages_only=1 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown option '$arg' (expected --test, --python, --packages-only; --help)" >&2; exit 2 ;;
   esac
 done

@@ -19,7 +19,8 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEDFAST_BUILD_TESTS=ON \
   -DMEDFAST_WITH_DICOM_CODECS=ON -DMEDFAST_WITH_GDCM=ON -DMEDFAST_WITH_IO_URING=ON
 cmake --build build -j "$jobs"
-# The Python tests import the installed module: pip installs the one just built (no compile).
+# `import medfast` for /usr/bin/python3 (README): pip installs the module just built (no compile).
+# (The Python tests import the build tree's copy: ctest sets PYTHONPATH.)
 bash scripts/setup.sh --python
 
 # The fuzz build also proves that the optional dependencies it does not fuzz can be

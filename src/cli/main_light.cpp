@@ -36,6 +36,7 @@ std::string torch_binary() {
 
 int main(int argc, char** argv) {
   using namespace medfast;
+  os::mark_command_start();  // process_seconds counts from here, across the exec to medfast-torch
   CLI::App app{"medfast: fast end-to-end training of 3D medical-image segmentation models"};
   cli::Context ctx;
   std::map<std::string, std::string> flag_values;

@@ -12,8 +12,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <sstream>
 #include <thread>
 
@@ -212,20 +214,46 @@ std::string read_proc(const char* path) {
 }
 }  // namespace
 
+namespace {
+constexpr const char* kCommandStart = "MEDFAST_COMMAND_START";
+
+/// CLOCK_BOOTTIME in seconds: the clock /proc/self/stat's start time counts on (a
+/// container's /proc/uptime may be rewritten to the container's age; this clock is not).
+double boottime_now() {
+  timespec t{};
+  if (::clock_gettime(CLOCK_BOOTTIME, &t) != 0) return -1;
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+}  // namespace
+
+void mark_command_start() {
+  const double now = boottime_now();
+  if (now < 0) return;
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.6f", now);
+  ::setenv(kCommandStart, text, 1);
+}
+
 double process_seconds() {
-  // /proc/self/stat's 22nd field: the start in clock ticks after boot; /proc/uptime: now.
-  // The 2nd field (the command name, in parentheses) may hold spaces: count after its ')'.
-  const std::string stat = read_proc("/proc/self/stat"), uptime = read_proc("/proc/uptime");
+  const double now = boottime_now();
+  if (now < 0) return -1;
+  if (const char* marked = std::getenv(kCommandStart); marked && *marked) {
+    char* end = nullptr;
+    const double start = std::strtod(marked, &end);
+    if (end && *end == '\0' && start > 0 && start <= now) return now - start;
+  }
+  // /proc/self/stat's 22nd field: the start in clock ticks after boot. The 2nd field (the
+  // command name, in parentheses) may hold spaces: count after its ')'.
+  const std::string stat = read_proc("/proc/self/stat");
   const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || uptime.empty()) return -1;
+  if (paren == std::string::npos) return -1;
   std::istringstream fields(stat.substr(paren + 1));
   std::string field;
   for (int i = 3; i <= 22 && (fields >> field); ++i) {
   }
   const long ticks = ::sysconf(_SC_CLK_TCK);
   if (!fields || ticks <= 0) return -1;
-  const double started = std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
-  return std::strtod(uptime.c_str(), nullptr) - started;
+  return now - std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
 }
 
 std::uint64_t peak_rss_bytes() {

@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "medfast/os/process.hpp"
 
@@ -53,6 +55,24 @@ TEST(Process, ProcessSecondsCountFromThisProcessStart) {
   const double b = process_seconds();
   EXPECT_GE(b - a, 0.09) << "clock ticks are 10 ms";
   EXPECT_LT(b - a, 5.0);
+}
+
+// The front end marks the command's start before it execs medfast-torch: process_seconds
+// then counts from the mark (the environment carries it); a damaged mark is ignored.
+TEST(Process, ProcessSecondsCountFromTheMarkedCommandStart) {
+  const double since_process = process_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  mark_command_start();
+  const double marked = process_seconds();
+  EXPECT_GE(marked, 0.0);
+  EXPECT_LT(marked, 0.05) << "counted from the mark, not from this process's start";
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_GE(process_seconds(), 0.05);
+  ::setenv("MEDFAST_COMMAND_START", "not a time", 1);
+  EXPECT_GE(process_seconds(), since_process) << "a damaged mark: this process's start";
+  ::setenv("MEDFAST_COMMAND_START", "1e15", 1);  // in the future
+  EXPECT_GE(process_seconds(), since_process);
+  ::unsetenv("MEDFAST_COMMAND_START");
 }
 
 }  // namespace

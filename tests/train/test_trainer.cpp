@@ -1188,7 +1188,7 @@ namespace {
 // data-plots), and a screenshot written.
 TEST(ReportCli, TwoRunsRenderInHeadlessChromium) {
   const std::string chromium = MEDFAST_TEST_CHROMIUM;
-  if (chromium.empty()) GTEST_SKIP() << "no chromium here (scripts/setup.sh installs Debian's chromium)";
+  if (chromium.empty()) GTEST_SKIP() << "no chromium here (scripts/setup.sh --test installs Debian's chromium)";
   test::TempDir dir;
   nlohmann::json c = tiny_config(dir);
   c["train"]["run_dir"] = dir / "a";

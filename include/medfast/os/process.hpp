@@ -77,9 +77,14 @@ struct MachineInfo {
 };
 MachineInfo machine_info();
 
-/// Seconds since this process started (exec keeps the start: for `medfast train` it counts
-/// from the light front end's start), to 10 ms; negative where /proc cannot be read.
+/// Seconds since the medfast command started: since mark_command_start() in this process or
+/// the one that exec'd it (the `medfast` front end marks its start before handing a command
+/// to medfast-torch), else since this process started (/proc/self/stat, to 10 ms). Negative
+/// where neither can be read. metrics.jsonl's process_seconds.
 double process_seconds();
+/// Marks now as the command's start for process_seconds(), in this process and the programs
+/// it execs or starts (the environment's MEDFAST_COMMAND_START, CLOCK_BOOTTIME seconds).
+void mark_command_start();
 
 /// The process's peak resident set size in bytes since it started or since the
 /// last reset_peak_rss() (VmHWM in /proc/self/status; getrusage's maxrss where
