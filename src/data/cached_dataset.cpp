@@ -18,7 +18,6 @@
 #include "medfast/core/units.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
-#include "medfast/data/smart_cache.hpp"
 #include "medfast/image/dicom.hpp"
 
 namespace medfast::data {

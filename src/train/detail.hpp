@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "device.hpp"
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/train/inference.hpp"
@@ -26,15 +27,6 @@ void reset_cuda_memory_peaks(c10::Device device);
 /// The PCI bus id of a CUDA device ("00000000:3B:00.0", NVML's form), so NVML samples
 /// the same GPU whatever CUDA_VISIBLE_DEVICES says; empty where unknown.
 std::string cuda_pci_bus_id(c10::Device device);
-
-/// A device name (cpu, cuda, cuda:N); ValueError naming `what` otherwise.
-c10::Device parse_device(const std::string& name, const std::string& what);
-/// The same, and CUDA must be usable here. A CUDA device with an index becomes this
-/// thread's current device, so that what is allocated without naming one (libtorch's
-/// workspaces, cuDNN's handles, a CUDA context) lands on it and not on GPU 0; "cuda"
-/// comes back as the current device with its index (io::resolve_device), so that the
-/// caches and loader threads given it do not take their own GPU 0.
-c10::Device usable_device(const std::string& name, const std::string& what);
 
 /// The stage times of training steps without host syncs of their own. On CUDA each
 /// boundary records a timing event on the current (consumer) stream, and a step's times

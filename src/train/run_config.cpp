@@ -1,6 +1,6 @@
 #include "medfast/train/run_config.hpp"
 
-#include "detail.hpp"
+#include "device.hpp"
 
 #include <ATen/Parallel.h>
 

@@ -20,7 +20,7 @@ class Error : public std::runtime_error {
  public:
   explicit Error(std::string message) : std::runtime_error(message), message_(std::move(message)) {}
   const char* what() const noexcept override { return message_.c_str(); }
-  /// The message without the context added by callers.
+  /// The whole message, with the context callers added (add_context): what() as a string.
   const std::string& message() const noexcept { return message_; }
   /// Prefixes the message with caller context: "context: message".
   Error& add_context(const std::string& context);

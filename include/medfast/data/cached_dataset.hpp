@@ -81,4 +81,8 @@ class CachedDataset {
   mutable std::vector<std::string> keys_;  ///< computed once per item (a content hash reads the file)
 };
 
+/// Runs `chain` on dataset item `index`; errors name the item and its files (the caches'
+/// shared step: CachedDataset and SmartCache).
+Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t index);
+
 }  // namespace medfast::data

@@ -55,7 +55,4 @@ class SmartCacheDataset {
   bool started_ = false;
 };
 
-/// Runs `chain` on dataset item `index`; errors name the item and its files.
-Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t index);
-
 }  // namespace medfast::data
