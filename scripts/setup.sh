@@ -54,7 +54,7 @@ TEST_PACKAGES=(
   # medfast report's page is checked in a real (headless) browser
   chromium
   # reference implementations for golden tests and benchmarks
-  python3 python3-numpy python3-nibabel python3-torch python3-scipy
+  python3 python3-nibabel python3-scipy  # (numpy and torch: the Python group above)
   # independent DICOM writers for the DICOM goldens (pydicom; dcmtk's dcmcjpeg/dcmcjpls;
   # OpenJPEG's opj_compress)
   python3-pydicom dcmtk libopenjp2-tools

@@ -178,6 +178,19 @@ void close_library(void* lib) {
   if (lib) ::dlclose(lib);
 }
 
+namespace {
+/// Up to `limit` first bytes of a /proc file, in one read ("" where it cannot be read).
+std::string read_proc(const char* path, std::size_t limit) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text(limit, '\0');
+  const ssize_t n = ::read(fd, text.data(), text.size());
+  ::close(fd);
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return text;
+}
+}  // namespace
+
 MachineInfo machine_info() {
   MachineInfo m;
   char host[256] = {0};
@@ -187,12 +200,8 @@ MachineInfo machine_info() {
   m.cores = static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN));
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) m.memory_bytes = static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
-  const int fd = ::open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    std::string text(1 << 16, '\0');
-    const ssize_t n = ::read(fd, text.data(), text.size());
-    ::close(fd);
-    text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  {
+    const std::string text = read_proc("/proc/cpuinfo", 1 << 16);
     const auto at = text.find("model name");
     if (at != std::string::npos) {
       const auto colon = text.find(':', at), end = text.find('\n', at);
@@ -201,18 +210,6 @@ MachineInfo machine_info() {
   }
   return m;
 }
-
-namespace {
-/// The first bytes of a /proc file ("" where it cannot be read).
-std::string read_proc(const char* path) {
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  char buf[4096];
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
-}  // namespace
 
 namespace {
 constexpr const char* kCommandStart = "MEDFAST_COMMAND_START";
@@ -244,7 +241,7 @@ double process_seconds() {
   }
   // /proc/self/stat's 22nd field: the start in clock ticks after boot. The 2nd field (the
   // command name, in parentheses) may hold spaces: count after its ')'.
-  const std::string stat = read_proc("/proc/self/stat");
+  const std::string stat = read_proc("/proc/self/stat", 4096);
   const auto paren = stat.rfind(')');
   if (paren == std::string::npos) return -1;
   std::istringstream fields(stat.substr(paren + 1));
@@ -257,15 +254,9 @@ double process_seconds() {
 }
 
 std::uint64_t peak_rss_bytes() {
-  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[8192];
-    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-    ::close(fd);
-    if (n > 0) {
-      buf[n] = '\0';
-      if (const char* p = std::strstr(buf, "VmHWM:")) return std::strtoull(p + 6, nullptr, 10) * 1024;
-    }
+  const std::string status = read_proc("/proc/self/status", 8191);
+  if (const auto at = status.find("VmHWM:"); at != std::string::npos) {
+    return std::strtoull(status.c_str() + at + 6, nullptr, 10) * 1024;
   }
   struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
