@@ -14,16 +14,15 @@
 #include "medfast/core/units.hpp"
 #include "medfast/core/settings.hpp"
 #include "medfast/core/log.hpp"
-#include "medfast/transforms/spatial.hpp"
 
 namespace medfast::transforms {
 
 void Compose::apply(Sample& sample) const {
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
-    std::size_t last = i;  // Orientation then Spacing run as one resampling
+    std::size_t last = i;  // a fused pair (Orientation then Spacing) runs as one step
     try {
       const auto t0 = std::chrono::steady_clock::now();
-      if (fuse_ && i + 1 < transforms_.size() && apply_orientation_spacing(*transforms_[i], *transforms_[i + 1], sample)) {
+      if (fuse_ && i + 1 < transforms_.size() && transforms_[i]->apply_with_next(*transforms_[i + 1], sample)) {
         last = i + 1;
       } else {
         transforms_[i]->apply(sample);

@@ -30,6 +30,14 @@ class Transform {
   /// Canonical arguments, defaults included.
   virtual nlohmann::json config() const = 0;
   virtual void apply(Sample& sample) const = 0;
+  /// Fusion hook: applies this transform and `next` (the one after it in a Compose) as
+  /// one step where that is cheaper and gives the same output (Orientation then Spacing:
+  /// one resampling); returns false, doing nothing, where it does not know `next`.
+  virtual bool apply_with_next(const Transform& next, Sample& sample) const {
+    (void)next;
+    (void)sample;
+    return false;
+  }
 };
 using TransformPtr = std::shared_ptr<const Transform>;
 
@@ -46,7 +54,8 @@ class Compose {
   std::string hash() const;
   std::size_t size() const { return transforms_.size(); }
   const std::vector<TransformPtr>& transforms() const { return transforms_; }
-  /// Whether Orientation then Spacing run as one resampling (default; the same output).
+  /// Whether pairs that fuse (Transform::apply_with_next: Orientation then Spacing) run as
+  /// one step (default; the same output).
   /// Off, each runs on its own (the reference in tests).
   void set_fuse(bool on) { fuse_ = on; }
 

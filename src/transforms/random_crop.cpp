@@ -1,0 +1,215 @@
+// The index-space random transforms: RandCropByPosNegLabel, RandSpatialCrop, RandFlip and
+// RandRotate90, and their factories (random_families.hpp).
+#include "medfast/transforms/random.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "medfast/core/error.hpp"
+#include "medfast/transforms/indices.hpp"
+#include "random_families.hpp"
+
+namespace medfast::transforms {
+
+namespace {
+
+using detail::CropSpec;
+using detail::require;
+
+class RandCropByPosNegLabel final : public RandomTransform {
+ public:
+  explicit RandCropByPosNegLabel(CropSpec c) : c_(std::move(c)) {
+    require_keys(c_.keys, "RandCropByPosNegLabel");
+    require(c_.pos >= 0 && c_.neg >= 0 && c_.pos + c_.neg > 0,
+            "RandCropByPosNegLabel: arguments pos and neg must be non-negative and not both zero");
+    require(c_.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
+    for (auto v : c_.spatial_size) require(v >= 1, "RandCropByPosNegLabel: argument spatial_size must be positive");
+  }
+  std::string name() const override { return "RandCropByPosNegLabel"; }
+  nlohmann::json config() const override {
+    return {{"keys", c_.keys},           {"label_key", c_.label_key},
+            {"spatial_size", c_.spatial_size}, {"pos", c_.pos},
+            {"neg", c_.neg},             {"num_samples", c_.num_samples},
+            {"fg_indices_key", c_.fg_indices_key}, {"bg_indices_key", c_.bg_indices_key},
+            {"allow_smaller", c_.allow_smaller}};
+  }
+  std::size_t samples() const override { return c_.num_samples; }
+  bool expands() const override { return true; }
+  void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel: internal error: apply() on an expanding transform"); }
+
+  std::vector<Sample> expand(const Sample& s, Rng& rng) const override {
+    const Shape3 n = spatial_shape(s.volume(c_.label_key).data, c_.label_key);
+    at::Tensor fg, bg;
+    if (!c_.fg_indices_key.empty()) {
+      if (!s.arrays.count(c_.fg_indices_key)) {  // a misspelt key must not silently recompute every sample
+        std::string have;
+        for (const auto& [k, v] : s.arrays) have += (have.empty() ? "" : ", ") + k;
+        throw ValueError(str("RandCropByPosNegLabel: fg_indices_key '", c_.fg_indices_key,
+                             "' is not in the sample (its index arrays: ", have.empty() ? "none" : have,
+                             "); FgBgToIndices in the deterministic chain writes <key>_fg_indices and "
+                             "<key>_bg_indices (or its fg_postfix/bg_postfix)"));
+      }
+      fg = s.arrays.at(c_.fg_indices_key);
+      require(s.arrays.count(c_.bg_indices_key) > 0,
+              str("RandCropByPosNegLabel: the sample has ", c_.fg_indices_key, " but no ", c_.bg_indices_key));
+      bg = s.arrays.at(c_.bg_indices_key);
+    } else {  // no cached indices: compute them (slower; put FgBgToIndices in the cached chain)
+      const at::Tensor label = (s.volume(c_.label_key).data > 0).any(0);
+      fg = mask_to_runs(label);
+      bg = mask_to_runs(label.logical_not());
+    }
+    fg = fg.contiguous();  // cached runs are int32 or int64: read as they are, not converted per sample
+    bg = bg.contiguous();
+    const std::int64_t n_fg = runs_count(fg), n_bg = runs_count(bg);
+    require(n_fg + n_bg > 0, "RandCropByPosNegLabel: the label has neither foreground nor background indices");
+    Shape3 size = c_.spatial_size;
+    for (int a = 0; a < 3; ++a) {
+      if (size[a] > n[a]) {
+        require(c_.allow_smaller, str("RandCropByPosNegLabel: spatial_size ", size[0], "x", size[1], "x", size[2],
+                                      " is larger than the image ", n[0], "x", n[1], "x", n[2],
+                                      " (set allow_smaller: true, or pad with ResizeWithPadOrCrop/SpatialPad first)"));
+        size[a] = n[a];
+      }
+    }
+    const double pos_ratio = c_.pos / (c_.pos + c_.neg);
+    std::vector<Sample> out;
+    for (std::size_t k = 0; k < c_.num_samples; ++k) {
+      const bool use_fg = n_bg == 0 || (n_fg > 0 && rng.uniform() < pos_ratio);
+      const at::Tensor& runs = use_fg ? fg : bg;
+      const std::int64_t flat = runs_index(runs, rng.integer(0, (use_fg ? n_fg : n_bg) - 1));
+      const std::int64_t center[3] = {flat / (n[1] * n[2]), (flat / n[2]) % n[1], flat % n[2]};
+      Shape3 start{}, end{};
+      for (int a = 0; a < 3; ++a) {
+        // MONAI's correct_crop_centers: keep the ROI inside the image.
+        const std::int64_t lo = size[a] / 2;
+        std::int64_t hi = static_cast<std::int64_t>(static_cast<double>(n[a] + 1) - size[a] / 2.0);
+        if (hi == lo) ++hi;
+        const std::int64_t c = std::min(std::max(center[a], lo), hi - 1);
+        start[a] = c - size[a] / 2;
+        end[a] = start[a] + size[a];
+      }
+      Sample crop = s;
+      crop_or_pad(crop, c_.keys, start, end, 0.0, /*compact=*/false);  // a view until a later copy
+      crop.arrays.erase(c_.fg_indices_key);
+      crop.arrays.erase(c_.bg_indices_key);
+      out.push_back(std::move(crop));
+    }
+    return out;
+  }
+
+ private:
+  CropSpec c_;
+};
+
+class RandSpatialCrop final : public RandomTransform {
+ public:
+  RandSpatialCrop(std::vector<std::string> keys, Shape3 roi) : keys_(std::move(keys)), roi_(roi) {
+    require_keys(keys_, "RandSpatialCrop");
+  }
+  std::string name() const override { return "RandSpatialCrop"; }
+  nlohmann::json config() const override { return {{"keys", keys_}, {"roi_size", roi_}}; }
+  void apply(Sample& s, Rng& rng) const override {
+    const Shape3 n = spatial_shape(s.volume(keys_[0]).data, keys_[0]);
+    Shape3 start{}, end{};
+    for (int a = 0; a < 3; ++a) {
+      const std::int64_t size = std::min(roi_[a], n[a]);
+      start[a] = rng.integer(0, n[a] - size);
+      end[a] = start[a] + size;
+    }
+    crop_or_pad(s, keys_, start, end, 0.0, /*compact=*/false);
+  }
+
+ private:
+  std::vector<std::string> keys_;
+  Shape3 roi_;
+};
+
+class RandFlip final : public RandomTransform {
+ public:
+  RandFlip(std::vector<std::string> keys, double prob, std::vector<int> axes)
+      : keys_(std::move(keys)), prob_(prob), axes_(std::move(axes)) {
+    require_keys(keys_, "RandFlip");
+    for (int a : axes_) require(a >= 0 && a < 3, str("RandFlip: argument spatial_axis: ", a, " is not 0, 1 or 2"));
+  }
+  std::string name() const override { return "RandFlip"; }
+  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"spatial_axis", axes_}}; }
+  void apply(Sample& s, Rng& rng) const override {
+    if (!(rng.uniform() < prob_)) return;
+    for (int a : axes_) flip_axis(s, keys_, a);
+  }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : keys_) (void)s.volume(key);  // a missing key fails as apply() would
+    if (!(rng.uniform() < prob_)) return true;
+    for (const auto& key : keys_) {
+      for (int a : axes_) plan.flip(key, a);
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::string> keys_;
+  double prob_;
+  std::vector<int> axes_;
+};
+
+class RandRotate90 final : public RandomTransform {
+ public:
+  RandRotate90(std::vector<std::string> keys, double prob, int max_k, std::array<int, 2> axes)
+      : keys_(std::move(keys)), prob_(prob), max_k_(max_k), axes_(axes) {
+    require_keys(keys_, "RandRotate90");
+    require(max_k_ >= 1, "RandRotate90: argument max_k must be at least 1");
+    require(axes_[0] != axes_[1] && axes_[0] >= 0 && axes_[0] < 3 && axes_[1] >= 0 && axes_[1] < 3,
+            "RandRotate90: argument spatial_axes must be two different axes of 0, 1, 2");
+  }
+  std::string name() const override { return "RandRotate90"; }
+  nlohmann::json config() const override {
+    return {{"keys", keys_}, {"prob", prob_}, {"max_k", max_k_}, {"spatial_axes", axes_}};
+  }
+  void apply(Sample& s, Rng& rng) const override {
+    // MONAI draws k (1..max_k) before deciding whether to rotate.
+    const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
+    if (!(rng.uniform() < prob_)) return;
+    rot90(s, keys_, k, axes_[0], axes_[1]);
+  }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : keys_) (void)s.volume(key);
+    const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
+    if (!(rng.uniform() < prob_)) return true;
+    for (const auto& key : keys_) plan.rot90(key, k, axes_[0], axes_[1]);
+    return true;
+  }
+
+ private:
+  std::vector<std::string> keys_;
+  double prob_;
+  int max_k_;
+  std::array<int, 2> axes_;
+};
+
+}  // namespace
+
+namespace detail {
+
+RandomTransformPtr make_rand_crop_by_pos_neg_label(const CropSpec& c) {
+  return std::make_shared<RandCropByPosNegLabel>(c);
+}
+
+RandomTransformPtr make_rand_spatial_crop(const std::vector<std::string>& keys, Shape3 roi) {
+  return std::make_shared<RandSpatialCrop>(keys, roi);
+}
+
+RandomTransformPtr make_rand_flip(const std::vector<std::string>& keys, double prob, const std::vector<int>& axes) {
+  return std::make_shared<RandFlip>(keys, prob, axes);
+}
+
+RandomTransformPtr make_rand_rotate90(const std::vector<std::string>& keys, double prob, int max_k,
+                                      std::array<int, 2> axes) {
+  return std::make_shared<RandRotate90>(keys, prob, max_k, axes);
+}
+
+}  // namespace detail
+
+}  // namespace medfast::transforms
