@@ -190,7 +190,7 @@ std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t off
     return got;
   }
   // This thread talks to dst's GPU (cuFile needs its context current; the engine's
-  // async calls run on threads of their own).
+  // async calls run on its I/O workers, threads of their own).
   const c10::DeviceGuard on_device(dst.device());
   if (!observe && use_cufile(file)) {
     wait_for_stream(dst);
@@ -222,20 +222,37 @@ std::optional<c10::Stream> callers_stream(const at::Tensor& t) {
 
 std::future<std::size_t> read_into_async(FileHandle& file, const at::Tensor& dst, std::uint64_t offset) {
   check_tensor(dst, "read_into_async");
-  return std::async(std::launch::async, [&file, dst, offset, stream = callers_stream(dst)] {
-    std::optional<c10::StreamGuard> on_callers;
-    if (stream) on_callers.emplace(*stream);
-    return read_into(file, dst, offset);
+  auto done = std::make_shared<std::promise<std::size_t>>();
+  std::future<std::size_t> result = done->get_future();
+  // On the engine's I/O workers, with a handle sharing `file`'s open file (it may be
+  // moved or closed by the caller meanwhile).
+  file.run_async([done, dst, offset, stream = callers_stream(dst)](FileHandle& shared) {
+    try {
+      std::optional<c10::StreamGuard> on_callers;
+      if (stream) on_callers.emplace(*stream);
+      done->set_value(read_into(shared, dst, offset));
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
   });
+  return result;
 }
 
 std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   check_tensor(src, "write_from_async");
-  return std::async(std::launch::async, [&file, src, offset, stream = callers_stream(src)] {
-    std::optional<c10::StreamGuard> on_callers;
-    if (stream) on_callers.emplace(*stream);
-    write_from(file, src, offset);
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> result = done->get_future();
+  file.run_async([done, src, offset, stream = callers_stream(src)](FileHandle& shared) {
+    try {
+      std::optional<c10::StreamGuard> on_callers;
+      if (stream) on_callers.emplace(*stream);
+      write_from(shared, src, offset);
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+    }
   });
+  return result;
 }
 
 std::string device_path(FileHandle& file) {

@@ -1,61 +1,32 @@
 // Conformance suite of the tensor file engine: every backend configuration
 // must pass the same cases (sizes around the alignment, unaligned offsets and
 // buffers, reads past the end, concurrent requests, write then read back),
-// plus fault injection through the OS layer's hooks.
-#include <ATen/ATen.h>
+// plus fault injection through the OS layer's hooks. Torch-free (the torch-free
+// library's suite, and the ThreadSanitizer job); tensors: test_tensor_io.cpp.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <thread>
+#include <vector>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/io/file_handle.hpp"
-#include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
+#include "io_conformance.hpp"
 #include "test_util.hpp"
 
 namespace medfast::io {
 namespace {
 
-std::string random_bytes(std::size_t n, std::uint64_t seed) {
-  Rng rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng.next() >> 56);
-  return s;
-}
-
-struct Config {
-  std::string name;
-  IoOptions options;
-};
-
-std::vector<Config> configs() {
-  std::vector<Config> c;
-  c.push_back({"posix", IoOptions().set_backend("posix").set_threads(3)});
-  c.push_back({"posix_small_blocks", IoOptions().set_backend("posix").set_threads(4).set_block_size(8192)});
-  c.push_back({"odirect", IoOptions().set_backend("odirect").set_threads(2)});
-  c.push_back({"odirect_small_blocks", IoOptions().set_backend("odirect").set_threads(3).set_block_size(8192)});
-  c.push_back({"odirect_512", IoOptions().set_backend("odirect").set_alignment(512).set_block_size(4096)});
-  c.push_back({"odirect_buffered", IoOptions().set_backend("odirect").set_direct(false)});
-  if (probe().io_uring) {
-    c.push_back({"io_uring", IoOptions().set_backend("io_uring")});
-    c.push_back({"io_uring_small", IoOptions().set_backend("io_uring").set_block_size(8192).set_queue_depth(4)});
-    c.push_back({"io_uring_buffered", IoOptions().set_backend("io_uring").set_direct(false).set_block_size(8192)});
-  }
-  return c;
-}
-
-void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
-
-class Conformance : public ::testing::TestWithParam<Config> {
- protected:
-  test::TempDir dir;
-  const IoOptions& options() const { return GetParam().options; }
-};
+using conformance::Config;
+using conformance::Conformance;
+using conformance::random_bytes;
 
 TEST_P(Conformance, ReadsAnySizeAtAnyOffsetIntoAnyBuffer) {
   const std::string data = random_bytes((3u << 20) + 777, 1);
@@ -153,33 +124,83 @@ TEST_P(Conformance, ConcurrentAndAsyncRequestsOnOneHandle) {
   EXPECT_EQ(b, data.substr(3u << 20));
 }
 
-TEST_P(Conformance, TensorsReadAndWriteInPlace) {
-  const std::string data = random_bytes((2u << 20) + 6, 7);
+TEST_P(Conformance, AsyncCallsKeepTheFileOpenAfterTheHandleIsGone) {
+  const std::string data = random_bytes(6u << 20, 9);
   test::write_file(dir / "f", data);
-  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
-  at::Tensor aligned = empty_aligned(data.size());
-  EXPECT_EQ(read_into(f, aligned, 0), data.size());
-  EXPECT_EQ(std::memcmp(aligned.data_ptr(), data.data(), data.size()), 0);
-  at::Tensor pageable = at::empty({static_cast<std::int64_t>(data.size() - 6) / 4}, at::kFloat);
-  EXPECT_EQ(read_into_async(f, pageable, 6).get(), data.size() - 6);
-  EXPECT_EQ(std::memcmp(pageable.data_ptr(), data.data() + 6, data.size() - 6), 0);
-  FileHandle w = FileHandle::open(dir / "t", FileHandle::Mode::write, options());
-  write_from_async(w, pageable, 0).get();
-  EXPECT_EQ(test::read_file(dir / "t"), data.substr(6));
-  EXPECT_THROW(read_into(f, pageable.t().reshape({-1}).as_strided({4}, {2}), 0), ValueError);  // not contiguous
+  std::string out(data.size(), '\0');
+  std::future<std::size_t> pending;
+  {
+    FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+    pending = f.read_async(out.data(), out.size(), 0);
+    FileHandle moved = std::move(f);
+  }  // both handles gone, the read perhaps still running
+  EXPECT_EQ(pending.get(), data.size());
+  EXPECT_EQ(out, data);
+}
+
+TEST_P(Conformance, ManyAsyncCallsInFlightShareTheEngineWorkers) {
+  // More calls in flight than the engine has async workers: disjoint aligned writes,
+  // then reads of the same pieces, each awaited only at the end.
+  constexpr std::size_t kPiece = 256u << 10;
+  constexpr int kPieces = 24;
+  const std::string data = random_bytes(kPiece * kPieces, 10);
+  {
+    FileHandle w = FileHandle::open(dir / "f", FileHandle::Mode::write, options());
+    std::vector<std::future<void>> writes;
+    for (int i = 0; i < kPieces; ++i) writes.push_back(w.write_async(data.data() + i * kPiece, kPiece, i * kPiece));
+    for (auto& f : writes) f.get();
+  }
+  EXPECT_EQ(test::read_file(dir / "f"), data);
+  FileHandle r = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  std::vector<std::string> out(kPieces, std::string(kPiece, '\0'));
+  std::vector<std::future<std::size_t>> reads;
+  for (int i = 0; i < kPieces; ++i) reads.push_back(r.read_async(out[i].data(), kPiece, i * kPiece));
+  for (int i = 0; i < kPieces; ++i) {
+    EXPECT_EQ(reads[i].get(), kPiece);
+    EXPECT_EQ(out[i], data.substr(i * kPiece, kPiece)) << "piece " << i;
+  }
+}
+
+TEST_P(Conformance, AsyncErrorsReachTheFuture) {
+  test::write_file(dir / "f", "0123456789");
+  FileHandle r = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  const char bytes[4] = {'a', 'b', 'c', 'd'};
+  auto pending = r.write_async(bytes, sizeof bytes, 0);
+  try {
+    pending.get();
+    FAIL() << "a write on a handle opened for reading succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("opened for reading"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(test::read_file(dir / "f"), "0123456789");
+}
+
+TEST_P(Conformance, RunAsyncSharesTheOpenFile) {
+  const std::string data = random_bytes(1u << 20, 11);
+  test::write_file(dir / "f", data);
+  std::promise<std::string> got;
+  {
+    FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+    f.run_async([&got](FileHandle& shared) {
+      std::string s(100000, '\0');
+      shared.read_exact(s.data(), s.size(), 12345);
+      got.set_value(s);
+    });
+  }
+  EXPECT_EQ(got.get_future().get(), data.substr(12345, 100000));
 }
 
 TEST_P(Conformance, ShortTransfersAndEintrAreContinued) {
   const std::string data = random_bytes((1u << 20) + 100, 8);
   test::write_file(dir / "f", data);
   FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
-  int calls = 0;
+  std::atomic<int> calls{0};  // the hook runs on the engine's workers
   os::testing::ScopedHook hook([&](os::Op op, const std::string&, std::uint64_t, std::size_t) {
     os::testing::HookResult r;
     if (op != os::Op::read && op != os::Op::write) return r;
-    ++calls;
-    if (calls % 5 == 0) r.error = EINTR;
-    else if (calls % 2 == 0) r.max_bytes = 1000;  // short transfer at an unaligned length
+    const int call = ++calls;
+    if (call % 5 == 0) r.error = EINTR;
+    else if (call % 2 == 0) r.max_bytes = 1000;  // short transfer at an unaligned length
     return r;
   });
   std::string out(data.size(), '\0');
@@ -187,7 +208,7 @@ TEST_P(Conformance, ShortTransfersAndEintrAreContinued) {
   EXPECT_EQ(out.substr(0, out.size() - 3), data.substr(3));
   FileHandle w = FileHandle::open(dir / "w", FileHandle::Mode::write, options());
   w.write(data.data(), data.size(), 0);
-  EXPECT_GT(calls, 2);
+  EXPECT_GT(calls.load(), 2);
   EXPECT_EQ(test::read_file(dir / "w"), data);
 }
 
@@ -238,7 +259,7 @@ TEST_P(Conformance, MissingFileIsAnOsErrorNamingIt) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(configs()),
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(conformance::configs()),
                          [](const ::testing::TestParamInfo<Config>& i) { return i.param.name; });
 
 TEST(IoBackend, ForcingSelectsTheBackendThroughTheEnvironment) {

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -29,9 +30,19 @@
 
 namespace medfast::io {
 
-enum class Backend { posix, odirect, io_uring, cufile };
+/// The host backends, each in its own file src/io/backend_<name>.cpp (posix: pread/pwrite
+/// on the engine's workers; odirect: O_DIRECT pieces with bounce buffers; io_uring: one
+/// ring per request in flight; cufile: device memory through cuFile, host memory as
+/// posix). A new backend is its file and one entry here.
+#define MEDFAST_IO_BACKENDS(X) X(posix) X(odirect) X(io_uring) X(cufile)
+
+enum class Backend {
+#define MEDFAST_IO_BACKEND_ENUM(name) name,
+  MEDFAST_IO_BACKENDS(MEDFAST_IO_BACKEND_ENUM)
+#undef MEDFAST_IO_BACKEND_ENUM
+};
 const char* backend_name(Backend backend);
-/// "posix" | "odirect" | "io_uring" | "cufile"; throws ValueError otherwise.
+/// A backend's name ("posix", "odirect", ...); throws ValueError listing the names otherwise.
 Backend parse_backend(const std::string& name);
 
 /// Options of the engine; every field is also a setting (io_*).
@@ -92,9 +103,14 @@ class FileHandle {
   void read_exact(void* dst, std::size_t size, std::uint64_t offset);
   /// Writes all bytes or throws OsError naming path, offset and size.
   void write(const void* src, std::size_t size, std::uint64_t offset);
-  /// Asynchronous forms; the memory must stay valid until the future is ready.
+  /// Asynchronous forms, run on the engine's I/O workers (a fixed pool, not a thread per
+  /// call); the memory must stay valid until the future is ready. The file stays open
+  /// until the call is done, even if this handle is moved from or destroyed meanwhile.
   std::future<std::size_t> read_async(void* dst, std::size_t size, std::uint64_t offset);
   std::future<void> write_async(const void* src, std::size_t size, std::uint64_t offset);
+  /// Runs `work` on the engine's I/O workers with a handle that shares this one's open
+  /// file (kept open until `work` returns). `work` reports its own result and errors.
+  void run_async(std::function<void(FileHandle&)> work) const;
   /// fsync.
   void sync();
   /// The file registered with cuFile (GPUDirect Storage), registering it on
@@ -103,8 +119,8 @@ class FileHandle {
 
  private:
   struct Impl;
-  explicit FileHandle(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit FileHandle(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with async calls in flight
 };
 
 }  // namespace medfast::io

@@ -1,0 +1,122 @@
+#pragma once
+/// \file
+/// Internal to src/io: the interface every host backend of FileHandle implements, the
+/// open file they share, and the engine pieces they use (worker pools, piece splitting,
+/// O_DIRECT ranges). One file per backend, src/io/backend_<name>.cpp, defining
+/// detail::make_<name>_backend; the list of backends is MEDFAST_IO_BACKENDS in
+/// include/medfast/io/file_handle.hpp (a new backend: its file and one entry there).
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "medfast/core/thread_pool.hpp"
+#include "medfast/io/file_handle.hpp"
+#include "medfast/os/file.hpp"
+
+namespace medfast::io::detail {
+
+inline std::uint64_t align_down(std::uint64_t v, std::uint64_t a) { return v & ~(a - 1); }
+inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) & ~(a - 1); }
+inline bool is_aligned(const void* p, std::uint64_t a) { return (reinterpret_cast<std::uintptr_t>(p) & (a - 1)) == 0; }
+
+/// One open file as the backends see it: the buffered descriptor, and the O_DIRECT one
+/// where a backend asked for it and the file system allows it.
+struct OpenFile {
+  std::string path;
+  IoOptions opt;
+  FileHandle::Mode mode = FileHandle::Mode::read;
+  os::File file;   ///< buffered descriptor
+  os::File dfile;  ///< O_DIRECT descriptor, if direct
+  bool direct = false;
+
+  /// An O_DIRECT descriptor of the file; a closed File where the file system refuses
+  /// O_DIRECT (said once per process).
+  os::File open_direct_file() const;
+  /// Opens dfile when the options ask for O_DIRECT (opt.direct) and the file system allows it.
+  void open_direct();
+  std::uint64_t A() const { return opt.alignment; }
+  std::uint64_t B() const { return opt.block_size; }
+};
+
+/// How one backend moves a file's bytes to and from host memory. Calls may come from
+/// many threads at once (FileHandle is shared by the loader's workers and async calls).
+class FileBackend {
+ public:
+  virtual ~FileBackend() = default;
+  /// Reads up to n > 0 bytes at `off`; fewer only at end of file.
+  virtual std::size_t read(char* dst, std::size_t n, std::uint64_t off) = 0;
+  /// Writes all n > 0 bytes at `off`, or throws OsError naming path, offset and size.
+  virtual void write(const char* src, std::size_t n, std::uint64_t off) = 0;
+};
+
+/// Makes a backend for an open file (opening what else it needs, e.g. the O_DIRECT descriptor).
+using BackendFactory = std::unique_ptr<FileBackend> (*)(OpenFile& file);
+#define MEDFAST_IO_BACKEND_FACTORY(name) std::unique_ptr<FileBackend> make_##name##_backend(OpenFile& file);
+MEDFAST_IO_BACKENDS(MEDFAST_IO_BACKEND_FACTORY)
+#undef MEDFAST_IO_BACKEND_FACTORY
+
+/// Whether the io_uring backend works here (a ring can be made); why not in `why`.
+bool io_uring_available(std::string& why);
+
+/// The engine's piece workers, one pool per thread count (a forked child makes its own).
+ThreadPool& shared_pool(int threads);
+/// The engine's workers for FileHandle's async calls: a fixed pool, not a thread per call.
+ThreadPool& async_pool();
+/// A per-thread aligned scratch block of at least `size` bytes (O_DIRECT heads, tails and
+/// misaligned buffers).
+char* bounce_block(std::size_t size);
+
+/// Runs fn(offset, length) over [offset, offset+size) cut at multiples of `block` (so
+/// every piece but the first starts aligned), on the pool; returns the bytes of the
+/// contiguous prefix that every piece reported done. The first error is rethrown after
+/// every piece has finished (none is left writing into the caller's memory).
+template <typename Fn>
+std::size_t run_pieces(ThreadPool& pool, std::uint64_t offset, std::size_t size, std::uint64_t block, Fn fn) {
+  struct Piece {
+    std::uint64_t off;
+    std::size_t len;
+  };
+  std::vector<Piece> pieces;
+  for (std::uint64_t pos = offset; pos < offset + size;) {
+    const std::uint64_t next = std::min<std::uint64_t>(align_down(pos, block) + block, offset + size);
+    pieces.push_back({pos, static_cast<std::size_t>(next - pos)});
+    pos = next;
+  }
+  if (pieces.size() <= 1) return pieces.empty() ? 0 : fn(pieces[0].off, pieces[0].len);
+  std::vector<std::future<std::size_t>> futures;
+  futures.reserve(pieces.size());
+  for (const auto& p : pieces) futures.push_back(pool.submit([p, &fn] { return fn(p.off, p.len); }));
+  std::size_t done = 0;
+  bool complete = true;
+  std::exception_ptr error;
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    try {
+      const std::size_t got = futures[i].get();
+      if (complete) {
+        done += got;
+        if (got < pieces[i].len) complete = false;
+      }
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return done;
+}
+
+/// Reads [off, off+n) through f.dfile at any offset, length and address (aligned pieces
+/// straight into `out`, the rest through a bounce block); fewer bytes only at end of file.
+std::size_t read_direct_range(const OpenFile& f, char* out, std::size_t n, std::uint64_t off);
+/// Writes [off, off+n) through f.dfile; partial blocks are read, patched and rewritten.
+/// Returns the end of the last block written (may pass off+n).
+std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std::uint64_t off);
+/// After direct writes that ended at `end`: cuts the padding of a final partial block, so
+/// the file is max(size_before, end) long.
+void trim_direct_padding(OpenFile& f, std::uint64_t size_before, std::uint64_t end);
+
+}  // namespace medfast::io::detail
