@@ -8,6 +8,8 @@
 #      campaign's dry run (scripts/gpu_check.sh --dry-run: what needs a GPU is skipped)
 #   4. the sanitizer job: ASan+UBSan builds (build-asan/) of the torch-free library
 #      and of the NIfTI, tensor I/O and cache-entry tests, and runs them
+#   5. the thread sanitizer job: a TSan build (build-tsan/) of the torch-free library and
+#      its tests, and runs them
 # MEDFAST_FUZZ_SECONDS (default 60) sets the length of the fuzz run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,3 +50,11 @@ echo "== sanitizer job (ASan + UBSan, build-asan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDFAST_SANITIZE=ON -DMEDFAST_BUILD_TESTS=ON
 cmake --build build-asan -j "$jobs" --target medfast_base_tests medfast_sanitize_tests
 ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+# The ThreadSanitizer job: a TSan build of the torch-free library and its tests (thread
+# pool, the file engine's backends and async calls, atomic cache writes, the buffer pool,
+# the DICOM reader's parallel slice reads); a reported race fails the run.
+echo "== thread sanitizer job (TSan, build-tsan)"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMEDFAST_TSAN=ON -DMEDFAST_BUILD_TESTS=ON
+cmake --build build-tsan -j "$jobs" --target medfast_base_tests
+ctest --test-dir build-tsan --output-on-failure -j "$jobs"
