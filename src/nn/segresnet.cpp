@@ -1,4 +1,5 @@
 #include "medfast/nn/segresnet.hpp"
+#include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
 
@@ -167,6 +168,11 @@ torch::Tensor SegResNetImpl::forward(torch::Tensor x) {
     if (!up_layers_[i]->is_empty()) x = up_layers_[i]->forward(x);
   }
   return conv_final_->forward(x);
+}
+
+// The entry of network.cpp's table.
+NetworkSpec segresnet_network(ConfigReader& arguments, const std::string& where) {
+  return detail::network_spec<SegResNetOptions, SegResNet>(arguments, "SegResNet", where);
 }
 
 }  // namespace medfast::nn

@@ -1,4 +1,5 @@
 #include "medfast/nn/swin_unetr.hpp"
+#include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -556,6 +557,11 @@ torch::Tensor SwinUNETRImpl::forward(torch::Tensor x) {
   y = decoders_[3].forward(y, enc1);
   y = decoders_[4].forward(y, enc0);
   return out_.forward(y);
+}
+
+// The entry of network.cpp's table.
+NetworkSpec swin_unetr_network(ConfigReader& arguments, const std::string& where) {
+  return detail::network_spec<SwinUNETROptions, SwinUNETR>(arguments, "SwinUNETR", where);
 }
 
 }  // namespace medfast::nn

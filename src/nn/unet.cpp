@@ -1,4 +1,5 @@
 #include "medfast/nn/unet.hpp"
+#include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
 
@@ -142,6 +143,11 @@ std::int64_t count_parameters(const torch::nn::Module& module) {
     if (p.requires_grad()) n += p.numel();
   }
   return n;
+}
+
+// The entry of network.cpp's table.
+NetworkSpec unet_network(ConfigReader& arguments, const std::string& where) {
+  return detail::network_spec<UNetOptions, UNet>(arguments, "UNet", where);
 }
 
 }  // namespace medfast::nn

@@ -177,7 +177,10 @@ Model build_model(const RunConfig& c, c10::Device device) {
   return m;
 }
 
-std::int64_t out_channels(const nlohmann::json& model) { return model.value("out_channels", std::int64_t{2}); }
+/// The classes the model predicts: its out_channels, default included.
+std::int64_t out_channels(const RunConfig& c) {
+  return nn::parse_network(c.model, c.path + ": model").arguments.at("out_channels").get<std::int64_t>();
+}
 
 /// Per-class validation metrics over this rank's items, reduced across ranks.
 struct Validation {
@@ -191,7 +194,7 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
                     Collective* comm) {
   model.module->eval();
   torch::NoGradGuard no_grad;
-  const std::int64_t classes = out_channels(c.model);
+  const std::int64_t classes = out_channels(c);
   MeanMetric dice, hd;
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
@@ -481,7 +484,7 @@ class Run {
     const at::Tensor out =
         with_context(what, [&] { return model_.forward(at::zeros(shape, at::TensorOptions().device(device_))); });
     std::vector<std::int64_t> want = shape;
-    want[1] = out_channels(c_.model);
+    want[1] = out_channels(c_);
     if (out.sizes() != at::IntArrayRef(want)) {
       throw ValueError(str(what, ": it returns ", out.sizes(), ", not ", at::IntArrayRef(want),
                            " (choose a roi_size the network's strides divide)"));

@@ -4,7 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "medfast/core/error.hpp"
+#include "medfast/core/fields.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/segresnet.hpp"
 #include "medfast/nn/swin_unetr.hpp"
@@ -369,6 +374,47 @@ TEST(Networks, FactoryRejectsUnknownAndBadArguments) {
   EXPECT_NE(img.find("img_size"), std::string::npos) << img;
   EXPECT_NE(msg(R"({"name": "SegResNet", "upsample_mode": "pixelshuffle"})").find("upsample_mode"), std::string::npos);
   EXPECT_NE(msg(R"({"name": "SegResNet", "blocks_down": "many"})").find("blocks_down"), std::string::npos);
+}
+
+// One declaration per argument (fields()): what a model section is read into is
+// written back whole, defaults included, and reads back to the same arguments.
+template <typename Options>
+void expect_written_back_whole(const std::string& name) {
+  const NetworkSpec spec = parse_network({{"name", name}}, "model");
+  EXPECT_EQ(spec.name, name);
+  EXPECT_EQ(spec.arguments, fields_json(Options{})) << name << ": every argument, at its default";
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : spec.arguments.items()) keys.push_back(k);
+  auto declared = field_keys<Options>();
+  std::sort(declared.begin(), declared.end());
+  EXPECT_EQ(keys, declared) << name;
+  nlohmann::json again = spec.arguments;
+  again["name"] = name;
+  EXPECT_EQ(parse_network(again, "model").arguments, spec.arguments) << name << ": written back, read again";
+  for (const auto& row : field_docs<Options>()) {
+    EXPECT_FALSE(row.help.empty()) << name << "." << row.key << " has no help line";
+    EXPECT_EQ(nlohmann::json::parse(row.default_value), spec.arguments.at(row.key)) << name << "." << row.key;
+  }
+}
+
+TEST(Networks, ArgumentsAreWrittenBackWholeFromOneDeclaration) {
+  expect_written_back_whole<UNetOptions>("UNet");
+  expect_written_back_whole<SegResNetOptions>("SegResNet");
+  expect_written_back_whole<SwinUNETROptions>("SwinUNETR");
+  EXPECT_EQ(network_names(), (std::vector<std::string>{"UNet", "SegResNet", "SwinUNETR"}));
+  const NetworkSpec swin = parse_network(
+      nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 64, "norm_name": "BATCH", "out_channels": 3})"));
+  EXPECT_EQ(swin.arguments["img_size"], nlohmann::json::parse("[64, 64, 64]"));  // one number stands for three
+  EXPECT_EQ(swin.arguments["norm_name"], "batch");                               // names compare lowercase
+  EXPECT_EQ(swin.arguments["out_channels"], 3);
+  const NetworkSpec unet = parse_network(nlohmann::json::parse(R"({"name": "UNet", "norm": "Batch"})"));
+  EXPECT_EQ(unet.arguments["norm"], "batch");
+  EXPECT_EQ(count_parameters(*unet.build().ptr()), count_parameters(*make_network(nlohmann::json::parse(
+                                                                         R"({"name": "UNet", "norm": "batch"})"))
+                                                                         .ptr()));
+  const std::string unknown = value_error([] { parse_network(nlohmann::json::parse(R"({"name": "VNet"})"), "m"); });
+  EXPECT_NE(unknown.find("unknown network 'VNet' (expected UNet, SegResNet or SwinUNETR)"), std::string::npos)
+      << unknown;
 }
 
 }  // namespace

@@ -8,26 +8,69 @@
 ///   model: {name: SwinUNETR, img_size: [96, 96, 96], feature_size: 48, use_v2: false, ...}
 ///
 /// Argument names are MONAI's. Unknown names and arguments are errors.
+///
+/// A network is its own source file, holding its options (with fields(): one
+/// declaration per argument), its module and its entry function (one line:
+/// detail::network_spec<Options, Module>), and one line in network.cpp's table.
 #include <torch/nn/modules/container/any.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
-#include <variant>
+#include <string>
+#include <vector>
 
-#include "medfast/nn/segresnet.hpp"
-#include "medfast/nn/swin_unetr.hpp"
-#include "medfast/nn/unet.hpp"
+#include "medfast/core/config.hpp"
+#include "medfast/core/fields.hpp"
 
 namespace medfast::nn {
 
-using NetworkOptions = std::variant<UNetOptions, SegResNetOptions, SwinUNETROptions>;
+/// A `model` section read and checked, without building the network (cheap: a run
+/// config is checked whole before any data is prepared): the network's name, its
+/// arguments with every default filled in (what a config written back says), and how
+/// to build it.
+struct NetworkSpec {
+  std::string name;
+  nlohmann::json arguments;
+  std::function<torch::nn::AnyModule()> build;
+};
 
-/// The validated options a `model` section describes, without building the
-/// network (cheap: a run config is checked whole before any data is prepared).
-/// Throws ValueError naming the key, as make_network does.
-NetworkOptions parse_network(const nlohmann::json& spec, const std::string& where = "model");
+/// Reads a `model` section. Throws ConfigError naming the key (with `where`, e.g. the
+/// config file, in the message) for an unknown network or argument or a bad value.
+NetworkSpec parse_network(const nlohmann::json& spec, const std::string& where = "model");
 
-/// The network a `model` section describes. Throws ValueError naming the key
-/// (with `where`, e.g. the config file, in the message).
+/// The network a `model` section describes (parse_network, build, and the weights of
+/// `pretrained` if it names a file). Throws as parse_network does.
 torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where = "model");
+
+/// The network names parse_network knows, in the table's order.
+std::vector<std::string> network_names();
+
+namespace detail {
+
+/// Builds a module, prefixing its argument errors with where it was configured.
+template <typename F>
+auto construct(const std::string& where, F&& f) {
+  try {
+    return f();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const ValueError& e) {
+    throw ConfigError(str(where, ": ", e.what()));
+  }
+}
+
+/// What a network's entry in the table does with its arguments: reads Options' fields
+/// (fields()), refuses keys it does not declare, validates, and returns the spec that
+/// builds Module (a TORCH_MODULE holder taking Options).
+template <typename Options, typename Module>
+NetworkSpec network_spec(ConfigReader& arguments, const std::string& name, const std::string& where) {
+  Options o;
+  read_fields(arguments, o);
+  arguments.finish();
+  construct(where, [&] { o.validate(); });
+  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }};
+}
+
+}  // namespace detail
 
 }  // namespace medfast::nn

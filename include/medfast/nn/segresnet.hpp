@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "medfast/nn/unet.hpp"
+#include "medfast/core/fields.hpp"
 
 namespace medfast::nn {
 
@@ -38,6 +39,22 @@ struct SegResNetOptions {
 
   /// Throws ValueError naming the bad argument and its value.
   void validate() const;
+
+  static constexpr auto fields() {
+    using O = SegResNetOptions;
+    return std::make_tuple(
+        field("spatial_dims", &O::spatial_dims, "spatial dimensions (3)"),
+        field("init_filters", &O::init_filters, "channels of the first level"),
+        field("in_channels", &O::in_channels, "input channels"),
+        field("out_channels", &O::out_channels, "output channels (classes)"),
+        field("dropout_prob", &O::dropout_prob, "dropout after the first convolution (null or 0: none)"),
+        field("act", &O::act, "relu | leakyrelu").lowercase(),
+        field("norm", &O::norm, "group | batch | instance").lowercase(),
+        field("num_groups", &O::num_groups, "groups of the group norm"),
+        field("blocks_down", &O::blocks_down, "residual blocks per encoder level"),
+        field("blocks_up", &O::blocks_up, "residual blocks per decoder level"),
+        field("upsample_mode", &O::upsample_mode, "nontrainable (trilinear) | deconv").lowercase());
+  }
 };
 
 class SegResNetImpl : public torch::nn::Module {

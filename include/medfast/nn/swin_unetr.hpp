@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "medfast/nn/unet.hpp"
+#include "medfast/core/fields.hpp"
 
 namespace medfast::nn {
 
@@ -60,6 +61,26 @@ struct SwinUNETROptions {
 
   /// Throws ValueError naming the bad argument and its value.
   void validate() const;
+
+  static constexpr auto fields() {
+    using O = SwinUNETROptions;
+    return std::make_tuple(
+        field("img_size", &O::img_size, "the size the network is built for (each divisible by 32), or one number")
+            .repeats(3),
+        field("in_channels", &O::in_channels, "input channels"),
+        field("out_channels", &O::out_channels, "output channels (classes)"),
+        field("depths", &O::depths, "Swin blocks per stage"),
+        field("num_heads", &O::num_heads, "attention heads per stage"),
+        field("feature_size", &O::feature_size, "embedding size (divisible by 12)"),
+        field("norm_name", &O::norm_name, "instance | batch (decoder blocks)").lowercase(),
+        field("drop_rate", &O::drop_rate, "dropout"),
+        field("attn_drop_rate", &O::attn_drop_rate, "attention dropout"),
+        field("dropout_path_rate", &O::dropout_path_rate, "stochastic depth"),
+        field("normalize", &O::normalize, "layer-normalise the stage outputs"),
+        field("spatial_dims", &O::spatial_dims, "spatial dimensions (3)"),
+        field("downsample", &O::downsample, "merging | mergingv2").lowercase(),
+        field("use_v2", &O::use_v2, "SwinUNETR v2 (a residual convolution block per stage)"));
+  }
 };
 
 namespace detail {

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
+
 namespace medfast::nn {
 
 struct UNetOptions {
@@ -29,6 +31,21 @@ struct UNetOptions {
 
   /// Throws ValueError naming the bad argument (channels/strides lengths...).
   void validate() const;
+
+  static constexpr auto fields() {
+    using O = UNetOptions;
+    return std::make_tuple(
+        field("spatial_dims", &O::spatial_dims, "spatial dimensions (3)"),
+        field("in_channels", &O::in_channels, "input channels"),
+        field("out_channels", &O::out_channels, "output channels (classes, background included)"),
+        field("channels", &O::channels, "channels per level, top to bottom"),
+        field("strides", &O::strides, "downsampling stride after each level but the last"),
+        field("kernel_size", &O::kernel_size, "convolution kernel size"),
+        field("up_kernel_size", &O::up_kernel_size, "transposed-convolution kernel size"),
+        field("num_res_units", &O::num_res_units, "residual units per level (0: plain convolutions)"),
+        field("norm", &O::norm, "instance | batch | none").lowercase(),
+        field("dropout", &O::dropout, "dropout probability"));
+  }
 };
 
 /// A Sequential with a concrete forward, so that blocks can nest (libtorch's

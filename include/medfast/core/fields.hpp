@@ -1,0 +1,131 @@
+#pragma once
+/// \file
+/// One declaration per option: an options struct lists its fields once, with the key,
+/// the member it fills and a help line,
+///
+///   struct UNetOptions {
+///     std::int64_t in_channels = 1;
+///     std::string norm = "instance";
+///     static constexpr auto fields() {
+///       return std::make_tuple(field("in_channels", &UNetOptions::in_channels, "input channels"),
+///                              field("norm", &UNetOptions::norm, "instance | batch | none").lowercase());
+///     }
+///   };
+///
+/// and reading a mapping (read_fields: with ConfigReader's typed reads and messages),
+/// writing the options back with every default filled in (fields_json) and the key
+/// table of the docs (field_docs) all come from that list. Defaults stay where they
+/// are declared: the struct's member initialisers.
+#include <cctype>
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "medfast/core/config.hpp"
+
+namespace medfast {
+
+/// One field of the options struct T: its key, the member M it fills, a help line.
+template <typename T, typename M>
+struct Field {
+  const char* key;
+  M T::*member;
+  const char* help;
+  bool lower = false;  ///< text matched case-insensitively: stored lowercase
+  int repeat = 0;      ///< > 0: one number may stand for a list of `repeat` (MONAI's ensure_tuple_rep)
+
+  /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
+  constexpr Field lowercase() const {
+    Field f = *this;
+    f.lower = true;
+    return f;
+  }
+  /// A list that may also be given as one number, standing for `n` copies of it.
+  constexpr Field repeats(int n) const {
+    Field f = *this;
+    f.repeat = n;
+    return f;
+  }
+};
+
+template <typename T, typename M>
+constexpr Field<T, M> field(const char* key, M T::*member, const char* help) {
+  return Field<T, M>{key, member, help};
+}
+
+namespace detail {
+
+/// A list of numbers (what repeats() applies to).
+template <typename M>
+struct is_number_list : std::false_type {};
+template <typename V, typename A>
+struct is_number_list<std::vector<V, A>> : std::is_arithmetic<V> {};
+
+template <typename T, typename M>
+void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
+  M& value = options.*(f.member);
+  if constexpr (is_number_list<M>::value) {
+    if (f.repeat > 0 && r.has(f.key) && r.raw(f.key).is_number()) {
+      typename M::value_type one{};
+      r.read(f.key, one);
+      value.assign(static_cast<std::size_t>(f.repeat), one);
+      return;
+    }
+  }
+  r.read(f.key, value);
+  if constexpr (std::is_same_v<M, std::string>) {
+    if (f.lower) {
+      for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Fills every field of `options` that `r`'s mapping sets (absent keys keep their
+/// defaults); type errors name the key. The caller finishes `r` (unknown keys).
+template <typename T>
+void read_fields(ConfigReader& r, T& options) {
+  std::apply([&](const auto&... f) { (detail::read_field(r, options, f), ...); }, T::fields());
+}
+
+/// Every field of `options` as JSON, defaults included: what a config written back says.
+template <typename T>
+nlohmann::json fields_json(const T& options) {
+  nlohmann::json j = nlohmann::json::object();
+  std::apply([&](const auto&... f) { ((j[f.key] = options.*(f.member)), ...); }, T::fields());
+  return j;
+}
+
+/// A row of an options struct's key table: key, default (as JSON), help.
+struct FieldDoc {
+  std::string key;
+  std::string default_value;
+  std::string help;
+};
+
+/// The key table of T, in declaration order, defaults from a default-made T.
+template <typename T>
+std::vector<FieldDoc> field_docs() {
+  const T defaults{};
+  std::vector<FieldDoc> rows;
+  std::apply(
+      [&](const auto&... f) {
+        ((rows.push_back({f.key, nlohmann::json(defaults.*(f.member)).dump(), f.help})), ...);
+      },
+      T::fields());
+  return rows;
+}
+
+/// The keys T declares, in order.
+template <typename T>
+std::vector<std::string> field_keys() {
+  std::vector<std::string> keys;
+  std::apply([&](const auto&... f) { (keys.push_back(f.key), ...); }, T::fields());
+  return keys;
+}
+
+}  // namespace medfast

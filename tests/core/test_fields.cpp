@@ -1,0 +1,71 @@
+// One declaration per option (core/fields.hpp): reading, writing back, the key table.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "medfast/core/fields.hpp"
+#include "test_util.hpp"
+
+namespace medfast {
+namespace {
+
+struct ToyOptions {
+  std::int64_t size = 4;
+  double rate = 0.5;
+  std::string mode = "fast";
+  std::vector<std::int64_t> shape{8, 8, 8};
+  bool on = true;
+
+  static constexpr auto fields() {
+    return std::make_tuple(field("size", &ToyOptions::size, "how many"), field("rate", &ToyOptions::rate, "how fast"),
+                           field("mode", &ToyOptions::mode, "fast | slow").lowercase(),
+                           field("shape", &ToyOptions::shape, "a shape, or one number").repeats(3),
+                           field("on", &ToyOptions::on, "whether on"));
+  }
+};
+
+ToyOptions read(const std::string& text) {
+  ConfigReader r(nlohmann::json::parse(text), "toy");
+  ToyOptions o;
+  read_fields(r, o);
+  r.finish();
+  return o;
+}
+
+TEST(Fields, AbsentKeysKeepTheirDefaultsAndSetOnesAreTyped) {
+  const ToyOptions d = read("{}");
+  EXPECT_EQ(d.size, 4);
+  EXPECT_EQ(d.mode, "fast");
+  const ToyOptions o = read(R"({"size": 7, "rate": 2, "mode": "SLOW", "shape": 5, "on": false})");
+  EXPECT_EQ(o.size, 7);
+  EXPECT_EQ(o.rate, 2.0);
+  EXPECT_EQ(o.mode, "slow");
+  EXPECT_EQ(o.shape, (std::vector<std::int64_t>{5, 5, 5}));
+  EXPECT_FALSE(o.on);
+  EXPECT_EQ(read(R"({"shape": [1, 2, 3]})").shape, (std::vector<std::int64_t>{1, 2, 3}));
+}
+
+TEST(Fields, ErrorsNameTheKeyAndUnknownKeysListTheDeclaredOnes) {
+  EXPECT_VALUE_ERROR(read(R"({"size": "big"})"), "toy.size");
+  EXPECT_VALUE_ERROR(read(R"({"size": "big"})"), "expected a whole number");
+  EXPECT_VALUE_ERROR(read(R"({"sise": 3})"), "sise");
+  EXPECT_VALUE_ERROR(read(R"({"sise": 3})"), "size, rate, mode, shape, on");
+}
+
+TEST(Fields, WrittenBackWholeAndTheKeyTableComesFromTheSameList) {
+  const ToyOptions o = read(R"({"size": 9})");
+  const nlohmann::json j = fields_json(o);
+  EXPECT_EQ(j, nlohmann::json::parse(R"({"size": 9, "rate": 0.5, "mode": "fast", "shape": [8, 8, 8], "on": true})"));
+  EXPECT_EQ(fields_json(read(j.dump())), j);  // written back, read again
+  const auto rows = field_docs<ToyOptions>();
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(rows[0].key, "size");
+  EXPECT_EQ(rows[0].default_value, "4");
+  EXPECT_EQ(rows[3].default_value, "[8,8,8]");
+  EXPECT_EQ(rows[2].help, "fast | slow");
+  EXPECT_EQ(field_keys<ToyOptions>(), (std::vector<std::string>{"size", "rate", "mode", "shape", "on"}));
+}
+
+}  // namespace
+}  // namespace medfast
