@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "c10d_compat.hpp"
+#include "liveness.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/os/net.hpp"
@@ -24,20 +25,14 @@ namespace medfast::dist {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using detail::Clock;
+using detail::Heartbeat;
+using detail::Waiter;
+using detail::cause;
+using detail::guarded;
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(std::ceil(seconds * 1000.0)));
-}
-
-/// The first line of an exception's message (c10d's carry stack traces and
-/// multi-line transport details).
-std::string cause(const std::exception& e) {
-  std::string m = message_of(e);
-  const auto nl = m.find('\n');
-  if (nl != std::string::npos) m.resize(nl);
-  while (!m.empty() && (m.back() == ' ' || m.back() == '\r')) m.pop_back();
-  return m;
 }
 
 bool is_loopback(const std::string& addr) {
@@ -79,194 +74,6 @@ struct Staged {
     if (!buffer.is_same(target)) target.copy_(buffer);
   }
 };
-
-/// Liveness of the ranks, through the rendezvous store: each rank counts up its
-/// key medfast/heartbeat/<rank> every kBeat from a thread of its own, and a rank
-/// that fails with an error leaves the error under medfast/failed/<rank>. After a
-/// collective fails, diagnose() says which peers failed or stopped (their count
-/// no longer moves), so that the survivors' message names the rank that died
-/// rather than a socket that closed.
-class Heartbeat {
- public:
-  static constexpr std::chrono::milliseconds kBeat{500};
-
-  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, int world)
-      : store_(std::move(store)), rank_(rank), world_(world), thread_([this] { run(); }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
-  void announce_failure(const std::string& message) {
-    try {
-      const std::string m = message.substr(0, 2000);
-      store_->set(failed_key(rank_), std::vector<std::uint8_t>(m.begin(), m.end()));
-    } catch (const std::exception&) {
-      // best effort: the store may be gone too
-    }
-  }
-
-  /// How long a peer's count may stand still, and how many store errors in a row, before
-  /// a wait gives up on it: its verdict aborts the collective, so it leaves room for a
-  /// loaded machine (a slow beat thread, a store busy with other ranks).
-  static constexpr std::chrono::seconds kSilence{10};
-  static constexpr int kStoreFailures = 3;
-
-  /// For a wait on the host: a function that says, each time it is called, whether a
-  /// peer failed (its error) or stopped (its count has not moved for kSilence since the
-  /// first call, or the store failed kStoreFailures times in a row); "" while every peer
-  /// lives. Quick (no sleep), unlike diagnose().
-  std::function<std::string()> watch() {
-    struct Seen {
-      std::vector<std::int64_t> count;
-      std::vector<Clock::time_point> moved;
-      int store_failures = 0;
-    };
-    auto seen = std::make_shared<Seen>();
-    seen->count.assign(static_cast<std::size_t>(world_), -1);
-    seen->moved.assign(static_cast<std::size_t>(world_), Clock::now());
-    return [this, seen]() -> std::string {
-      const auto now = Clock::now();
-      try {
-        for (int r = 0; r < world_; ++r) {
-          if (r == rank_) continue;
-          if (std::string failed = failure_of(r); !failed.empty()) return failed;
-          const auto k = static_cast<std::size_t>(r);
-          const std::int64_t c = store_->add(beat_key(r), 0);
-          if (c != seen->count[k]) {
-            seen->count[k] = c;
-            seen->moved[k] = now;
-          } else if (now - seen->moved[k] > kSilence) {
-            return str("rank ", r, " stopped responding (no heartbeat for ",
-                       std::chrono::duration<double>(now - seen->moved[k]).count(), " s: it exited or hangs)");
-          }
-        }
-        seen->store_failures = 0;
-      } catch (const std::exception& e) {
-        if (++seen->store_failures >= kStoreFailures && rank_ != 0) {
-          return str("rank 0, which hosts the rendezvous store, is unreachable: it exited (", cause(e), ")");
-        }
-      }
-      return "";
-    };
-  }
-
-  /// "rank 1 failed: ...", "rank 2 stopped responding (...)"; empty if every peer is alive.
-  std::string diagnose() {
-    std::vector<std::string> found;
-    try {
-      std::vector<std::int64_t> before(static_cast<std::size_t>(world_), 0);
-      std::vector<bool> reported(static_cast<std::size_t>(world_), false);
-      for (int r = 0; r < world_; ++r) {
-        if (r == rank_) continue;
-        if (std::string failed = failure_of(r); !failed.empty()) {
-          found.push_back(std::move(failed));
-          reported[static_cast<std::size_t>(r)] = true;
-        }
-        before[static_cast<std::size_t>(r)] = store_->add(beat_key(r), 0);
-      }
-      std::this_thread::sleep_for(3 * kBeat);
-      for (int r = 0; r < world_; ++r) {
-        if (r == rank_ || reported[static_cast<std::size_t>(r)]) continue;
-        if (store_->add(beat_key(r), 0) == before[static_cast<std::size_t>(r)]) {
-          found.push_back(str("rank ", r, " stopped responding (no heartbeat for ",
-                              std::chrono::duration<double>(3 * kBeat).count(), " s: it exited or hangs)"));
-        }
-      }
-    } catch (const std::exception&) {
-      if (rank_ != 0) return "rank 0, which hosts the rendezvous store, is unreachable: it exited";
-      return "";
-    }
-    std::string out;
-    for (const auto& f : found) out += (out.empty() ? "" : "; ") + f;
-    return out;
-  }
-
- private:
-  static std::string beat_key(int r) { return str("medfast/heartbeat/", r); }
-  static std::string failed_key(int r) { return str("medfast/failed/", r); }
-  /// "rank r failed: <its error>" where rank r left one (announce_failure), else "".
-  std::string failure_of(int r) {
-    if (!store_->check({failed_key(r)})) return "";
-    const auto bytes = store_->get(failed_key(r));
-    return str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end()));
-  }
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!stop_) {
-      lock.unlock();
-      try {
-        store_->add(beat_key(rank_), 1);
-      } catch (const std::exception&) {
-        // the store's host is gone; diagnose() says so when a collective fails
-      }
-      lock.lock();
-      cv_.wait_for(lock, kBeat, [this] { return stop_; });
-    }
-  }
-
-  c10::intrusive_ptr<c10d::Store> store_;
-  int rank_, world_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-/// A collective that wait_until_complete gave up on: its message names the peer already.
-class CollectiveAbandoned : public Error {
- public:
-  using Error::Error;
-};
-
-/// Waits for c10d work on the host: wait() (Gloo blocks there and throws), then, while
-/// the work still runs (NCCL: its wait() only made the current stream wait), polls it
-/// with the peers' heartbeat and dist_timeout (detail::wait_until_complete), so that a
-/// rank that died stops the others with its name, not after NCCL's watchdog timeout.
-class Waiter {
- public:
-  Waiter(Heartbeat* heartbeat, std::chrono::milliseconds timeout, std::function<void()> abort)
-      : heartbeat_(heartbeat), timeout_(timeout), abort_(std::move(abort)) {}
-
-  void operator()(const c10::intrusive_ptr<c10d::Work>& work) const {
-    work->wait();
-    if (!work->isCompleted()) {
-      detail::CollectiveWait w;
-      w.what = "waiting on the host";
-      w.completed = [&work] { return work->isCompleted(); };
-      if (heartbeat_) w.dead_peers = heartbeat_->watch();
-      w.abort = abort_;
-      w.timeout = timeout_;
-      detail::wait_until_complete(w);
-    }
-    if (const std::exception_ptr e = work->exception()) std::rethrow_exception(e);
-  }
-
- private:
-  Heartbeat* heartbeat_;
-  std::chrono::milliseconds timeout_;
-  std::function<void()> abort_;
-};
-
-/// Runs f(); an error gains `what` as context and, unless it is a ValueError of
-/// medfast's own checks (or names the peer already), what the heartbeat says about the peers.
-template <typename F>
-void guarded(const std::string& what, Heartbeat* heartbeat, F&& f) {
-  try {
-    f();
-  } catch (const ValueError&) {
-    rethrow_with_context(what);
-  } catch (const CollectiveAbandoned&) {
-    rethrow_with_context(what);
-  } catch (...) {
-    const std::string peers = heartbeat ? heartbeat->diagnose() : "";
-    rethrow_with_context(peers.empty() ? what : str(what, " (", peers, ")"));
-  }
-}
 
 /// Parameters grouped into flat buffers on the backend's device, one collective
 /// each. A bucket's layout: [grad_0 | grad_1 | ... | grad_n-1 | had_0 ... had_n-1].
@@ -681,38 +488,6 @@ NcclHandle make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistOpt
 }  // namespace
 
 bool nccl_available() { return detail::kHaveNccl && at::hasCUDA(); }
-
-void detail::wait_until_complete(const CollectiveWait& w) {
-  constexpr auto kCheckPeers = std::chrono::milliseconds(500);
-  constexpr auto kLongestNap = std::chrono::microseconds(1000);
-  const auto start = Clock::now();
-  auto next_check = start + kCheckPeers;
-  auto nap = std::chrono::microseconds(20);
-  while (!w.completed()) {
-    const auto now = Clock::now();
-    std::string why;
-    if (w.dead_peers && now >= next_check) {
-      why = w.dead_peers();
-      next_check = now + kCheckPeers;
-    }
-    if (why.empty() && w.timeout.count() > 0 && now - start >= w.timeout) {
-      why = str("it did not complete within ", std::chrono::duration<double>(w.timeout).count(),
-                " s (dist_timeout), and every peer still beats: one of them may be stuck outside this collective");
-    }
-    if (!why.empty()) {
-      if (w.abort) {
-        try {
-          w.abort();
-        } catch (const std::exception& e) {
-          why += str("; aborting the collective failed too: ", cause(e));
-        }
-      }
-      throw CollectiveAbandoned(w.what.empty() ? why : str(w.what, ": ", why));
-    }
-    std::this_thread::sleep_for(nap);
-    nap = std::min(nap * 2, kLongestNap);
-  }
-}
 
 DistOptions DistOptions::from(const Settings& settings, const RankEnvironment& env) {
   DistOptions o;

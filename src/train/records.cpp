@@ -1,0 +1,87 @@
+// The trainer's records as JSON: stage times, one epoch's record (metrics.jsonl, the
+// checkpoint's history) and the run's result; NaN is written as null and read back.
+#include "medfast/train/trainer.hpp"
+
+#include <cmath>
+
+#include "detail.hpp"
+
+namespace medfast::train {
+
+using detail::nan_to_null;
+
+namespace {
+
+double null_to_nan(const nlohmann::json& j) { return j.is_number() ? j.get<double>() : std::nan(""); }
+
+}  // namespace
+
+nlohmann::json StageTimes::to_json() const {
+  return {{"data_wait", data_wait}, {"copy", copy}, {"forward", forward}, {"backward", backward},
+          {"optimizer", optimizer}, {"validation", validation}};
+}
+
+nlohmann::json EpochRecord::to_json() const {
+  nlohmann::json j{{"epoch", epoch}, {"steps", steps}, {"skipped_steps", skipped_steps}, {"loss", loss}, {"lr", lr},
+                   {"seconds", seconds}, {"elapsed", elapsed}, {"times", times.to_json()},
+                   {"process_seconds", process_seconds},
+                   {"samples", samples}, {"samples_per_second", samples_per_second},
+                   {"peak_rss_bytes", peak_rss_bytes}};
+  if (cuda_peak_allocated) j["cuda_peak_allocated_bytes"] = *cuda_peak_allocated;
+  if (cuda_peak_reserved) j["cuda_peak_reserved_bytes"] = *cuda_peak_reserved;
+  if (!gpu.is_null()) j["gpu"] = gpu;
+  if (dice) {
+    j["dice"] = nan_to_null(*dice);
+    nlohmann::json per = nlohmann::json::array();
+    for (double d : dice_per_class) per.push_back(nan_to_null(d));
+    j["dice_per_class"] = per;
+  }
+  if (hd95) j["hd95"] = nan_to_null(*hd95);
+  if (nonfinite_validation_cases > 0) j["nonfinite_validation_cases"] = nonfinite_validation_cases;
+  return j;
+}
+
+EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
+  EpochRecord r;
+  r.epoch = j.at("epoch");
+  r.steps = j.at("steps");
+  r.skipped_steps = j.value("skipped_steps", 0);
+  r.loss = j.at("loss");
+  r.lr = j.at("lr");
+  r.seconds = j.at("seconds");
+  r.elapsed = j.at("elapsed");
+  r.process_seconds = j.value("process_seconds", -1.0);
+  // Absent in checkpoints written before these were recorded.
+  r.samples = j.value("samples", std::int64_t{0});
+  r.samples_per_second = j.value("samples_per_second", 0.0);
+  r.peak_rss_bytes = j.value("peak_rss_bytes", std::uint64_t{0});
+  if (j.contains("cuda_peak_allocated_bytes")) r.cuda_peak_allocated = j["cuda_peak_allocated_bytes"].get<std::uint64_t>();
+  if (j.contains("cuda_peak_reserved_bytes")) r.cuda_peak_reserved = j["cuda_peak_reserved_bytes"].get<std::uint64_t>();
+  if (j.contains("gpu")) r.gpu = j["gpu"];
+  if (j.contains("dice")) {
+    r.dice = null_to_nan(j["dice"]);
+    for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
+  }
+  if (j.contains("hd95")) r.hd95 = null_to_nan(j["hd95"]);
+  r.nonfinite_validation_cases = j.value("nonfinite_validation_cases", std::int64_t{0});
+  const auto& t = j.at("times");
+  r.times.data_wait = t.at("data_wait");
+  r.times.copy = t.at("copy");
+  r.times.forward = t.at("forward");
+  r.times.backward = t.at("backward");
+  r.times.optimizer = t.at("optimizer");
+  r.times.validation = t.at("validation");
+  return r;
+}
+
+nlohmann::json TrainResult::to_json() const {
+  nlohmann::json h = nlohmann::json::array();
+  for (const auto& e : history) h.push_back(e.to_json());
+  nlohmann::json j{{"run_dir", run_dir},       {"epochs", history.size()}, {"best_dice", nan_to_null(best_dice)},
+                   {"best_epoch", best_epoch}, {"reached_target", reached_target},
+                   {"seconds", seconds},       {"prepare_seconds", prepare_seconds}, {"history", h}};
+  j["time_to_target"] = time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr);
+  return j;
+}
+
+}  // namespace medfast::train
