@@ -11,7 +11,6 @@ namespace medfast {
 
 namespace {
 
-using Mat3 = std::array<std::array<double, 3>, 3>;
 
 Mat3 mul(const Mat3& a, const Mat3& b) {
   Mat3 r{};
@@ -81,13 +80,6 @@ Mat3 polar_orthogonal(const Mat3& a) {
     for (int row = 0; row < 3; ++row)
       for (int col = 0; col < 3; ++col) r[row][col] += ui[row] * vi[col];
   }
-  return r;
-}
-
-Mat3 upper3(const Affine& a) {
-  Mat3 r{};
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) r[i][j] = a(i, j);
   return r;
 }
 
@@ -165,7 +157,7 @@ std::string Affine::to_string(int precision) const {
 }
 
 std::array<AxisOrientation, 3> io_orientation(const Affine& affine) {
-  Mat3 rzs = upper3(affine);
+  Mat3 rzs = affine.linear();
   for (int c = 0; c < 3; ++c) {
     double z = std::sqrt(rzs[0][c] * rzs[0][c] + rzs[1][c] * rzs[1][c] + rzs[2][c] * rzs[2][c]);
     if (z == 0) z = 1;
@@ -201,7 +193,7 @@ std::string axcodes(const Affine& affine) {
 
 QForm affine_to_qform(const Affine& affine) {
   QForm q;
-  Mat3 m = upper3(affine);
+  Mat3 m = affine.linear();
   for (int c = 0; c < 3; ++c) {
     double z = std::sqrt(m[0][c] * m[0][c] + m[1][c] * m[1][c] + m[2][c] * m[2][c]);
     q.pixdim[c] = z;

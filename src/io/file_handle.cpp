@@ -63,30 +63,25 @@ IoOptions& IoOptions::set_backend(const std::string& v) {
   backend = v;
   return *this;
 }
-IoOptions& IoOptions::set_block_size(std::uint64_t v) {
-  IoOptions next = *this;
-  next.block_size = v;
+namespace {
+
+/// Sets one field if the options stay valid (validate() names the field and the value);
+/// leaves them as they were otherwise.
+template <typename M>
+IoOptions& set_checked(IoOptions& options, M IoOptions::*member, M value) {
+  IoOptions next = options;
+  next.*member = value;
   next.validate();
-  block_size = v;
-  return *this;
+  options = std::move(next);
+  return options;
 }
-IoOptions& IoOptions::set_queue_depth(int v) {
-  if (v < 1) throw ValueError(str("IoOptions: queue_depth ", v, " must be at least 1"));
-  queue_depth = v;
-  return *this;
-}
-IoOptions& IoOptions::set_threads(int v) {
-  if (v < 1) throw ValueError(str("IoOptions: threads ", v, " must be at least 1"));
-  threads = v;
-  return *this;
-}
-IoOptions& IoOptions::set_alignment(std::uint64_t v) {
-  IoOptions next = *this;
-  next.alignment = v;
-  next.validate();
-  alignment = v;
-  return *this;
-}
+
+}  // namespace
+
+IoOptions& IoOptions::set_block_size(std::uint64_t v) { return set_checked(*this, &IoOptions::block_size, v); }
+IoOptions& IoOptions::set_queue_depth(int v) { return set_checked(*this, &IoOptions::queue_depth, v); }
+IoOptions& IoOptions::set_threads(int v) { return set_checked(*this, &IoOptions::threads, v); }
+IoOptions& IoOptions::set_alignment(std::uint64_t v) { return set_checked(*this, &IoOptions::alignment, v); }
 
 void IoOptions::validate() const {
   if (alignment != 512 && alignment != 1024 && alignment != 2048 && alignment != 4096) {

@@ -138,16 +138,19 @@ void bounce_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
   }
 }
 
-std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
+/// cuFileRead / cuFileWrite of a whole tensor, continued after short transfers: the bytes
+/// moved (a read stops at end of file; a write that moves nothing is an error).
+std::size_t cufile_transfer(FileHandle& f, const at::Tensor& t, std::uint64_t offset, bool write) {
   const shim::CuFileApi* api = shim::cufile();
-  const std::size_t total = tensor_bytes(dst);
+  const std::size_t total = tensor_bytes(t);
   std::size_t pos = 0;
   while (pos < total) {
-    const ssize_t n = api->read(f.cufile_handle(), dst.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
-                                static_cast<off_t>(pos));
-    if (n < 0) {
-      throw OsError(str("cuFileRead of ", total, " bytes at offset ", offset, " from ", f.path(), " failed at offset ",
-                        offset + pos, " (", n, ")"),
+    const auto at = static_cast<off_t>(offset + pos);
+    const ssize_t n = write ? api->write(f.cufile_handle(), t.data_ptr(), total - pos, at, static_cast<off_t>(pos))
+                            : api->read(f.cufile_handle(), t.data_ptr(), total - pos, at, static_cast<off_t>(pos));
+    if (n < 0 || (write && n == 0)) {
+      throw OsError(str(write ? "cuFileWrite of " : "cuFileRead of ", total, " bytes at offset ", offset,
+                        write ? " to " : " from ", f.path(), " failed at offset ", offset + pos, " (", n, ")"),
                     EIO);
     }
     if (n == 0) break;
@@ -156,20 +159,12 @@ std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offs
   return pos;
 }
 
+std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
+  return cufile_transfer(f, dst, offset, /*write=*/false);
+}
+
 void cufile_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
-  const shim::CuFileApi* api = shim::cufile();
-  const std::size_t total = tensor_bytes(src);
-  std::size_t pos = 0;
-  while (pos < total) {
-    const ssize_t n = api->write(f.cufile_handle(), src.data_ptr(), total - pos, static_cast<off_t>(offset + pos),
-                                 static_cast<off_t>(pos));
-    if (n <= 0) {
-      throw OsError(str("cuFileWrite of ", total, " bytes at offset ", offset, " to ", f.path(), " failed at offset ",
-                        offset + pos, " (", n, ")"),
-                    EIO);
-    }
-    pos += static_cast<std::size_t>(n);
-  }
+  cufile_transfer(f, src, offset, /*write=*/true);
 }
 
 }  // namespace

@@ -184,38 +184,43 @@ std::size_t File::read_at(void* buffer, std::size_t size, std::uint64_t offset) 
   });
 }
 
-std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
+namespace {
+
+/// One pread/pwrite (`call(chunk)`) of at most 1 GiB, through the fault hook, EINTR
+/// retried; the bytes moved (a hook may cut them short).
+template <typename Call>
+std::size_t transfer_once(Op op, const std::string& path, std::size_t size, std::uint64_t offset, Call call) {
+  const auto fail = [&](int err) {
+    throw_os(op == Op::read ? str("read of ", size, " bytes at offset ", offset, " from ", path, " failed")
+                            : str("write of ", size, " bytes at offset ", offset, " to ", path, " failed"),
+             err);
+  };
   for (;;) {
     const std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
     std::size_t limit = chunk;
-    if (int err = consult_hook(Op::read, path_, offset, limit)) {
+    if (int err = consult_hook(op, path, offset, limit)) {
       if (err == EINTR) continue;
-      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), err);
+      fail(err);
     }
-    const ssize_t n = ::pread(fd_, buffer, chunk, static_cast<off_t>(offset));
+    const ssize_t n = call(chunk);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_os(str("read of ", size, " bytes at offset ", offset, " from ", path_, " failed"), errno);
+      fail(errno);
     }
     return std::min(static_cast<std::size_t>(n), limit);
   }
 }
 
+}  // namespace
+
+std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
+  return transfer_once(Op::read, path_, size, offset,
+                       [&](std::size_t chunk) { return ::pread(fd_, buffer, chunk, static_cast<off_t>(offset)); });
+}
+
 std::size_t File::write_once(const void* buffer, std::size_t size, std::uint64_t offset) {
-  for (;;) {
-    const std::size_t chunk = std::min<std::size_t>(size, 0x40000000);
-    std::size_t limit = chunk;
-    if (int err = consult_hook(Op::write, path_, offset, limit)) {
-      if (err == EINTR) continue;
-      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), err);
-    }
-    const ssize_t n = ::pwrite(fd_, buffer, chunk, static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_os(str("write of ", size, " bytes at offset ", offset, " to ", path_, " failed"), errno);
-    }
-    return std::min(static_cast<std::size_t>(n), limit);
-  }
+  return transfer_once(Op::write, path_, size, offset,
+                       [&](std::size_t chunk) { return ::pwrite(fd_, buffer, chunk, static_cast<off_t>(offset)); });
 }
 
 void File::drop_cache() {

@@ -354,6 +354,17 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::
 
 // ---------------------------------------------------------------------------
 
+namespace {
+
+/// Adam and AdamW: the same arguments, another update.
+template <typename Optimizer, typename Options>
+std::unique_ptr<torch::optim::Optimizer> adam_family(std::vector<at::Tensor> params, const OptimizerOptions& o) {
+  return std::make_unique<Optimizer>(
+      std::move(params), Options(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay).amsgrad(o.amsgrad));
+}
+
+}  // namespace
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
                                                         const OptimizerOptions& options) {
   options.validate();
@@ -364,22 +375,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> 
         torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening).weight_decay(o.weight_decay).nesterov(
             o.nesterov));
   }
-  if (o.name == "Adam") {
-    return std::make_unique<torch::optim::Adam>(
-        std::move(params), torch::optim::AdamOptions(o.lr)
-                               .betas({o.beta1, o.beta2})
-                               .eps(o.eps)
-                               .weight_decay(o.weight_decay)
-                               .amsgrad(o.amsgrad));
-  }
-  if (o.name == "AdamW") {
-    return std::make_unique<torch::optim::AdamW>(
-        std::move(params), torch::optim::AdamWOptions(o.lr)
-                               .betas({o.beta1, o.beta2})
-                               .eps(o.eps)
-                               .weight_decay(o.weight_decay)
-                               .amsgrad(o.amsgrad));
-  }
+  if (o.name == "Adam") return adam_family<torch::optim::Adam, torch::optim::AdamOptions>(std::move(params), o);
+  if (o.name == "AdamW") return adam_family<torch::optim::AdamW, torch::optim::AdamWOptions>(std::move(params), o);
   return std::make_unique<Novograd>(std::move(params), NovogradOptions(o.lr)
                                                             .betas({o.beta1, o.beta2})
                                                             .eps(o.eps)

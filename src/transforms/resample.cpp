@@ -37,15 +37,6 @@ namespace medfast::transforms {
 
 namespace {
 
-using Mat3 = std::array<std::array<double, 3>, 3>;
-
-Mat3 upper3(const Affine& a) {
-  Mat3 m{};
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) m[i][j] = a(i, j);
-  return m;
-}
-
 // Upper-triangular U with U^T U = S (S symmetric positive definite).
 Mat3 cholesky_upper(const Mat3& s) {
   Mat3 l{};  // lower: S = L L^T, then U = L^T
@@ -115,7 +106,7 @@ constexpr double kHugeExtent = 1e15;  // voxels per axis; far above any memory
 
 Geometry spacing_geometry(const Shape3& shape, const Affine& affine, const std::array<double, 3>& pixdim) {
   // zoom_affine(affine, pixdim, diagonal=False): keep the rotation, set the scales.
-  const Mat3 rzs = upper3(affine);
+  const Mat3 rzs = affine.linear();
   Mat3 sym{};
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j)

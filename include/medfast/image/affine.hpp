@@ -8,6 +8,9 @@
 
 namespace medfast {
 
+/// A 3x3 matrix of doubles, row-major: m[r][c].
+using Mat3 = std::array<std::array<double, 3>, 3>;
+
 /// Row-major 4x4 matrix of doubles; m[r][c].
 struct Affine {
   std::array<std::array<double, 4>, 4> m{{{1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}}};
@@ -19,6 +22,13 @@ struct Affine {
   bool operator==(const Affine& o) const { return m == o.m; }
   /// Inverse; throws ValueError if singular.
   Affine inverse() const;
+  /// The upper-left 3x3 block: rotations, zooms and shears, without the translation.
+  Mat3 linear() const {
+    Mat3 r{};
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) r[i][j] = m[i][j];
+    return r;
+  }
   /// Lengths of the first three columns: the voxel spacing in mm.
   std::array<double, 3> spacing() const;
   /// Largest absolute element difference.
