@@ -193,4 +193,19 @@ class FgBgToIndices final : public Transform {
 
 TransformPtr make_fg_bg_to_indices(const FgBgToIndicesOptions& o) { return std::make_shared<FgBgToIndices>(o); }
 
+// The entry of the transform table (registry.cpp).
+namespace registry {
+
+TransformPtr fg_bg_to_indices(Args& a, const nlohmann::json&) {
+  FgBgToIndicesOptions o;
+  o.keys = a.keys();
+  o.image_key = a.text("image_key", "");
+  o.image_threshold = a.number("image_threshold", 0);
+  o.fg_postfix = a.text("fg_postfix", "_fg_indices");
+  o.bg_postfix = a.text("bg_postfix", "_bg_indices");
+  return make_fg_bg_to_indices(o);
+}
+
+}  // namespace registry
+
 }  // namespace medfast::transforms

@@ -249,7 +249,7 @@ TransformPtr make_load_image(const LoadImageOptions& o) { return std::make_share
 TransformPtr make_to_device(const ToDeviceOptions& o) { return std::make_shared<ToDevice>(o, "ToDevice"); }
 
 // ---------------------------------------------------------------------------
-// The registry: MONAI names and arguments.
+// Entries of the transform table (registry.cpp): MONAI's arguments read into options.
 // ---------------------------------------------------------------------------
 
 namespace {
@@ -264,101 +264,67 @@ dicom::LabelDict parse_label_dict(Args& a, const nlohmann::json& j) {
   }
 }
 
-std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }
-std::array<std::int64_t, 3> three(const std::vector<std::int64_t>& v) { return {v[0], v[1], v[2]}; }
+/// ToDevice's and EnsureType's arguments (EnsureType's data_type is always a tensor here).
+ToDeviceOptions to_device_options(Args& a) {
+  ToDeviceOptions o;
+  o.keys = a.keys();
+  o.device = a.text("device", "cpu");
+  return o;
+}
 
 }  // namespace
 
-std::vector<std::string> names() {
-  return {"LoadImage", "EnsureChannelFirst", "Orientation", "Spacing", "ScaleIntensityRange", "NormalizeIntensity",
-          "CropForeground", "FgBgToIndices", "ResizeWithPadOrCrop", "CastToType", "EnsureType", "ToDevice"};
+
+namespace registry {
+
+TransformPtr load_image(Args& a, const nlohmann::json& json) {
+  LoadImageOptions o;
+  o.keys = a.keys();
+  if (a.has("dtype") && json["dtype"].is_null()) {
+    o.dtype.assign(o.keys.size(), "");
+    a.text("dtype", "");
+  } else {
+    o.dtype = a.per_key("dtype", "float32", o.keys.size());
+  }
+  a.flag("image_only", true);  // medfast always keeps the geometry with the image
+  if (a.has("label_dict")) o.label_dict = parse_label_dict(a, a.raw("label_dict"));
+  return make_load_image(o);
 }
 
-TransformPtr make(const std::string& name, const nlohmann::json& json) {
-  Args a(name, json);
-  TransformPtr t;
-  if (name == "LoadImage") {
-    LoadImageOptions o;
-    o.keys = a.keys();
-    if (a.has("dtype") && json["dtype"].is_null()) {
-      o.dtype.assign(o.keys.size(), "");
-      a.text("dtype", "");
-    } else {
-      o.dtype = a.per_key("dtype", "float32", o.keys.size());
-    }
-    a.flag("image_only", true);  // medfast always keeps the geometry with the image
-    if (a.has("label_dict")) o.label_dict = parse_label_dict(a, a.raw("label_dict"));
-    t = make_load_image(o);
-  } else if (name == "EnsureChannelFirst") {
-    t = make_ensure_channel_first({a.keys()});
-  } else if (name == "Orientation") {
-    OrientationOptions o;
-    o.keys = a.keys();
-    o.axcodes = a.text("axcodes", "RAS");
-    t = make_orientation(o);
-  } else if (name == "Spacing") {
-    SpacingOptions o;
-    o.keys = a.keys();
-    o.pixdim = three(a.numbers("pixdim", 3));
-    o.mode = a.per_key("mode", "bilinear", o.keys.size());
-    t = make_spacing(o);
-  } else if (name == "ScaleIntensityRange") {
-    ScaleIntensityRangeOptions o;
-    o.keys = a.keys();
-    o.a_min = a.number("a_min", 0);
-    o.a_max = a.number("a_max", 1);
-    o.b_min = a.number("b_min", 0);
-    o.b_max = a.number("b_max", 1);
-    o.clip = a.flag("clip", false);
-    t = make_scale_intensity_range(o);
-  } else if (name == "NormalizeIntensity") {
-    NormalizeIntensityOptions o;
-    o.keys = a.keys();
-    o.nonzero = a.flag("nonzero", false);
-    o.channel_wise = a.flag("channel_wise", false);
-    t = make_normalize_intensity(o);
-  } else if (name == "CropForeground") {
-    CropForegroundOptions o;
-    o.keys = a.keys();
-    o.source_key = a.text("source_key", "");
-    o.threshold = a.number("threshold", 0);
-    o.margin = three(a.integers("margin", 3, {0, 0, 0}));
-    o.allow_smaller = a.flag("allow_smaller", true);
-    o.k_divisible = three(a.integers("k_divisible", 3, {1, 1, 1}));
-    t = make_crop_foreground(o);
-  } else if (name == "FgBgToIndices") {
-    FgBgToIndicesOptions o;
-    o.keys = a.keys();
-    o.image_key = a.text("image_key", "");
-    o.image_threshold = a.number("image_threshold", 0);
-    o.fg_postfix = a.text("fg_postfix", "_fg_indices");
-    o.bg_postfix = a.text("bg_postfix", "_bg_indices");
-    t = make_fg_bg_to_indices(o);
-  } else if (name == "ResizeWithPadOrCrop") {
-    ResizeWithPadOrCropOptions o;
-    o.keys = a.keys();
-    o.spatial_size = three(a.integers("spatial_size", 3));
-    o.value = a.number("value", 0);
-    a.text("mode", "constant");
-    t = make_resize_with_pad_or_crop(o);
-  } else if (name == "CastToType") {
-    CastToTypeOptions o;
-    o.keys = a.keys();
-    o.dtype = a.per_key("dtype", "float32", o.keys.size());
-    t = make_cast_to_type(o);
-  } else if (name == "EnsureType" || name == "ToDevice") {
-    ToDeviceOptions o;
-    o.keys = a.keys();
-    o.device = a.text("device", "cpu");
-    if (name == "EnsureType") a.text("data_type", "tensor");
-    t = std::make_shared<ToDevice>(o, name);
-  } else {
-    std::string known;
-    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
-    throw ValueError(str("unknown transform '", name, "' (known: ", known, ")"));
-  }
-  a.finish();
-  return t;
+TransformPtr scale_intensity_range(Args& a, const nlohmann::json&) {
+  ScaleIntensityRangeOptions o;
+  o.keys = a.keys();
+  o.a_min = a.number("a_min", 0);
+  o.a_max = a.number("a_max", 1);
+  o.b_min = a.number("b_min", 0);
+  o.b_max = a.number("b_max", 1);
+  o.clip = a.flag("clip", false);
+  return make_scale_intensity_range(o);
 }
+
+TransformPtr normalize_intensity(Args& a, const nlohmann::json&) {
+  NormalizeIntensityOptions o;
+  o.keys = a.keys();
+  o.nonzero = a.flag("nonzero", false);
+  o.channel_wise = a.flag("channel_wise", false);
+  return make_normalize_intensity(o);
+}
+
+TransformPtr cast_to_type(Args& a, const nlohmann::json&) {
+  CastToTypeOptions o;
+  o.keys = a.keys();
+  o.dtype = a.per_key("dtype", "float32", o.keys.size());
+  return make_cast_to_type(o);
+}
+
+TransformPtr to_device(Args& a, const nlohmann::json&) { return std::make_shared<ToDevice>(to_device_options(a), "ToDevice"); }
+
+TransformPtr ensure_type(Args& a, const nlohmann::json&) {
+  ToDeviceOptions o = to_device_options(a);
+  a.text("data_type", "tensor");
+  return std::make_shared<ToDevice>(o, "EnsureType");
+}
+
+}  // namespace registry
 
 }  // namespace medfast::transforms

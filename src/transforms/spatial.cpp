@@ -431,4 +431,58 @@ TransformPtr make_resize_with_pad_or_crop(const ResizeWithPadOrCropOptions& o) {
   return std::make_shared<ResizeWithPadOrCrop>(o);
 }
 
+// ---------------------------------------------------------------------------
+// Entries of the transform table (registry.cpp): MONAI's arguments read into options.
+// ---------------------------------------------------------------------------
+
+namespace {
+
+std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }
+std::array<std::int64_t, 3> three(const std::vector<std::int64_t>& v) { return {v[0], v[1], v[2]}; }
+
+}  // namespace
+
+namespace registry {
+
+TransformPtr ensure_channel_first(Args& a, const nlohmann::json&) {
+  return make_ensure_channel_first({a.keys()});
+}
+
+TransformPtr orientation(Args& a, const nlohmann::json&) {
+  OrientationOptions o;
+  o.keys = a.keys();
+  o.axcodes = a.text("axcodes", "RAS");
+  return make_orientation(o);
+}
+
+TransformPtr spacing(Args& a, const nlohmann::json&) {
+  SpacingOptions o;
+  o.keys = a.keys();
+  o.pixdim = three(a.numbers("pixdim", 3));
+  o.mode = a.per_key("mode", "bilinear", o.keys.size());
+  return make_spacing(o);
+}
+
+TransformPtr crop_foreground(Args& a, const nlohmann::json&) {
+  CropForegroundOptions o;
+  o.keys = a.keys();
+  o.source_key = a.text("source_key", "");
+  o.threshold = a.number("threshold", 0);
+  o.margin = three(a.integers("margin", 3, {0, 0, 0}));
+  o.allow_smaller = a.flag("allow_smaller", true);
+  o.k_divisible = three(a.integers("k_divisible", 3, {1, 1, 1}));
+  return make_crop_foreground(o);
+}
+
+TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
+  ResizeWithPadOrCropOptions o;
+  o.keys = a.keys();
+  o.spatial_size = three(a.integers("spatial_size", 3));
+  o.value = a.number("value", 0);
+  a.text("mode", "constant");
+  return make_resize_with_pad_or_crop(o);
+}
+
+}  // namespace registry
+
 }  // namespace medfast::transforms
