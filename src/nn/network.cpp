@@ -4,48 +4,37 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/core/registry.hpp"
 #include "medfast/nn/pretrained.hpp"
 
 namespace medfast::nn {
 
-// The networks, each defined in its own file (unet.cpp, segresnet.cpp, swin_unetr.cpp).
-// A new network: its file, its entry function declared here and one row in the table.
-NetworkSpec unet_network(ConfigReader& arguments, const std::string& where);
-NetworkSpec segresnet_network(ConfigReader& arguments, const std::string& where);
-NetworkSpec swin_unetr_network(ConfigReader& arguments, const std::string& where);
+// Name, entry (defined in the network's file: one line, detail::network_spec<Options, Module>).
+// A new network: its file and one row here.
+#define MEDFAST_NETWORKS(X)                  \
+  X("UNet", unet_network)           /* unet.cpp */ \
+  X("SegResNet", segresnet_network) /* segresnet.cpp */ \
+  X("SwinUNETR", swin_unetr_network) /* swin_unetr.cpp */
+
+#define MEDFAST_NETWORK_ENTRY(name, entry) NetworkSpec entry(ConfigReader& arguments, const std::string& where);
+MEDFAST_NETWORKS(MEDFAST_NETWORK_ENTRY)
+#undef MEDFAST_NETWORK_ENTRY
 
 namespace {
 
-struct NetworkEntry {
-  const char* name;
-  NetworkSpec (*read)(ConfigReader& arguments, const std::string& where);
+constexpr Registered<NetworkSpec (*)(ConfigReader&, const std::string&)> kNetworks[] = {
+#define MEDFAST_NETWORK_ROW(name, entry) {name, &entry},
+    MEDFAST_NETWORKS(MEDFAST_NETWORK_ROW)
+#undef MEDFAST_NETWORK_ROW
 };
-
-constexpr NetworkEntry kNetworks[] = {
-    {"UNet", &unet_network},
-    {"SegResNet", &segresnet_network},
-    {"SwinUNETR", &swin_unetr_network},
-};
-
-/// "UNet, SegResNet or SwinUNETR"
-std::string names_text() {
-  std::string out;
-  const std::size_t n = std::size(kNetworks);
-  for (std::size_t i = 0; i < n; ++i) out += str(i == 0 ? "" : i + 1 == n ? " or " : ", ", kNetworks[i].name);
-  return out;
-}
 
 }  // namespace
 
-std::vector<std::string> network_names() {
-  std::vector<std::string> names;
-  for (const auto& e : kNetworks) names.push_back(e.name);
-  return names;
-}
+std::vector<std::string> network_names() { return registered_names(kNetworks); }
 
 NetworkSpec parse_network(const nlohmann::json& spec, const std::string& where) {
   if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
-    throw ConfigError(str(where, ": expected a mapping with a 'name' (", names_text(), ")"));
+    throw ConfigError(str(where, ": expected a mapping with a 'name' (", registered_text(kNetworks, " or "), ")"));
   }
   const std::string name = spec["name"];
   ConfigReader a(spec, where, ConfigReader::Naming{ConfigReader::Style::argument, "argument", name});
@@ -55,10 +44,8 @@ NetworkSpec parse_network(const nlohmann::json& spec, const std::string& where) 
                           spec["pretrained"].dump()));
   }
   a.known("pretrained");
-  for (const auto& e : kNetworks) {
-    if (name == e.name) return e.read(a, where);
-  }
-  throw ConfigError(str(where, ".name: unknown network '", name, "' (expected ", names_text(), ")"));
+  if (const auto* row = find_registered(kNetworks, name)) return row->make(a, where);
+  throw ConfigError(str(where, ".name: unknown network '", name, "' (expected ", registered_text(kNetworks, " or "), ")"));
 }
 
 torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where) {
@@ -73,3 +60,5 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
 }
 
 }  // namespace medfast::nn
+
+#undef MEDFAST_NETWORKS
