@@ -1,5 +1,5 @@
 // RandRotate, RandZoom and RandAffine: AffineSpec, RandAffineFamily (composed into the
-// spatial plan), affine_spec (their arguments) and their factory (random_families.hpp).
+// spatial plan), affine_spec (their arguments) and their entries in the random table.
 #include "medfast/transforms/random.hpp"
 
 #include <cmath>
@@ -138,12 +138,19 @@ AffineSpec affine_spec(const std::string& name, Args& a, const nlohmann::json& j
   return sp;
 }
 
-namespace detail {
+// Entries of the random transform table (random_registry.cpp).
+namespace registry {
 
-RandomTransformPtr make_rand_affine_family(const std::string& name, Args& a, const nlohmann::json& json) {
-  return std::make_shared<RandAffineFamily>(affine_spec(name, a, json));
+RandomTransformPtr rand_rotate(Args& a, const nlohmann::json& json) {
+  return std::make_shared<RandAffineFamily>(affine_spec("RandRotate", a, json));
+}
+RandomTransformPtr rand_zoom(Args& a, const nlohmann::json& json) {
+  return std::make_shared<RandAffineFamily>(affine_spec("RandZoom", a, json));
+}
+RandomTransformPtr rand_affine(Args& a, const nlohmann::json& json) {
+  return std::make_shared<RandAffineFamily>(affine_spec("RandAffine", a, json));
 }
 
-}  // namespace detail
+}  // namespace registry
 
 }  // namespace medfast::transforms

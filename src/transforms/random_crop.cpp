@@ -1,5 +1,5 @@
 // The index-space random transforms: RandCropByPosNegLabel, RandSpatialCrop, RandFlip and
-// RandRotate90, and their factories (random_families.hpp).
+// RandRotate90, with their entries in the random table (random_registry.cpp).
 #include "medfast/transforms/random.hpp"
 
 #include <ATen/ATen.h>
@@ -14,7 +14,16 @@ namespace medfast::transforms {
 
 namespace {
 
-using detail::CropSpec;
+struct CropSpec {
+  std::vector<std::string> keys;
+  std::string label_key;
+  Shape3 spatial_size{};
+  double pos = 1, neg = 1;
+  std::size_t num_samples = 1;
+  std::string fg_indices_key, bg_indices_key;
+  bool allow_smaller = false;
+};
+
 using detail::require;
 
 class RandCropByPosNegLabel final : public RandomTransform {
@@ -191,25 +200,53 @@ class RandRotate90 final : public RandomTransform {
 
 }  // namespace
 
-namespace detail {
+// Entries of the random transform table (random_registry.cpp).
+namespace registry {
 
-RandomTransformPtr make_rand_crop_by_pos_neg_label(const CropSpec& c) {
+namespace {
+Shape3 shape3_of(const std::vector<std::int64_t>& v) { return Shape3{v[0], v[1], v[2]}; }
+}  // namespace
+
+RandomTransformPtr rand_crop_by_pos_neg_label(Args& a, const nlohmann::json&) {
+  CropSpec c;
+  c.keys = a.keys();
+  c.label_key = a.text("label_key", "label");
+  c.spatial_size = shape3_of(a.integers("spatial_size", 3));
+  c.pos = a.number("pos", 1);
+  c.neg = a.number("neg", 1);
+  c.num_samples = static_cast<std::size_t>(a.integer("num_samples", 1));
+  c.fg_indices_key = a.text("fg_indices_key", "");
+  c.bg_indices_key = a.text("bg_indices_key", "");
+  c.allow_smaller = a.flag("allow_smaller", false);
+  a.text("image_key", "");
+  a.number("image_threshold", 0);
   return std::make_shared<RandCropByPosNegLabel>(c);
 }
 
-RandomTransformPtr make_rand_spatial_crop(const std::vector<std::string>& keys, Shape3 roi) {
-  return std::make_shared<RandSpatialCrop>(keys, roi);
+RandomTransformPtr rand_spatial_crop(Args& a, const nlohmann::json&) {
+  const auto keys = a.keys();
+  return std::make_shared<RandSpatialCrop>(keys, shape3_of(a.integers("roi_size", 3)));
 }
 
-RandomTransformPtr make_rand_flip(const std::vector<std::string>& keys, double prob, const std::vector<int>& axes) {
+RandomTransformPtr rand_flip(Args& a, const nlohmann::json& json) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  // One axis, a list of them, or (absent, MONAI's None) all spatial axes.
+  const auto& given = json.contains("spatial_axis") ? json["spatial_axis"] : nlohmann::json();
+  const auto list = a.integers("spatial_axis", given.is_array() ? given.size() : 1, {0, 1, 2});
+  const std::vector<int> axes(list.begin(), list.end());
   return std::make_shared<RandFlip>(keys, prob, axes);
 }
 
-RandomTransformPtr make_rand_rotate90(const std::vector<std::string>& keys, double prob, int max_k,
-                                      std::array<int, 2> axes) {
+RandomTransformPtr rand_rotate90(Args& a, const nlohmann::json&) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  const int max_k = static_cast<int>(a.integer("max_k", 3));
+  const auto v = a.integers("spatial_axes", 2, {0, 1});
+  const std::array<int, 2> axes{static_cast<int>(v[0]), static_cast<int>(v[1])};
   return std::make_shared<RandRotate90>(keys, prob, max_k, axes);
 }
 
-}  // namespace detail
+}  // namespace registry
 
 }  // namespace medfast::transforms

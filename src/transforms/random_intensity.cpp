@@ -1,6 +1,6 @@
 // The random intensity transforms: RandIntensity (draw, then apply or fold into an index
 // plan) and RandScaleIntensity, RandShiftIntensity, RandGaussianNoise, RandAdjustContrast,
-// RandGaussianSmooth, with their factories (random_families.hpp).
+// RandGaussianSmooth, with their entries in the random table (random_registry.cpp).
 #include "medfast/transforms/random.hpp"
 
 #include <ATen/ATen.h>
@@ -193,30 +193,59 @@ class RandGaussianSmooth final : public RandIntensity {
 
 }  // namespace
 
-namespace detail {
+// Entries of the random transform table (random_registry.cpp).
+namespace registry {
 
-RandomTransformPtr make_rand_scale_intensity(const std::vector<std::string>& keys, double prob, double lo, double hi) {
-  return std::make_shared<RandScaleIntensity>(keys, prob, lo, hi);
+namespace {
+/// A single number x for factors/offsets means (-x, x), as in MONAI.
+std::array<double, 2> symmetric(Args& a, const nlohmann::json& json, const std::string& key, double fallback) {
+  if (a.has(key) && json[key].is_number()) {
+    const double x = a.number(key, fallback);
+    return {-x, x};
+  }
+  const auto v = a.numbers(key, 2, {-fallback, fallback});
+  return {v[0], v[1]};
+}
+}  // namespace
+
+RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json& json) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  const auto f = symmetric(a, json, "factors", 0.1);
+  return std::make_shared<RandScaleIntensity>(keys, prob, f[0], f[1]);
 }
 
-RandomTransformPtr make_rand_shift_intensity(const std::vector<std::string>& keys, double prob, double lo, double hi) {
-  return std::make_shared<RandShiftIntensity>(keys, prob, lo, hi);
+RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json& json) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  const auto o = symmetric(a, json, "offsets", 0.1);
+  return std::make_shared<RandShiftIntensity>(keys, prob, o[0], o[1]);
 }
 
-RandomTransformPtr make_rand_gaussian_noise(const std::vector<std::string>& keys, double prob, double mean,
-                                            double stddev) {
-  return std::make_shared<RandGaussianNoise>(keys, prob, mean, stddev);
+RandomTransformPtr rand_gaussian_noise(Args& a, const nlohmann::json&) {
+  const auto keys = a.keys();
+  return std::make_shared<RandGaussianNoise>(keys, a.number("prob", 0.1), a.number("mean", 0), a.number("std", 0.1));
 }
 
-RandomTransformPtr make_rand_gaussian_smooth(const std::vector<std::string>& keys, double prob,
-                                             const std::array<std::array<double, 2>, 3>& sigma) {
+RandomTransformPtr rand_gaussian_smooth(Args& a, const nlohmann::json&) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  std::array<std::array<double, 2>, 3> sigma{};
+  const char* names[3] = {"sigma_x", "sigma_y", "sigma_z"};
+  for (int i = 0; i < 3; ++i) {
+    const auto v = a.numbers(names[i], 2, {0.25, 1.5});  // MONAI's default range
+    sigma[i] = {v[0], v[1]};
+  }
   return std::make_shared<RandGaussianSmooth>(keys, prob, sigma);
 }
 
-RandomTransformPtr make_rand_adjust_contrast(const std::vector<std::string>& keys, double prob, double lo, double hi) {
-  return std::make_shared<RandAdjustContrast>(keys, prob, lo, hi);
+RandomTransformPtr rand_adjust_contrast(Args& a, const nlohmann::json&) {
+  const auto keys = a.keys();
+  const double prob = a.number("prob", 0.1);
+  const auto g = a.numbers("gamma", 2, {0.5, 4.5});
+  return std::make_shared<RandAdjustContrast>(keys, prob, g[0], g[1]);
 }
 
-}  // namespace detail
+}  // namespace registry
 
 }  // namespace medfast::transforms

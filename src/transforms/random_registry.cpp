@@ -1,12 +1,30 @@
 // The random transforms by name: random_names() and make_random(name, args), with the
 // wrappers that put deterministic transforms into a random chain (DeterministicStep,
-// ComposableResize). The random transforms come from random_families.hpp's factories.
+// ComposableResize). Each random transform's entry (its arguments read) sits in its
+// family's file; a new one is its file (or a family's) and one row in
+// MEDFAST_RANDOM_TRANSFORMS.
 #include "medfast/transforms/random.hpp"
 
 #include <algorithm>
 
+#include "medfast/core/registry.hpp"
 #include "medfast/transforms/transform.hpp"
 #include "random_families.hpp"
+
+// Name, entry (defined in the family's file), in random_names() order.
+#define MEDFAST_RANDOM_TRANSFORMS(X)                                         \
+  X("RandCropByPosNegLabel", rand_crop_by_pos_neg_label) /* random_crop.cpp */ \
+  X("RandSpatialCrop", rand_spatial_crop)                /* random_crop.cpp */ \
+  X("RandFlip", rand_flip)                               /* random_crop.cpp */ \
+  X("RandRotate90", rand_rotate90)                       /* random_crop.cpp */ \
+  X("RandRotate", rand_rotate)                           /* random_affine.cpp */ \
+  X("RandZoom", rand_zoom)                               /* random_affine.cpp */ \
+  X("RandAffine", rand_affine)                           /* random_affine.cpp */ \
+  X("RandScaleIntensity", rand_scale_intensity)          /* random_intensity.cpp */ \
+  X("RandShiftIntensity", rand_shift_intensity)          /* random_intensity.cpp */ \
+  X("RandGaussianNoise", rand_gaussian_noise)            /* random_intensity.cpp */ \
+  X("RandGaussianSmooth", rand_gaussian_smooth)          /* random_intensity.cpp */ \
+  X("RandAdjustContrast", rand_adjust_contrast)          /* random_intensity.cpp */
 
 namespace medfast::transforms {
 
@@ -59,15 +77,27 @@ class ComposableResize final : public RandomTransform {
 
 }  // namespace
 
-std::vector<std::string> random_names() {
-  return {"RandCropByPosNegLabel", "RandSpatialCrop", "RandFlip", "RandRotate90", "RandRotate", "RandZoom",
-          "RandAffine", "RandScaleIntensity", "RandShiftIntensity", "RandGaussianNoise", "RandGaussianSmooth",
-          "RandAdjustContrast"};
-}
+namespace registry {
+#define MEDFAST_RANDOM_ENTRY(name, entry) RandomTransformPtr entry(Args& arguments, const nlohmann::json& json);
+MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ENTRY)
+#undef MEDFAST_RANDOM_ENTRY
+}  // namespace registry
+
+namespace {
+
+constexpr Registered<RandomTransformPtr (*)(Args&, const nlohmann::json&)> kRandomTransforms[] = {
+#define MEDFAST_RANDOM_ROW(name, entry) {name, &registry::entry},
+    MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ROW)
+#undef MEDFAST_RANDOM_ROW
+};
+
+}  // namespace
+
+std::vector<std::string> random_names() { return registered_names(kRandomTransforms); }
 
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
-  const auto known = random_names();
-  if (std::find(known.begin(), known.end(), name) == known.end()) {
+  const auto* row = find_registered(kRandomTransforms, name);
+  if (!row) {
     TransformPtr t = make(name, json);  // throws for unknown names
     if (name == "ResizeWithPadOrCrop") {
       Args r(name, json);
@@ -78,82 +108,11 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     return std::make_shared<DeterministicStep>(t);
   }
   Args a(name, json);
-  RandomTransformPtr t;
-  const auto three = [](const std::vector<std::int64_t>& v) { return Shape3{v[0], v[1], v[2]}; };
-  // A single number x for factors/offsets means (-x, x), as in MONAI.
-  const auto symmetric = [&](const std::string& key, double fallback) -> std::array<double, 2> {
-    if (a.has(key) && json[key].is_number()) {
-      const double x = a.number(key, fallback);
-      return {-x, x};
-    }
-    const auto v = a.numbers(key, 2, {-fallback, fallback});
-    return {v[0], v[1]};
-  };
-  if (name == "RandCropByPosNegLabel") {
-    detail::CropSpec c;
-    c.keys = a.keys();
-    c.label_key = a.text("label_key", "label");
-    c.spatial_size = three(a.integers("spatial_size", 3));
-    c.pos = a.number("pos", 1);
-    c.neg = a.number("neg", 1);
-    c.num_samples = static_cast<std::size_t>(a.integer("num_samples", 1));
-    c.fg_indices_key = a.text("fg_indices_key", "");
-    c.bg_indices_key = a.text("bg_indices_key", "");
-    c.allow_smaller = a.flag("allow_smaller", false);
-    a.text("image_key", "");
-    a.number("image_threshold", 0);
-    t = detail::make_rand_crop_by_pos_neg_label(c);
-  } else if (name == "RandSpatialCrop") {
-    const auto keys = a.keys();
-    t = detail::make_rand_spatial_crop(keys, three(a.integers("roi_size", 3)));
-  } else if (name == "RandFlip") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    // One axis, a list of them, or (absent, MONAI's None) all spatial axes.
-    const auto& given = json.contains("spatial_axis") ? json["spatial_axis"] : nlohmann::json();
-    const auto list = a.integers("spatial_axis", given.is_array() ? given.size() : 1, {0, 1, 2});
-    const std::vector<int> axes(list.begin(), list.end());
-    t = detail::make_rand_flip(keys, prob, axes);
-  } else if (name == "RandRotate90") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    const int max_k = static_cast<int>(a.integer("max_k", 3));
-    const auto v = a.integers("spatial_axes", 2, {0, 1});
-    const std::array<int, 2> axes{static_cast<int>(v[0]), static_cast<int>(v[1])};
-    t = detail::make_rand_rotate90(keys, prob, max_k, axes);
-  } else if (name == "RandRotate" || name == "RandZoom" || name == "RandAffine") {
-    t = detail::make_rand_affine_family(name, a, json);
-  } else if (name == "RandScaleIntensity") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    const auto f = symmetric("factors", 0.1);
-    t = detail::make_rand_scale_intensity(keys, prob, f[0], f[1]);
-  } else if (name == "RandShiftIntensity") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    const auto o = symmetric("offsets", 0.1);
-    t = detail::make_rand_shift_intensity(keys, prob, o[0], o[1]);
-  } else if (name == "RandGaussianNoise") {
-    const auto keys = a.keys();
-    t = detail::make_rand_gaussian_noise(keys, a.number("prob", 0.1), a.number("mean", 0), a.number("std", 0.1));
-  } else if (name == "RandGaussianSmooth") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    std::array<std::array<double, 2>, 3> sigma{};
-    const char* names[3] = {"sigma_x", "sigma_y", "sigma_z"};
-    for (int i = 0; i < 3; ++i) {
-      const auto v = a.numbers(names[i], 2, {0.25, 1.5});  // MONAI's default range
-      sigma[i] = {v[0], v[1]};
-    }
-    t = detail::make_rand_gaussian_smooth(keys, prob, sigma);
-  } else if (name == "RandAdjustContrast") {
-    const auto keys = a.keys();
-    const double prob = a.number("prob", 0.1);
-    const auto g = a.numbers("gamma", 2, {0.5, 4.5});
-    t = detail::make_rand_adjust_contrast(keys, prob, g[0], g[1]);
-  }
+  RandomTransformPtr t = row->make(a, json);
   a.finish();
   return t;
 }
 
 }  // namespace medfast::transforms
+
+#undef MEDFAST_RANDOM_TRANSFORMS
