@@ -151,19 +151,32 @@ class FileHandle {
 /// What async_pread/async_pwrite return: wait() gives the bytes moved.
 class Future {
  public:
+  /// A read: its future gives the bytes read.
   Future(std::shared_future<std::size_t> f, at::Tensor keep, std::shared_ptr<io::FileHandle> handle)
       : f_(std::move(f)), keep_(std::move(keep)), handle_(std::move(handle)) {}
+  /// A write of `bytes`: its future gives nothing (or the error).
+  Future(std::shared_future<void> w, std::size_t bytes, at::Tensor keep, std::shared_ptr<io::FileHandle> handle)
+      : w_(std::move(w)), bytes_(bytes), keep_(std::move(keep)), handle_(std::move(handle)) {}
   std::size_t wait() {
     {
       py::gil_scoped_release nogil;
-      while (f_.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) check_signals();
+      while (!ready(std::chrono::milliseconds(100))) check_signals();
+    }
+    if (w_.valid()) {
+      w_.get();
+      return bytes_;
     }
     return f_.get();
   }
-  bool done() const { return f_.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+  bool done() const { return ready(std::chrono::milliseconds(0)); }
 
  private:
+  bool ready(std::chrono::milliseconds wait) const {
+    return (w_.valid() ? w_.wait_for(wait) : f_.wait_for(wait)) == std::future_status::ready;
+  }
   std::shared_future<std::size_t> f_;
+  std::shared_future<void> w_;
+  std::size_t bytes_ = 0;
   at::Tensor keep_;                         // the tensor stays alive until the transfer ends
   std::shared_ptr<io::FileHandle> handle_;  // and so does the file
 };
@@ -178,12 +191,7 @@ Future async_pread(FileHandle& fh, const at::Tensor& t, std::uint64_t offset) {
 Future async_pwrite(FileHandle& fh, const at::Tensor& t, std::uint64_t offset) {
   auto h = fh.handle();
   const std::size_t n = static_cast<std::size_t>(t.numel()) * t.element_size();
-  std::shared_future<void> w = io::write_from_async(*h, t, offset).share();
-  std::shared_future<std::size_t> f = std::async(std::launch::async, [w, n] {
-                                        w.get();
-                                        return n;
-                                      }).share();
-  return Future(f, t, h);
+  return Future(io::write_from_async(*h, t, offset).share(), n, t, h);
 }
 
 // ---------------------------------------------------------------------------

@@ -76,7 +76,6 @@ class IoUringBackend final : public FileBackend {
 
   void write(const char* in, std::size_t n, std::uint64_t off) override {
     const bool use_direct = f_.direct;
-    const std::uint64_t size_before = use_direct ? f_.dfile.size() : 0;
     auto ops = plan(const_cast<char*>(in), n, off, use_direct);
     if (use_direct) {
       // Partial blocks need read-modify-write: do those synchronously.
@@ -99,8 +98,6 @@ class IoUringBackend final : public FileBackend {
         else f_.file.write_at(op.user + op.done, op.user_len - op.done, from);
       }
     }
-    // Padding of a final partial block is cut off again.
-    if (use_direct) trim_direct_padding(f_, size_before, off + n);
   }
 
  private:
@@ -161,7 +158,13 @@ class IoUringBackend final : public FileBackend {
     if (any_bounce) ensure_bounce(*ring);
     UringRun run(*ring, ops, is_write, fd, f_.path, /*fixed=*/&fd == &f_.dfile ? 1 : 0);
     run.run();
-    give_ring(std::move(ring));
+    if (run.inflight == 0) {
+      give_ring(std::move(ring));
+    } else {
+      // Completions that never came: the kernel may still use this ring and its
+      // buffers, so it is neither reused nor unmapped (kept for the process's life).
+      (void)ring.release();
+    }
     if (run.error != 0) {
       throw OsError(str(is_write ? "write" : "read", " at offset ", run.error_offset, " ", is_write ? "to " : "from ",
                         f_.path, " failed (io_uring): ", std::strerror(run.error)),
@@ -186,6 +189,7 @@ class IoUringBackend final : public FileBackend {
     std::deque<std::size_t> retry;
     int error = 0;
     std::uint64_t error_offset = 0;
+    int wait_failures = 0;
 
     void run() {
       for (int i = static_cast<int>(r.bounce.size()) - 1; i >= 0; --i) free_buffers.push_back(i);
@@ -205,8 +209,14 @@ class IoUringBackend final : public FileBackend {
         const int w = io_uring_wait_cqe(&r.ring, &cqe);
         if (w == -EINTR) continue;
         if (w < 0) {
-          error = -w;
-          break;
+          // Requests still in flight write into the caller's memory: keep reaping them
+          // (no new ones go in once `error` is set); give up only after many failures.
+          if (error == 0) {
+            error = -w;
+            error_offset = ops[std::min(next, ops.size() - 1)].file_off;
+          }
+          if (++wait_failures > 1000) break;
+          continue;
         }
         // Reap everything that is ready.
         unsigned head;

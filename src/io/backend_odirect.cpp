@@ -64,8 +64,11 @@ std::size_t read_direct_range(const OpenFile& f, char* out, std::size_t n, std::
   return static_cast<std::size_t>(pos - off);
 }
 
-// Writes [off, off+n) through dfile; partial blocks are read, patched and
-// rewritten. Returns the end of the last block written (may pass off+n).
+// Writes [off, off+n) through dfile; partial blocks are read, patched and rewritten,
+// except a last one that would need padding past the end of the file: its bytes go
+// through the buffered descriptor, so the file never grows past off+n and there is
+// nothing to cut back (cutting back would race with writers extending the file).
+// Returns the end of the last byte written.
 std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std::uint64_t off) {
   const std::uint64_t end = off + n;
   std::uint64_t pos = off, written_end = off;
@@ -79,37 +82,36 @@ std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std
       written_end = std::max(written_end, pos);
     } else {
       const std::size_t len = static_cast<std::size_t>(std::min(f.B(), align_up(end - a, f.A())));
-      char* bounce = bounce_block(static_cast<std::size_t>(f.B()));
+      // Its own scratch: read_direct_range below uses bounce_block for its unaligned reads.
+      char* patch = patch_block(static_cast<std::size_t>(f.B()));
       std::size_t have = 0;
       while (have < len) {  // existing bytes of the region (short at end of file)
-        const std::size_t got = f.dfile.read_once(bounce + have, len - have, a + have);
+        const std::size_t got = f.dfile.read_once(patch + have, len - have, a + have);
         if (got == 0) break;
         have += got;
         if (have % f.A() != 0 && have < len) {
-          // Unaligned short read: the rest comes from the bounce-read f.path.
+          // Unaligned short read: the rest comes from the bounce-read path.
           have = static_cast<std::size_t>(align_down(have, f.A()));
-          const std::size_t rest = read_direct_range(f, bounce + have, len - have, a + have);
+          const std::size_t rest = read_direct_range(f, patch + have, len - have, a + have);
           have += rest;
           break;
         }
       }
-      std::memset(bounce + have, 0, len - have);
       const std::uint64_t stop = std::min<std::uint64_t>(end, a + len);
-      std::memcpy(bounce + (pos - a), here, static_cast<std::size_t>(stop - pos));
-      write_aligned_region(f, bounce, len, a);
-      written_end = std::max<std::uint64_t>(written_end, a + len);
+      if (stop < a + len && have < len) {
+        // The end of the file lies in the region and so does the end of the data: a
+        // direct write would pad the file past `end`. Written as it is instead.
+        f.file.write_at(here, static_cast<std::size_t>(stop - pos), pos);
+      } else {
+        std::memset(patch + have, 0, len - have);  // a hole before pos reads as zeros
+        std::memcpy(patch + (pos - a), here, static_cast<std::size_t>(stop - pos));
+        write_aligned_region(f, patch, len, a);
+      }
+      written_end = std::max<std::uint64_t>(written_end, stop);
       pos = stop;
     }
   }
   return written_end;
-}
-
-void trim_direct_padding(OpenFile& f, std::uint64_t size_before, std::uint64_t end) {
-  // Only a write ending inside a block pads; one ending on a block boundary leaves the
-  // size alone (a concurrent write further on may already have made the file longer).
-  if (end % f.A() == 0) return;
-  const std::uint64_t want = std::max(size_before, end);
-  if (f.dfile.size() > want) f.dfile.truncate(want);
 }
 
 namespace {
@@ -129,14 +131,11 @@ class OdirectBackend final : public FileBackend {
 
   void write(const char* in, std::size_t n, std::uint64_t off) override {
     const bool use_direct = f_.direct;
-    const std::uint64_t size_before = use_direct ? f_.dfile.size() : 0;
     run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
       if (use_direct) write_direct_range(f_, in + (o - off), l, o);
       else f_.file.write_at(in + (o - off), l, o);
       return l;
     });
-    // Padding of a final partial block is cut off again.
-    if (use_direct) trim_direct_padding(f_, size_before, off + n);
   }
 
  private:

@@ -70,6 +70,8 @@ ThreadPool& async_pool();
 /// A per-thread aligned scratch block of at least `size` bytes (O_DIRECT heads, tails and
 /// misaligned buffers).
 char* bounce_block(std::size_t size);
+/// A second one, for the block a write patches (it reads through bounce_block meanwhile).
+char* patch_block(std::size_t size);
 
 /// Runs fn(offset, length) over [offset, offset+size) cut at multiples of `block` (so
 /// every piece but the first starts aligned), on the pool; returns the bytes of the
@@ -112,11 +114,9 @@ std::size_t run_pieces(ThreadPool& pool, std::uint64_t offset, std::size_t size,
 /// Reads [off, off+n) through f.dfile at any offset, length and address (aligned pieces
 /// straight into `out`, the rest through a bounce block); fewer bytes only at end of file.
 std::size_t read_direct_range(const OpenFile& f, char* out, std::size_t n, std::uint64_t off);
-/// Writes [off, off+n) through f.dfile; partial blocks are read, patched and rewritten.
-/// Returns the end of the last block written (may pass off+n).
+/// Writes [off, off+n) through f.dfile; partial blocks are read, patched and rewritten,
+/// except a last one reaching past the end of the file (its bytes go through f.file:
+/// no padding, so the file never needs cutting back). Returns off+n.
 std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std::uint64_t off);
-/// After direct writes that ended at `end`: cuts the padding of a final partial block, so
-/// the file is max(size_before, end) long.
-void trim_direct_padding(OpenFile& f, std::uint64_t size_before, std::uint64_t end);
 
 }  // namespace medfast::io::detail

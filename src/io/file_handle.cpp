@@ -192,11 +192,20 @@ ThreadPool& async_pool() {
   return *p.async;
 }
 
-char* bounce_block(std::size_t size) {
+namespace {
+
+/// Per-thread aligned scratch, one buffer per Slot.
+template <int Slot>
+char* scratch_block(std::size_t size) {
   thread_local os::Buffer buffer;
   if (buffer.size() < size) buffer = os::Buffer::allocate(size);
   return buffer.as<char>();
 }
+
+}  // namespace
+
+char* bounce_block(std::size_t size) { return scratch_block<0>(size); }
+char* patch_block(std::size_t size) { return scratch_block<1>(size); }
 
 os::File OpenFile::open_direct_file() const {
   try {

@@ -11,9 +11,11 @@
 /// destination is aligned go straight to (or from) the caller's memory;
 /// unaligned heads, tails and misaligned buffers go through aligned bounce
 /// buffers (for io_uring, registered with the ring). Writes of partial blocks
-/// read the block first (read-modify-write) and the file is truncated back to
-/// its true size afterwards. Concurrent writes that share a block must not
-/// overlap in time; disjoint aligned writes are safe.
+/// read the block first (read-modify-write); a last partial block that reaches
+/// past the end of the file is written through the page cache instead, so the
+/// file is never padded (and never cut back). Concurrent writes that share a
+/// block must not overlap in time; writes to different blocks are safe, also
+/// while one of them extends the file.
 ///
 /// Short transfers and EINTR are continued; EIO, ENOSPC and the like become
 /// OsError naming the path, offset and size. Every system call goes through
@@ -109,7 +111,9 @@ class FileHandle {
   std::future<std::size_t> read_async(void* dst, std::size_t size, std::uint64_t offset);
   std::future<void> write_async(const void* src, std::size_t size, std::uint64_t offset);
   /// Runs `work` on the engine's I/O workers with a handle that shares this one's open
-  /// file (kept open until `work` returns). `work` reports its own result and errors.
+  /// file (kept open until `work` returns). `work` reports its own result and errors
+  /// (an exception it lets out is lost), and must not wait for other async calls (the
+  /// workers are few: waits on each other could take them all).
   void run_async(std::function<void(FileHandle&)> work) const;
   /// fsync.
   void sync();
