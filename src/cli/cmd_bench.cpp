@@ -128,7 +128,7 @@ int run_step(const StepArgs& a, Context& ctx) {
       if (p.dim() == 5) p.set_data(p.data().contiguous(format));
     }
   }
-  const std::int64_t classes = nn::parse_network(spec, "--model").arguments.at("out_channels").get<std::int64_t>();
+  const std::int64_t classes = nn::output_channels(nn::parse_network(spec, "--model"), "--model");
   const at::Tensor x = torch::rand(a.input).contiguous(format);
   const at::Tensor y = torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}).to(at::kFloat);
   train::LossOptions lo;

@@ -32,6 +32,14 @@ constexpr Registered<NetworkSpec (*)(ConfigReader&, const std::string&)> kNetwor
 
 std::vector<std::string> network_names() { return registered_names(kNetworks); }
 
+std::int64_t output_channels(const NetworkSpec& spec, const std::string& where) {
+  const auto it = spec.arguments.find("out_channels");
+  if (it == spec.arguments.end() || !it->is_number_integer()) {
+    throw ConfigError(str(where, ": network ", spec.name, " has no out_channels argument (the classes it predicts)"));
+  }
+  return it->get<std::int64_t>();
+}
+
 NetworkSpec parse_network(const nlohmann::json& spec, const std::string& where) {
   if (!spec.is_object() || !spec.contains("name") || !spec["name"].is_string()) {
     throw ConfigError(str(where, ": expected a mapping with a 'name' (", registered_text(kNetworks, " or "), ")"));

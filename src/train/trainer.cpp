@@ -105,7 +105,8 @@ Model build_model(const RunConfig& c, c10::Device device) {
 
 /// The classes the model predicts: its out_channels, default included.
 std::int64_t out_channels(const RunConfig& c) {
-  return nn::parse_network(c.model, c.path + ": model").arguments.at("out_channels").get<std::int64_t>();
+  const std::string where = c.path + ": model";
+  return nn::output_channels(nn::parse_network(c.model, where), where);
 }
 
 /// Per-class validation metrics over this rank's items, reduced across ranks.

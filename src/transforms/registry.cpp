@@ -43,9 +43,9 @@ constexpr Registered<TransformPtr (*)(Args&, const nlohmann::json&)> kTransforms
 std::vector<std::string> names() { return registered_names(kTransforms); }
 
 TransformPtr make(const std::string& name, const nlohmann::json& json) {
+  Args a(name, json);
   const auto* row = find_registered(kTransforms, name);
   if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
-  Args a(name, json);
   TransformPtr t = row->make(a, json);
   a.finish();
   return t;

@@ -733,3 +733,5 @@ void resample_index_affine_into(const at::Tensor& data, const Affine& m, const S
 }
 
 }  // namespace medfast::transforms
+
+#undef MEDFAST_AVX2_KERNELS

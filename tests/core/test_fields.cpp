@@ -51,6 +51,20 @@ TEST(Fields, ErrorsNameTheKeyAndUnknownKeysListTheDeclaredOnes) {
   EXPECT_VALUE_ERROR(read(R"({"size": "big"})"), "expected a whole number");
   EXPECT_VALUE_ERROR(read(R"({"sise": 3})"), "sise");
   EXPECT_VALUE_ERROR(read(R"({"sise": 3})"), "size, rate, mode, shape, on");
+  // One number stands for a list of whole numbers only if it is whole itself.
+  EXPECT_VALUE_ERROR(read(R"({"shape": 2.5})"), "toy.shape: expected a list of whole numbers");
+  EXPECT_VALUE_ERROR(read(R"({"shape": 2.0})"), "toy.shape: expected a list of whole numbers");
+}
+
+struct MisdeclaredOptions {
+  double rate = 1;
+  static constexpr auto fields() { return std::make_tuple(field("rate", &MisdeclaredOptions::rate, "").lowercase()); }
+};
+
+TEST(Fields, AModifierOnTheWrongTypeIsAnError) {
+  ConfigReader r(nlohmann::json::parse(R"({"rate": 2})"), "m");
+  MisdeclaredOptions o;
+  EXPECT_THROW(read_fields(r, o), Error);
 }
 
 TEST(Fields, WrittenBackWholeAndTheKeyTableComesFromTheSameList) {

@@ -397,6 +397,45 @@ void expect_written_back_whole(const std::string& name) {
   }
 }
 
+TEST(Networks, EachNetworkTakesMonaisArgumentNames) {
+  // Spelled out here (not from fields()): a member left out of a field list would
+  // otherwise become an unknown argument unnoticed.
+  auto keys = [](const std::string& name) {
+    const NetworkSpec spec = parse_network({{"name", name}});  // outlives the loop over its items
+    std::vector<std::string> k;
+    for (const auto& [key, v] : spec.arguments.items()) k.push_back(key);
+    return k;
+  };
+  auto sorted = [](std::vector<std::string> v) {
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(keys("UNet"), sorted({"spatial_dims", "in_channels", "out_channels", "channels", "strides", "kernel_size",
+                                  "up_kernel_size", "num_res_units", "norm", "dropout"}));
+  EXPECT_EQ(keys("SegResNet"),
+            sorted({"spatial_dims", "init_filters", "in_channels", "out_channels", "dropout_prob", "act", "norm",
+                    "num_groups", "blocks_down", "blocks_up", "upsample_mode"}));
+  EXPECT_EQ(keys("SwinUNETR"),
+            sorted({"img_size", "in_channels", "out_channels", "depths", "num_heads", "feature_size", "norm_name",
+                    "drop_rate", "attn_drop_rate", "dropout_path_rate", "normalize", "spatial_dims", "downsample",
+                    "use_v2"}));
+  const NetworkSpec seg = parse_network(
+      nlohmann::json::parse(R"({"name": "SegResNet", "act": "LeakyReLU", "upsample_mode": "DeConv", "out_channels": 4})"));
+  EXPECT_EQ(seg.arguments["act"], "leakyrelu");
+  EXPECT_EQ(seg.arguments["upsample_mode"], "deconv");
+  EXPECT_EQ(output_channels(seg), 4);
+  EXPECT_EQ(parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "downsample": "MergingV2"})"))
+                .arguments["downsample"],
+            "mergingv2");
+  // img_size: one whole number stands for three; anything else must be a list.
+  const std::string half =
+      value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 96.5})")); });
+  EXPECT_NE(half.find("img_size: expected a list of whole numbers"), std::string::npos) << half;
+  const std::string whole_float =
+      value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 96.0})")); });
+  EXPECT_NE(whole_float.find("img_size: expected a list"), std::string::npos) << whole_float;
+}
+
 TEST(Networks, ArgumentsAreWrittenBackWholeFromOneDeclaration) {
   expect_written_back_whole<UNetOptions>("UNet");
   expect_written_back_whole<SegResNetOptions>("SegResNet");

@@ -228,6 +228,26 @@ TEST(Transforms, FusedOrientationSpacingEqualsOneAfterTheOther) {
   }
 }
 
+// The hook itself: Orientation fuses with a Spacing after it, with nothing else, and
+// nothing fuses with what follows it by default.
+TEST(Transforms, OnlyOrientationThenSpacingFuse) {
+  const auto t = [](const char* text) { return make_chain(nlohmann::json::parse(text)).transforms(); };
+  const auto chain = t(R"([{"name": "Orientation", "keys": ["image"], "axcodes": "RAS"},
+                           {"name": "Spacing", "keys": ["image"], "pixdim": [2, 2, 2]},
+                           {"name": "ScaleIntensityRange", "keys": ["image"], "a_min": 0, "a_max": 1}])");
+  Sample s;
+  Volume v;
+  v.data = at::rand({1, 8, 8, 8});
+  s.volumes["image"] = v;
+  Sample untouched = s;
+  EXPECT_FALSE(chain[1]->apply_with_next(*chain[0], s));  // Spacing then Orientation
+  EXPECT_FALSE(chain[0]->apply_with_next(*chain[2], s));  // Orientation then an intensity step
+  EXPECT_FALSE(chain[2]->apply_with_next(*chain[1], s));
+  EXPECT_TRUE(at::equal(s.volume("image").data, untouched.volume("image").data)) << "a refused fusion changed the sample";
+  ASSERT_TRUE(chain[0]->apply_with_next(*chain[1], s));
+  EXPECT_EQ(s.volume("image").data.sizes(), (at::IntArrayRef{1, 4, 4, 4}));  // 8 voxels of 1 mm at 2 mm
+}
+
 // An affine with absurd spacings: the output size is checked against max_volume_bytes
 // before anything is allocated, and many voxels collapsing into one is refused; both
 // errors name the transform, the input spacing and the output shape.

@@ -68,18 +68,28 @@ template <typename T, typename M>
 void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   M& value = options.*(f.member);
   if constexpr (is_number_list<M>::value) {
-    if (f.repeat > 0 && r.has(f.key) && r.raw(f.key).is_number()) {
-      typename M::value_type one{};
-      r.read(f.key, one);
-      value.assign(static_cast<std::size_t>(f.repeat), one);
-      return;
+    using V = typename M::value_type;
+    if (f.repeat > 0 && r.has(f.key)) {
+      const nlohmann::json& given = r.raw(f.key);
+      // One number for the list: a whole one for a list of whole numbers (a list is still
+      // the message for anything else).
+      if (std::is_integral_v<V> ? given.is_number_integer() : given.is_number()) {
+        V one{};
+        r.read(f.key, one);
+        value.assign(static_cast<std::size_t>(f.repeat), one);
+        return;
+      }
     }
+  } else if (f.repeat > 0) {
+    throw Error(str("options field ", f.key, ": repeats() applies to lists of numbers only"));
   }
   r.read(f.key, value);
   if constexpr (std::is_same_v<M, std::string>) {
     if (f.lower) {
       for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     }
+  } else if (f.lower) {
+    throw Error(str("options field ", f.key, ": lowercase() applies to text only"));
   }
 }
 

@@ -42,6 +42,10 @@ NetworkSpec parse_network(const nlohmann::json& spec, const std::string& where =
 /// `pretrained` if it names a file). Throws as parse_network does.
 torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string& where = "model");
 
+/// The classes a network predicts: its out_channels argument (default included).
+/// ConfigError naming `where` if the network has no such argument.
+std::int64_t output_channels(const NetworkSpec& spec, const std::string& where = "model");
+
 /// The network names parse_network knows, in the table's order.
 std::vector<std::string> network_names();
 
