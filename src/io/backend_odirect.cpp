@@ -116,30 +116,29 @@ std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std
 
 namespace {
 
+/// O_DIRECT pieces; where the options or the file system rule O_DIRECT out, the posix
+/// backend's buffered pieces.
 class OdirectBackend final : public FileBackend {
  public:
-  explicit OdirectBackend(OpenFile& f) : f_(f) { f_.open_direct(); }
+  explicit OdirectBackend(OpenFile& f) : f_(f), buffered_(make_posix_backend(f)) { f_.open_direct(); }
 
   std::size_t read(char* out, std::size_t n, std::uint64_t off) override {
-    if (!f_.direct) {
-      return run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(),
-                        [&](std::uint64_t o, std::size_t l) { return f_.file.read_at(out + (o - off), l, o); });
-    }
+    if (!f_.direct) return buffered_->read(out, n, off);
     return run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(),
                       [&](std::uint64_t o, std::size_t l) { return read_direct_range(f_, out + (o - off), l, o); });
   }
 
   void write(const char* in, std::size_t n, std::uint64_t off) override {
-    const bool use_direct = f_.direct;
+    if (!f_.direct) return buffered_->write(in, n, off);
     run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
-      if (use_direct) write_direct_range(f_, in + (o - off), l, o);
-      else f_.file.write_at(in + (o - off), l, o);
+      write_direct_range(f_, in + (o - off), l, o);
       return l;
     });
   }
 
  private:
   OpenFile& f_;
+  std::unique_ptr<FileBackend> buffered_;
 };
 
 }  // namespace

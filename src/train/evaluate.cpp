@@ -20,6 +20,7 @@
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/inference.hpp"
+#include "medfast/train/losses.hpp"
 #include "medfast/train/metrics.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
@@ -251,7 +252,7 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
   const transforms::Compose chain =
       transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
-  const bool sigmoid = cfg.value("loss", nlohmann::json::object()).value("sigmoid", false);
+  const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;
   apply_network_threads(0, settings);
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);

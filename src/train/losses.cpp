@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -14,30 +15,6 @@ namespace medfast::train {
 namespace {
 
 constexpr const char* kLossNames = "Dice, DiceCE or DiceFocal";
-
-struct FlagField {
-  const char* key;
-  bool LossOptions::*member;
-};
-struct NumberField {
-  const char* key;
-  double LossOptions::*member;
-};
-constexpr FlagField kFlags[] = {
-    {"include_background", &LossOptions::include_background},
-    {"to_onehot_y", &LossOptions::to_onehot_y},
-    {"sigmoid", &LossOptions::sigmoid},
-    {"softmax", &LossOptions::softmax},
-    {"squared_pred", &LossOptions::squared_pred},
-    {"jaccard", &LossOptions::jaccard},
-    {"batch", &LossOptions::batch},
-};
-constexpr NumberField kNumbers[] = {
-    {"smooth_nr", &LossOptions::smooth_nr},       {"smooth_dr", &LossOptions::smooth_dr},
-    {"lambda_dice", &LossOptions::lambda_dice},   {"lambda_ce", &LossOptions::lambda_ce},
-    {"lambda_focal", &LossOptions::lambda_focal}, {"gamma", &LossOptions::gamma},
-};
-
 
 /// MONAI's one_hot without the range check, for indices known to be valid.
 at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes) {
@@ -74,10 +51,11 @@ void LossOptions::validate() const {
                   "' (expected ", kLossNames, ")");
   MEDFAST_CHECK_T(ValueError, !(sigmoid && softmax),
                   "sigmoid: true together with softmax: true; choose one activation (or neither)");
-  for (const auto& f : kNumbers) {
-    const double v = this->*f.member;
-    MEDFAST_CHECK_T(ValueError, std::isfinite(v) && v >= 0, f.key, ": expected a finite number >= 0, got ", v);
-  }
+  for_each_field(*this, [](const auto& f, const auto& v) {  // smoothing terms, weights, gamma
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>) {
+      MEDFAST_CHECK_T(ValueError, std::isfinite(v) && v >= 0, f.key, ": expected a finite number >= 0, got ", v);
+    }
+  });
 }
 
 LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& where) {
@@ -89,9 +67,7 @@ LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& w
   ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", ""});
   const nlohmann::json& name = k.raw("name");
   if (!name.is_null() && !name.is_string()) k.fail("name", str("expected a string (", kLossNames, "), got ", name.dump()));
-  k.read("name", o.name);
-  for (const auto& f : kFlags) k.read(f.key, o.*f.member);
-  for (const auto& f : kNumbers) k.read(f.key, o.*f.member);
+  read_fields(k, o);
   k.finish(o, ".");
   return o;
 }

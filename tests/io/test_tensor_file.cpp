@@ -21,10 +21,13 @@ std::vector<IoOptions> backends() {
           IoOptions().set_backend("posix").set_threads(3).set_block_size(8192)};
 }
 
+// Damages a file in place, durably: the damage is on the disk before the engine reads
+// the file back (with O_DIRECT, past the page cache), whatever the kernel's coherence
+// between a buffered write and a direct read of the same range.
 void overwrite(const std::string& path, std::size_t offset, const std::string& bytes) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(static_cast<std::streamoff>(offset));
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  os::File f = os::File::open(path, os::File::Mode::read_write);
+  f.write_at(bytes.data(), bytes.size(), offset);
+  f.sync();
 }
 
 template <typename F>

@@ -131,6 +131,21 @@ TEST(LossConfig, FromJsonReadsEveryArgument) {
   EXPECT_EQ(d.gamma, defaults.gamma);
 }
 
+TEST(LossConfig, WrittenBackWholeFromItsFieldList) {
+  const auto o = LossOptions::from_json(nlohmann::json::parse(R"({"name": "Dice", "gamma": 3})"));
+  const nlohmann::json j = fields_json(o);
+  EXPECT_EQ(j.size(), 14u);  // every argument, defaults included
+  EXPECT_EQ(j["name"], "Dice");
+  EXPECT_EQ(j["gamma"], 3.0);
+  EXPECT_EQ(j["include_background"], true);
+  const auto again = LossOptions::from_json(j);
+  EXPECT_EQ(fields_json(again), j);
+  // An unknown argument lists the known ones (name aside), in the list's order.
+  EXPECT_VALUE_ERROR(LossOptions::from_json(nlohmann::json::parse(R"({"gama": 3})")),
+                     "(known: include_background, to_onehot_y, sigmoid, softmax, squared_pred, jaccard, batch, "
+                     "smooth_nr, smooth_dr, lambda_dice, lambda_ce, lambda_focal, gamma)");
+}
+
 TEST(LossConfig, BadArgumentsAreValueErrorsNamingTheKey) {
   using nlohmann::json;
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": "DiceCE", "softmx": true})")),

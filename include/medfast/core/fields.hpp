@@ -110,6 +110,13 @@ nlohmann::json fields_json(const T& options) {
   return j;
 }
 
+/// Calls fn(field, value) for every field of `options`, in declaration order (checks
+/// that apply to every field of a type: "every weight is finite and >= 0").
+template <typename T, typename Fn>
+void for_each_field(const T& options, Fn&& fn) {
+  std::apply([&](const auto&... f) { (fn(f, options.*(f.member)), ...); }, T::fields());
+}
+
 /// A row of an options struct's key table: key, default (as JSON), help.
 struct FieldDoc {
   std::string key;

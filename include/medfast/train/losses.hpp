@@ -34,6 +34,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 
+#include "medfast/core/fields.hpp"
+
 namespace medfast::train {
 
 /// A loss and its MONAI arguments.
@@ -47,6 +49,24 @@ struct LossOptions {
   /// Throws ValueError naming the argument and its value: an unknown name, sigmoid
   /// and softmax both set, a negative or non-finite smooth_nr/smooth_dr/lambda/gamma.
   void validate() const;
+  static constexpr auto fields() {
+    using O = LossOptions;
+    return std::make_tuple(
+        field("name", &O::name, "Dice | DiceCE | DiceFocal"),
+        field("include_background", &O::include_background, "score the first channel too"),
+        field("to_onehot_y", &O::to_onehot_y, "the target holds class indices: one-hot it"),
+        field("sigmoid", &O::sigmoid, "sigmoid on the logits (one channel per label)"),
+        field("softmax", &O::softmax, "softmax over the channels"),
+        field("squared_pred", &O::squared_pred, "square the predictions in the denominator"),
+        field("jaccard", &O::jaccard, "Jaccard (IoU) form of the Dice term"),
+        field("batch", &O::batch, "sum over the batch before dividing"),
+        field("smooth_nr", &O::smooth_nr, "added to the numerator"),
+        field("smooth_dr", &O::smooth_dr, "added to the denominator"),
+        field("lambda_dice", &O::lambda_dice, "weight of the Dice term"),
+        field("lambda_ce", &O::lambda_ce, "weight of the cross-entropy term (DiceCE)"),
+        field("lambda_focal", &O::lambda_focal, "weight of the focal term (DiceFocal)"),
+        field("gamma", &O::gamma, "focusing parameter (DiceFocal)"));
+  }
   /// From a config's `loss:` mapping, e.g. {name: DiceCE, to_onehot_y: true, softmax: true};
   /// `name` may be left out (DiceCE). Unknown keys and wrong types are ValueErrors
   /// naming `where`.key. The result is validated (its errors prefixed with `where`).
