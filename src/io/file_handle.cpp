@@ -10,6 +10,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
+#include "medfast/core/registry.hpp"
 #include "medfast/core/thread_pool.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
@@ -25,37 +26,23 @@ namespace medfast::io {
 
 namespace {
 
-/// The backend table, made from MEDFAST_IO_BACKENDS: name and factory of each (the
-/// factories are referenced here, so static linking keeps every backend).
-struct BackendEntry {
-  Backend backend;
-  const char* name;
-  detail::BackendFactory make;
-};
-constexpr BackendEntry kBackends[] = {
-#define MEDFAST_IO_BACKEND_ENTRY(n) {Backend::n, #n, &detail::make_##n##_backend},
-    MEDFAST_IO_BACKENDS(MEDFAST_IO_BACKEND_ENTRY)
-#undef MEDFAST_IO_BACKEND_ENTRY
+/// The backend table, made from MEDFAST_IO_BACKENDS as the enum is: row i is Backend i
+/// (the factories are referenced here, so static linking keeps every backend).
+constexpr Registered<detail::BackendFactory> kBackends[] = {
+#define MEDFAST_IO_BACKEND_ROW(n) {#n, &detail::make_##n##_backend},
+    MEDFAST_IO_BACKENDS(MEDFAST_IO_BACKEND_ROW)
+#undef MEDFAST_IO_BACKEND_ROW
 };
 
-const BackendEntry& entry_of(Backend b) {
-  for (const auto& e : kBackends) {
-    if (e.backend == b) return e;
-  }
-  throw Error(str("I/O backend ", static_cast<int>(b), " is not in the table"));
-}
+const Registered<detail::BackendFactory>& row_of(Backend b) { return kBackends[static_cast<std::size_t>(b)]; }
 
 }  // namespace
 
-const char* backend_name(Backend b) { return entry_of(b).name; }
+const char* backend_name(Backend b) { return row_of(b).name; }
 
 Backend parse_backend(const std::string& name) {
-  std::string known = "auto";
-  for (const auto& e : kBackends) {
-    if (name == e.name) return e.backend;
-    known += str(", ", e.name);
-  }
-  throw ValueError(str("I/O backend '", name, "' is not one of ", known));
+  if (const auto* row = find_registered(kBackends, name)) return static_cast<Backend>(row - kBackends);
+  throw ValueError(str("I/O backend '", name, "' is not one of auto, ", registered_text(kBackends)));
 }
 
 IoOptions& IoOptions::set_backend(const std::string& v) {
@@ -272,7 +259,7 @@ FileHandle FileHandle::open(const std::string& path, Mode mode, const IoOptions&
   const auto fmode = mode == Mode::read ? os::File::Mode::read : os::File::Mode::read_write;
   f.file = os::File::open(path, fmode);
   if (mode == Mode::write) f.file.truncate(0);
-  impl->engine = entry_of(impl->backend).make(f);  // opens the O_DIRECT descriptor if it uses one
+  impl->engine = row_of(impl->backend).make(f);  // opens the O_DIRECT descriptor if it uses one
   return FileHandle(std::move(impl));
 }
 

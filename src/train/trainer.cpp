@@ -91,22 +91,19 @@ namespace {
 struct Model {
   torch::nn::AnyModule any;
   std::shared_ptr<torch::nn::Module> module;
+  std::int64_t classes = 0;  // its out_channels, default included
   at::Tensor forward(const at::Tensor& x) { return any.forward<at::Tensor>(x); }
 };
 
 Model build_model(const RunConfig& c, c10::Device device) {
   torch::manual_seed(c.train.seed);
   Model m;
-  m.any = nn::make_network(c.model, c.path + ": model");
+  const std::string where = c.path + ": model";
+  m.any = nn::make_network(c.model, where);
+  m.classes = nn::output_channels(nn::parse_network(c.model, where), where);
   m.module = m.any.ptr();
   m.module->to(device);
   return m;
-}
-
-/// The classes the model predicts: its out_channels, default included.
-std::int64_t out_channels(const RunConfig& c) {
-  const std::string where = c.path + ": model";
-  return nn::output_channels(nn::parse_network(c.model, where), where);
 }
 
 /// Per-class validation metrics over this rank's items, reduced across ranks.
@@ -121,7 +118,7 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
                     Collective* comm) {
   model.module->eval();
   torch::NoGradGuard no_grad;
-  const std::int64_t classes = out_channels(c);
+  const std::int64_t classes = model.classes;
   MeanMetric dice, hd;
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
@@ -411,7 +408,7 @@ class Run {
     const at::Tensor out =
         with_context(what, [&] { return model_.forward(at::zeros(shape, at::TensorOptions().device(device_))); });
     std::vector<std::int64_t> want = shape;
-    want[1] = out_channels(c_);
+    want[1] = model_.classes;
     if (out.sizes() != at::IntArrayRef(want)) {
       throw ValueError(str(what, ": it returns ", out.sizes(), ", not ", at::IntArrayRef(want),
                            " (choose a roi_size the network's strides divide)"));

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Name -> factory tables (the transforms', the networks'): a constant array of
+/// Name -> factory tables (transforms, networks, I/O backends): a constant array of
 /// {name, factory} rows that lookups, name lists and messages read. The rows reference
 /// their factories, so a static link keeps every entry (no registration by static
 /// initialisers that a linker may drop).
