@@ -1,5 +1,7 @@
 #include "medfast/core/error.hpp"
 
+#include <cctype>
+
 namespace medfast {
 
 Error& Error::add_context(const std::string& context) {
@@ -11,6 +13,11 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : std::string()) + items[i];
   return out;
+}
+
+std::string lowercase(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 std::string message_of(const std::exception& e) {

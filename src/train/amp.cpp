@@ -19,8 +19,7 @@ Precision parse_precision(const nlohmann::json& value, bool cuda, const std::str
   if (value.is_boolean()) {
     p = !value.get<bool>() ? Precision::fp32 : cuda ? Precision::fp16 : Precision::bf16;
   } else if (value.is_string()) {
-    std::string s = value.get<std::string>();
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string s = lowercase(value.get<std::string>());
     if (s == "fp16") p = Precision::fp16;
     else if (s == "bf16") p = Precision::bf16;
     else if (s == "fp32") p = Precision::fp32;

@@ -36,18 +36,13 @@ Key state_key_of(const at::Tensor& p) {
   }
 }
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 /// The canonical spelling of `name` among `known`, matched ignoring case; throws naming `where`.name.
 std::string canonical_name(const nlohmann::json& j, const std::vector<std::string>& known, const std::string& where,
                            const char* what) {
   if (!j.is_string()) throw ConfigError(str(where, ".name: expected a string (", join(known), "), got ", j.dump()));
   const std::string name = j.get<std::string>();
   for (const auto& k : known) {
-    if (lower(k) == lower(name)) return k;
+    if (lowercase(k) == lowercase(name)) return k;
   }
   throw ConfigError(str(where, ".name: unknown ", what, " '", name, "' (expected ", join(known), ")"));
 }

@@ -68,6 +68,8 @@ std::string str(Args&&... args) {
 
 /// The items with `sep` between them, for messages: join({"a", "b"}) is "a, b".
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
+/// `s` in lowercase (ASCII): names matched as MONAI matches them, ignoring case.
+std::string lowercase(std::string s);
 
 /// The message of any exception, without the C++ backtrace that libtorch's
 /// c10::Error appends to what() ("\nException raised from ...").

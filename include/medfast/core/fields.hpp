@@ -16,12 +16,12 @@
 /// writing the options back with every default filled in (fields_json) and the key
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
-#include <cctype>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "medfast/core/config.hpp"
@@ -85,9 +85,7 @@ void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   }
   r.read(f.key, value);
   if constexpr (std::is_same_v<M, std::string>) {
-    if (f.lower) {
-      for (auto& c : value) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
+    if (f.lower) value = lowercase(std::move(value));
   } else if (f.lower) {
     throw Error(str("options field ", f.key, ": lowercase() applies to text only"));
   }
