@@ -252,8 +252,15 @@ py::dict sample_dict(const Sample& s) {
 class Pipeline {
  public:
   explicit Pipeline(const py::object& config) {
+    // The steps before reading, taken here once (as the CLI's open_pipeline does): write
+    // data.synth's dataset when it is missing, read (pure: nothing process-wide changes, so
+    // pipelines with different settings live side by side), then the cache's rank from the
+    // launcher's environment.
     const ConfigSource src = config_from(config);
-    cfg_ = data::load_pipeline(src.root, src.path, src.base, settings_copy());
+    const Settings settings = settings_copy();
+    data::prepare_dataset(src.root, src.path, src.base, settings);
+    cfg_ = data::load_pipeline(src.root, src.path, src.base, settings);
+    cfg_.cache.from_environment();
   }
   const data::PipelineConfig& config() const { return cfg_; }
   std::size_t items() const { return cfg_.dataset.items.size(); }
@@ -366,7 +373,10 @@ py::object train_run(const py::object& config, bool resume, bool overwrite, cons
                          "or `medfast train` under torchrun/srun"));
   }
   const ConfigSource src = config_from(config);
-  train::Trainer trainer(src.root, src.path == "config dict" ? "" : src.path, settings_copy());
+  const std::string path = src.path == "config dict" ? "" : src.path;
+  const Settings settings = settings_copy();
+  train::prepare_run(src.root, path, settings);  // writes data.synth's dataset when missing
+  train::Trainer trainer(src.root, path, settings);
   train::TrainCallbacks cb;
   cb.step = [](int, int, int, double) { check_signals(); };
   if (!on_epoch.is_none()) {

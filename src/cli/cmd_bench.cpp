@@ -45,7 +45,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 int run_loader(const LoaderArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.epochs >= 1, "bench loader: --epochs ", a.epochs, " must be at least 1");
-  data::PipelineConfig cfg = data::load_pipeline(a.config, ctx.settings);
+  data::PipelineConfig cfg = open_pipeline(a.config, ctx);
   if (a.batch_size > 0) cfg.loader.batch_size = a.batch_size;
   const auto chain = data::make_random_chain(cfg);
   if (!a.save_batches.empty()) os::make_directories(a.save_batches);

@@ -21,6 +21,15 @@
 
 namespace medfast::cli {
 
+data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx) {
+  const nlohmann::json root = data::load_yaml_as_json(config);
+  const std::string base = os::parent_directory(config);
+  data::prepare_dataset(root, config, base, ctx.settings);
+  data::PipelineConfig cfg = data::load_pipeline(root, config, base, ctx.settings);
+  cfg.cache.from_environment();
+  return cfg;
+}
+
 namespace {
 
 struct BuildArgs {
@@ -29,7 +38,7 @@ struct BuildArgs {
 };
 
 int run_build(const BuildArgs& a, Context& ctx) {
-  const data::PipelineConfig cfg = data::load_pipeline(a.config, ctx.settings);
+  const data::PipelineConfig cfg = open_pipeline(a.config, ctx);
   if (cfg.smart || (cfg.cache.store.kind != "disk" && cfg.cache.store.kind != "disk_device")) {
     throw ValueError(str(a.config, ": data.cache.kind is ", cfg.smart ? std::string("smart") : cfg.cache.store.kind,
                          "; cache build fills a persistent cache (disk or disk_device)"));
@@ -73,7 +82,7 @@ Command register_cache(CLI::App& root) {
   build->add_option("--config", ba->config, "Run config (YAML/JSON) with a data section")->required();
   build->add_flag("--json", ba->json, "Print JSON");
   const CacheDirCommand dir = register_cache_dir(cache, [](const std::string& config, Context& ctx) {
-    const data::PipelineConfig cfg = data::load_pipeline(config, ctx.settings);
+    const data::PipelineConfig cfg = open_pipeline(config, ctx);
     data::CachedDataset ds = data::make_cached_dataset(cfg);
     std::set<std::string> keys;
     for (std::size_t i = 0; i < ds.size(); ++i) keys.insert(ds.key(i));

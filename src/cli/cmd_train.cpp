@@ -145,6 +145,7 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
         }
       }
     }
+    train::prepare_run(config, a.config, ctx.settings);  // writes data.synth's dataset when missing
     return std::make_unique<train::Trainer>(std::move(config), a.config, ctx.settings);
   };
   if (!comm) return build();

@@ -13,6 +13,9 @@
 namespace medfast::io {
 class FileHandle;
 }
+namespace medfast::data {
+struct PipelineConfig;
+}
 
 namespace medfast::cli {
 
@@ -21,6 +24,11 @@ struct Context {
   Settings settings;
   std::string config_file;  ///< settings file used, if any
 };
+
+/// The steps before a command reads a pipeline, in one place: writes data.synth's dataset
+/// when its list is missing (data::prepare_dataset), reads the config (pure), and takes
+/// the cache's rank and world size from the launcher's environment (torchrun, srun).
+data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx);
 
 /// A registered subcommand: run it if `app->parsed()`.
 struct Command {

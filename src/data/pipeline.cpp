@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
@@ -83,12 +84,21 @@ PipelineConfig load_pipeline(const std::string& path, const Settings& settings) 
   return load_pipeline(load_yaml_as_json(path), path, os::parent_directory(path), settings);
 }
 
+Settings with_config_settings(const Settings& settings, const nlohmann::json& root, const std::string& path) {
+  Settings merged = settings;
+  if (!root.is_object() || !root.contains("settings")) return merged;
+  const auto& s = root["settings"];
+  if (!s.is_object()) throw ConfigError(str(path, ": settings: expected a mapping of setting: value"));
+  std::map<std::string, std::string> values;
+  for (const auto& [k, v] : s.items()) values[k] = v.is_string() ? v.get<std::string>() : v.dump();
+  merged.load_file_values(values, path);
+  return merged;
+}
+
 namespace {
 
-// data.synth: writes the synthetic dataset where data.dataset points when the
-// list is not there yet (a finished `data synth` writes dataset.json last).
-void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& list, const std::string& path,
-                              const Settings& settings) {
+// data.synth, read and checked (no effect): the options of the dataset it would write.
+SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, const Settings& settings) {
   ConfigReader r(spec, path + ": data.synth");
   SynthOptions o;
   int cases = o.cases;
@@ -108,14 +118,37 @@ void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& lis
   if (!size.empty()) checked("size", [&] { o.set_size(size); });
   checked("spacing", [&] { o.set_spacing(spacing); });
   checked("format", [&] { o.set_format(format); });
-  if (os::exists(list)) return;
+  o.threads = settings.threads();
+  o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));
+  return o;
+}
+
+const nlohmann::json& data_section(const nlohmann::json& root, const std::string& path) {
+  if (!root.is_object() || !root.contains("data") || !root["data"].is_object()) {
+    throw ConfigError(str(path, ": data: missing (expected a mapping with dataset, deterministic, cache)"));
+  }
+  const auto& d = root["data"];
+  if (!d.contains("dataset") || !d["dataset"].is_string()) {
+    throw ConfigError(str(path, ": data.dataset: expected the path of a dataset list"));
+  }
+  return d;
+}
+
+}  // namespace
+
+bool prepare_dataset(const nlohmann::json& root, const std::string& path, const std::string& base,
+                     const Settings& settings_in) {
+  const auto& d = data_section(root, path);
+  if (!d.contains("synth")) return false;
+  const Settings settings = with_config_settings(settings_in, root, path);
+  SynthOptions o = read_synth(d["synth"], path, settings);
+  const std::string list = resolve_path(base, d["dataset"].get<std::string>());
+  if (os::exists(list)) return false;  // a finished `data synth` writes dataset.json last
   const std::string dir = os::parent_directory(list);
   if (list != dir + "/dataset.json") {
     throw ConfigError(str(path, ": data.synth: data.dataset must name a dataset.json for synth to write (got ", list, ")"));
   }
   o.out_dir = dir;
-  o.threads = settings.threads();
-  o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));
   // Said before and after: on a first run this is the first thing the user waits for.
   log::info("data.synth: writing a synthetic dataset of ", o.cases, " cases to ", dir,
             " (once: later runs find it there)");
@@ -123,24 +156,21 @@ void ensure_synthetic_dataset(const nlohmann::json& spec, const std::string& lis
   synthesize_dataset(o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::info("data.synth: ", o.cases, " cases written in ", std::round(seconds * 10) / 10, " s");
+  return true;
 }
 
-}  // namespace
-
 PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base,
-                             const Settings& settings) {
+                             const Settings& settings_in) {
   auto fail = [&](const std::string& key, const std::string& what) -> ConfigError {
     return ConfigError(str(path, ": ", key, ": ", what));
   };
-  if (!root.is_object() || !root.contains("data") || !root["data"].is_object()) {
-    throw fail("data", "missing (expected a mapping with dataset, deterministic, cache)");
-  }
-  const auto& d = root["data"];
-  // Transforms check the outputs they allocate against the same limit as volumes read from files.
-  transforms::set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
+  const auto& d = data_section(root, path);
+  const Settings settings = with_config_settings(settings_in, root, path);
   PipelineConfig c;
   c.path = path;
-  if (!d.contains("dataset") || !d["dataset"].is_string()) throw fail("data.dataset", "expected the path of a dataset list");
+  // Transforms check the outputs they allocate against the same limit as volumes read from
+  // files; the chains made from this config carry it (no process-wide limit).
+  c.max_volume_bytes = settings.get_bytes("max_volume_bytes");
   ConfigReader keys(d, path + ": data");
   for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache", "validation",
                         "synth"}) {
@@ -148,7 +178,13 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   }
   keys.finish();
   const std::string list = resolve_path(base, d["dataset"].get<std::string>());
-  if (d.contains("synth")) ensure_synthetic_dataset(d["synth"], list, path, settings);
+  if (d.contains("synth")) {
+    (void)read_synth(d["synth"], path, settings);  // checked here too: a typo is an error before any run
+    if (!os::exists(list)) {
+      throw fail("data.dataset", str(list, " does not exist yet: data.synth writes it in the step before a run ",
+                                     "(data::prepare_dataset; `medfast train` and medfast.train.run take it)"));
+    }
+  }
   const std::string section = d.value("section", "training");
   c.dataset = load_dataset(list, section);
   int fold = -1;
@@ -233,7 +269,6 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   c.cache.content_hash = cache.value("content_hash", false);
   c.cache.threads = settings.threads();
   c.cache.store.io = io::IoOptions::from(settings);
-  c.cache.from_environment();
   try {
     c.cache.validate();
   } catch (const ValueError& e) {
@@ -245,7 +280,9 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
 namespace {
 transforms::Compose deterministic_chain(const PipelineConfig& c) {
   try {
-    return transforms::make_chain(c.deterministic);
+    transforms::Compose chain = transforms::make_chain(c.deterministic);
+    chain.set_max_output_bytes(c.max_volume_bytes);
+    return chain;
   } catch (Error& e) {
     e.add_context(str(c.path, ": data.deterministic"));
     throw;
@@ -270,7 +307,9 @@ CachedDataset make_validation_dataset(const PipelineConfig& c) {
 
 transforms::RandomChain make_random_chain(const PipelineConfig& c) {
   try {
-    return transforms::make_random_chain(c.random, c.seed);
+    transforms::RandomChain chain = transforms::make_random_chain(c.random, c.seed);
+    chain.set_max_output_bytes(c.max_volume_bytes);
+    return chain;
   } catch (Error& e) {
     e.add_context(str(c.path, ": data.random"));
     throw;

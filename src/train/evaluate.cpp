@@ -109,7 +109,6 @@ nlohmann::json EvalResult::to_json() const {
 
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
                     const Settings& settings_in, const EvalOptions& o) {
-  Settings settings = settings_in;
   const bool hd95 = o.hd95;
   const std::string& section = o.section;
   const c10::Device device = detail::usable_device(o.device, "--device");
@@ -121,7 +120,9 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     cfg_path = checkpoint + " (its config)";
     base_dir = net.meta.value("config_dir", os::parent_directory(checkpoint));
   }
-  RunConfig c = load_run_config(config, cfg_path, settings, base_dir);
+  prepare_run(config, cfg_path, settings_in, base_dir);  // its synthetic dataset, if it was one and is gone
+  RunConfig c = load_run_config(config, cfg_path, settings_in, base_dir);
+  const Settings& settings = c.settings;
   if (!checkpoint.empty() && without_pretrained(c.model) != without_pretrained(net.meta["config"]["model"])) {
     throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
   }
@@ -249,8 +250,8 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
     for (const auto& [k, v] : o.sliding_window.items()) sw[k] = v;
   }
   const SlidingWindowOptions swo = SlidingWindowOptions::from_json(sw, "sliding_window");
-  const transforms::Compose chain =
-      transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
+  transforms::Compose chain = transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
+  chain.set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;
   apply_network_threads(0, settings);

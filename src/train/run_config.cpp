@@ -122,10 +122,21 @@ int apply_network_threads(int train_threads, const Settings& settings) {
   return n;
 }
 
-RunConfig load_run_config(nlohmann::json root, std::string path, Settings& settings, std::string base_dir) {
+namespace {
+
+/// The folder relative paths start from: `base_dir`, else the config's folder ("." for
+/// the built-in default).
+std::string base_of(const std::string& path, const std::string& base_dir) {
+  if (!base_dir.empty()) return base_dir;
+  return path.empty() ? "." : os::parent_directory(path);
+}
+
+/// Every section but data's lists, read and checked: what a run needs to know is right
+/// before any data is prepared (a typo anywhere is reported before data.synth writes).
+RunConfig read_sections(const nlohmann::json& root, const std::string& path, const Settings& settings, std::string base_dir) {
   RunConfig c;
   c.path = path.empty() ? "built-in default config" : path;
-  if (base_dir.empty()) base_dir = path.empty() ? "." : os::parent_directory(path);
+  base_dir = base_of(path, base_dir);
   c.base_dir = std::filesystem::absolute(base_dir).lexically_normal().string();
   if (c.base_dir.size() > 1 && c.base_dir.back() == '/') c.base_dir.pop_back();
   const std::string base = base_dir;
@@ -137,18 +148,10 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
   }
   sections.finish();
   // The config's settings sit below flags and the environment.
-  if (root.contains("settings")) {
-    const auto& s = root["settings"];
-    if (!s.is_object()) throw fail("settings", "expected a mapping of setting: value");
-    std::map<std::string, std::string> values;
-    for (const auto& [k, v] : s.items()) values[k] = v.is_string() ? v.get<std::string>() : v.dump();
-    settings.load_file_values(values, c.path);
-  }
+  c.settings = data::with_config_settings(settings, root, c.path);
   for (const char* required : {"data", "model", "optimizer"}) {
     if (!root.contains(required)) throw fail(required, "missing");
   }
-  // Every section but data first: data may write a synthetic dataset (data.synth),
-  // and a typo anywhere must be reported before any data is prepared.
   c.model = root["model"];
   if (!c.model.is_object()) throw fail("model", "expected a mapping with a name (UNet, SegResNet, SwinUNETR)");
   auto section = [&](const char* name) {
@@ -201,7 +204,22 @@ RunConfig load_run_config(nlohmann::json root, std::string path, Settings& setti
     t.validate();
     (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");
   });
-  c.data = data::load_pipeline(root, c.path, base, settings);
+  return c;
+}
+
+}  // namespace
+
+bool prepare_run(const nlohmann::json& root, const std::string& path, const Settings& settings, std::string base_dir) {
+  const RunConfig c = read_sections(root, path, settings, base_dir);
+  return data::prepare_dataset(root, c.path, base_of(path, base_dir), c.settings);
+}
+
+RunConfig load_run_config(nlohmann::json root, std::string path, const Settings& settings, std::string base_dir) {
+  RunConfig c = read_sections(root, path, settings, base_dir);
+  const std::string base = base_of(path, base_dir);
+  const TrainOptions& t = c.train;
+  auto fail = [&](const std::string& key, const std::string& what) { return ConfigError(str(c.path, ": ", key, ": ", what)); };
+  c.data = data::load_pipeline(root, c.path, base, c.settings);
   if (t.target_dice > 0 && c.data.validation.items.empty()) {
     throw fail("train.target_dice", "needs validation items (set data.validation: {num: N} or {section: NAME})");
   }

@@ -72,12 +72,10 @@ const at::Tensor& batch_tensor(const data::Batch& b, const std::string& key, con
 
 struct Trainer::State {
   RunConfig config;
-  Settings settings;
 };
 
-Trainer::Trainer(nlohmann::json config, std::string path, Settings settings) : s_(std::make_unique<State>()) {
-  s_->settings = std::move(settings);
-  s_->config = load_run_config(std::move(config), std::move(path), s_->settings);
+Trainer::Trainer(nlohmann::json config, std::string path, const Settings& settings) : s_(std::make_unique<State>()) {
+  s_->config = load_run_config(std::move(config), std::move(path), settings);
 }
 
 void Trainer::set_collective(std::shared_ptr<Collective> collective) { s_->config.collective = std::move(collective); }
@@ -725,7 +723,7 @@ class Run {
 }  // namespace
 
 TrainResult Trainer::run(bool resume, const TrainCallbacks& cb, bool overwrite) {
-  return Run(s_->config, s_->settings, cb).run(resume, overwrite);
+  return Run(s_->config, s_->config.settings, cb).run(resume, overwrite);
 }
 
 }  // namespace medfast::train

@@ -18,6 +18,8 @@
 namespace medfast::transforms {
 
 void Compose::apply(Sample& sample) const {
+  std::optional<OutputLimit> limit;
+  if (max_output_bytes_) limit.emplace(*max_output_bytes_);
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
     std::size_t last = i;  // a fused pair (Orientation then Spacing) runs as one step
     try {
@@ -87,11 +89,12 @@ bool use_native_kernels(const at::Tensor& t) { return g_native.load(std::memory_
 void set_native_kernels_enabled(bool enabled) { g_native = enabled; }
 
 namespace {
-std::atomic<std::uint64_t> g_max_output_bytes{kDefaultMaxVolumeBytes};
+thread_local std::uint64_t t_max_output_bytes = kDefaultMaxVolumeBytes;
 }  // namespace
 
-std::uint64_t max_output_bytes() { return g_max_output_bytes.load(std::memory_order_relaxed); }
-void set_max_output_bytes(std::uint64_t bytes) { g_max_output_bytes = bytes; }
+std::uint64_t max_output_bytes() { return t_max_output_bytes; }
+OutputLimit::OutputLimit(std::uint64_t bytes) : saved_(t_max_output_bytes) { t_max_output_bytes = bytes; }
+OutputLimit::~OutputLimit() { t_max_output_bytes = saved_; }
 
 void check_output_size(const std::string& transform, const std::string& key, std::int64_t channels,
                        const std::array<std::int64_t, 3>& shape, std::size_t element_size, const std::string& why) {

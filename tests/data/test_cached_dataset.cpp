@@ -286,6 +286,49 @@ TEST_F(CachedDatasetTest, PipelineConfigBuildsEitherCache) {
   EXPECT_EQ(make_cached_dataset(mem).fill().items, 2u);  // int(0.5 * 5), as MONAI
 }
 
+// Reading a data section changes nothing in the process: two pipelines with different
+// settings (here max_volume_bytes and threads, from their configs' settings maps) live
+// side by side, each chain keeping its own limit whichever was read last.
+TEST_F(CachedDatasetTest, TwoPipelinesWithDifferentSettingsInOneProcess) {
+  auto config = [&](const std::string& name, const nlohmann::json& settings) {
+    nlohmann::json cfg;
+    cfg["data"] = {{"dataset", dataset_json()},
+                   {"deterministic", nlohmann::json::parse(kChain)},
+                   {"random", nlohmann::json::parse(R"([{"name": "ResizeWithPadOrCrop", "keys": ["image", "label"],
+                                                          "spatial_size": [96, 96, 32]}])")},
+                   {"cache", {{"kind", "memory"}}}};
+    cfg["settings"] = settings;
+    test::write_file(tmp / name, cfg.dump());
+    return tmp / name;
+  };
+  Settings settings;  // the caller's: read by both, changed by neither
+  const std::string threads_before = settings.get("threads"), limit_before = settings.get("max_volume_bytes");
+  const PipelineConfig small = load_pipeline(config("small.json", {{"max_volume_bytes", "1KiB"}, {"threads", 1}}), settings);
+  const PipelineConfig large = load_pipeline(config("large.json", {{"threads", 2}}), settings);
+  EXPECT_EQ(settings.get("threads"), threads_before);
+  EXPECT_EQ(settings.get("max_volume_bytes"), limit_before);
+  EXPECT_EQ(transforms::max_output_bytes(), kDefaultMaxVolumeBytes);  // no process-wide limit was set
+  EXPECT_EQ(small.max_volume_bytes, 1024u);
+  EXPECT_EQ(large.max_volume_bytes, kDefaultMaxVolumeBytes);
+  EXPECT_EQ(small.loader.threads, 1);
+  EXPECT_EQ(large.loader.threads, 2);
+  EXPECT_EQ(small.cache.rank, 0);  // no environment read: the caller resolves the rank
+  EXPECT_EQ(small.cache.world_size, 1);
+  for (int round = 0; round < 2; ++round) {  // the order in which they run does not matter
+    CachedDataset a = make_cached_dataset(round == 0 ? small : large);
+    CachedDataset b = make_cached_dataset(round == 0 ? large : small);
+    CachedDataset& limited = round == 0 ? a : b;
+    CachedDataset& open = round == 0 ? b : a;
+    const std::string m = test::error_of<Error>([&] { limited.fill(); });
+    EXPECT_NE(m.find("more than max_volume_bytes"), std::string::npos) << m;
+    EXPECT_EQ(open.fill().items, 5u);
+    // The random chain carries the pipeline's limit too.
+    const Sample s = open.get(0);
+    EXPECT_NO_THROW(make_random_chain(large).run(s, 0, 0));
+    EXPECT_THROW(make_random_chain(small).run(s, 0, 0), ValueError);
+  }
+}
+
 TEST_F(CachedDatasetTest, SmartCacheReportsAFailedReplacementAtUpdate) {
   Dataset d = load_dataset(dataset_json());
   d.items[3].files["image"] = tmp / "gone.nii.gz";

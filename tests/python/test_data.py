@@ -95,6 +95,41 @@ def test_pipeline_from_a_yaml_file_is_shared_by_datasets(tiny_config, tmp_path):
         medfast.data.Pipeline(str(tmp_path / "missing.yaml"))
 
 
+def test_two_pipelines_with_different_settings_in_one_process(tiny_config, tmp_path):
+    import copy
+    # Reading a config changes nothing process-wide: each pipeline keeps its own settings
+    # (its config's settings map), whichever was made last.
+    small = copy.deepcopy(tiny_config)
+    small["settings"] = {"max_volume_bytes": "1KiB", "threads": 1}
+    large = copy.deepcopy(tiny_config)
+    large["settings"] = {"threads": 2}
+    before = medfast.settings.get("max_volume_bytes")
+    p_small = medfast.data.Pipeline(small)
+    p_large = medfast.data.Pipeline(large)
+    assert medfast.settings.get("max_volume_bytes") == before
+    with pytest.raises(ValueError, match="max_volume_bytes"):
+        medfast.data.CachedDataset(p_small)
+    ds = medfast.data.CachedDataset(p_large)
+    assert len(ds) == 5
+    batch = next(iter(medfast.data.Loader(ds, shuffle=False)))
+    assert batch["image"].dim() == 5
+    p_small_again = medfast.data.Pipeline(small)  # made after the large one: still limited
+    with pytest.raises(ValueError, match="max_volume_bytes"):
+        medfast.data.CachedDataset(p_small_again)
+    assert len(medfast.data.CachedDataset(p_large)) == 5
+
+
+def test_a_pipeline_writes_its_synthetic_dataset_first(tiny_config, tmp_path):
+    c = dict(tiny_config)
+    c["data"] = dict(tiny_config["data"])
+    c["data"]["dataset"] = str(tmp_path / "synth" / "dataset.json")
+    c["data"]["synth"] = {"cases": 3, "size": "24,24,8", "seed": 2}
+    c["data"]["validation"] = None
+    pipeline = medfast.data.Pipeline(c)
+    assert pipeline.items == 3
+    assert (tmp_path / "synth" / "dataset.json").exists()
+
+
 def test_loader_on_the_cpu_with_pinned_batches(tiny_config):
     ds = medfast.data.CachedDataset(tiny_config)
     loader = medfast.data.Loader(ds, device="cpu", pin_memory=torch.cuda.is_available(), prefetch=3, threads=2)

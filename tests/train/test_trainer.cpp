@@ -43,8 +43,19 @@
 namespace medfast::train {
 namespace {
 
-/// A tiny run: 6 synthetic cases of 40x40x12 (1 for validation), UNet(4, 8, 16), 2 epochs.
+nlohmann::json unprepared_tiny_config(const test::TempDir& dir);
+Settings one_thread();
+
+/// A tiny run: 6 synthetic cases of 40x40x12 (1 for validation), UNet(4, 8, 16), 2 epochs;
+/// its dataset written (the step the CLI takes before a run: prepare_run).
 nlohmann::json tiny_config(const test::TempDir& dir) {
+  nlohmann::json c = unprepared_tiny_config(dir);
+  data::prepare_dataset(c, "tiny config", dir.path(), one_thread());
+  return c;
+}
+
+/// tiny_config without its dataset (data.synth not run yet).
+nlohmann::json unprepared_tiny_config(const test::TempDir& dir) {
   nlohmann::json c = default_run_config();
   c["data"]["dataset"] = dir / "data/dataset.json";
   c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
@@ -163,6 +174,38 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chanels"), std::string::npos) << e.what();
   }
+}
+
+// Reading a run config is pure; writing data.synth's dataset is the explicit step before
+// it (prepare_run), which checks the whole config first.
+TEST(TrainConfig, ReadingIsPureAndPrepareRunWritesTheDataset) {
+  test::TempDir dir;
+  const Settings s = one_thread();
+  nlohmann::json c = unprepared_tiny_config(dir);
+  c["settings"] = {{"gzip_level", 2}};
+  const std::string m = test::error_of<ConfigError>([&] { load_run_config(c, dir / "run.yaml", s); });
+  EXPECT_NE(m.find("data.dataset"), std::string::npos) << m;
+  EXPECT_NE(m.find("does not exist yet: data.synth writes it"), std::string::npos) << m;
+  EXPECT_FALSE(os::exists(dir / "data"));  // reading wrote nothing
+  nlohmann::json typo = c;
+  typo["train"]["epochz"] = 3;
+  EXPECT_THROW(prepare_run(typo, dir / "run.yaml", s), ConfigError);
+  EXPECT_FALSE(os::exists(dir / "data"));  // a typo anywhere stops before any data is written
+  typo = c;
+  typo["data"]["synth"]["casez"] = 3;
+  EXPECT_THROW(prepare_run(typo, dir / "run.yaml", s), ConfigError);
+  EXPECT_FALSE(os::exists(dir / "data"));
+  EXPECT_TRUE(prepare_run(c, dir / "run.yaml", s));
+  EXPECT_TRUE(os::exists(dir / "data/dataset.json"));
+  EXPECT_FALSE(prepare_run(c, dir / "run.yaml", s));  // once: found there later
+  const RunConfig rc = load_run_config(c, dir / "run.yaml", s);
+  EXPECT_EQ(rc.data.dataset.items.size(), 5u);
+  EXPECT_EQ(rc.settings.get_int("gzip_level"), 2);  // the config's settings, in the run's copy
+  EXPECT_EQ(s.get_int("gzip_level"), kDefaultGzipLevel);  // the caller's unchanged
+  EXPECT_EQ(rc.settings.threads(), 1);  // a flag stays above the config's settings
+  // A config with data.synth still reads as its data section requires (keys checked).
+  c["data"]["synth"]["format"] = "tiff";
+  EXPECT_THROW(load_run_config(c, dir / "run.yaml", s), ConfigError);
 }
 
 TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {

@@ -4,10 +4,13 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/settings.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/transforms/indices.hpp"
 #include "medfast/transforms/intensity.hpp"
@@ -273,14 +276,26 @@ TEST(Transforms, SpacingChecksItsOutputSizeBeforeAllocating) {
                            "output shape [1, 1, 1]"}) {
     EXPECT_NE(small.find(part), std::string::npos) << "'" << part << "' missing in: " << small;
   }
-  // The limit is the max_volume_bytes setting: a plausible output over a small limit is refused too.
-  const std::uint64_t saved = max_output_bytes();
-  set_max_output_bytes(1000);
+  // The limit is the chain's max_volume_bytes: a plausible output over a small limit is refused too.
   Sample normal = sample_with_spacing(1.0);
-  EXPECT_THROW(spacing->apply(normal), ValueError);
-  EXPECT_THROW(make_resize_with_pad_or_crop({{"image"}, {64, 64, 64}, 0.0})->apply(normal), ValueError);
-  set_max_output_bytes(saved);
+  {
+    OutputLimit limit(1000);
+    EXPECT_EQ(max_output_bytes(), 1000u);
+    EXPECT_THROW(spacing->apply(normal), ValueError);
+    EXPECT_THROW(make_resize_with_pad_or_crop({{"image"}, {64, 64, 64}, 0.0})->apply(normal), ValueError);
+  }
+  EXPECT_EQ(max_output_bytes(), kDefaultMaxVolumeBytes);
   EXPECT_NO_THROW(spacing->apply(normal));
+  Compose limited({spacing});
+  limited.set_max_output_bytes(1000);
+  Sample again = sample_with_spacing(1.0);
+  EXPECT_THROW(limited.apply(again), ValueError);
+  EXPECT_EQ(max_output_bytes(), kDefaultMaxVolumeBytes);  // restored after the error too
+  // Another thread has its own limit: the default, whatever this one's chain runs with.
+  OutputLimit here(1000);
+  std::uint64_t there = 0;
+  std::thread([&] { there = max_output_bytes(); }).join();
+  EXPECT_EQ(there, kDefaultMaxVolumeBytes);
 }
 
 TEST(Transforms, ResizeWithPadOrCropCentresLikeMonai) {

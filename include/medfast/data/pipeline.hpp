@@ -45,6 +45,9 @@ struct PipelineConfig {
   LoaderOptions loader;
   bool smart = false;  ///< cache.kind: smart
   SmartCacheOptions smart_options;
+  /// The largest output a transform of its chains may allocate (the max_volume_bytes
+  /// setting); the chains made below carry it.
+  std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;
 };
 
 /// YAML (or JSON, which is YAML) to JSON: numbers, booleans and null typed.
@@ -52,12 +55,27 @@ nlohmann::json load_yaml_as_json(const std::string& path);
 /// The same for text; `what` names it in the FormatError.
 nlohmann::json parse_yaml(const std::string& text, const std::string& what);
 
-/// Reads the data section. Throws FormatError naming the file and the key.
+/// `settings` with the config's `settings:` map applied below flags and the environment
+/// (a copy; `settings` is not changed). ConfigError naming the file and the key.
+Settings with_config_settings(const Settings& settings, const nlohmann::json& root, const std::string& path);
+
+/// Reads the data section and the dataset lists it names. Pure: it writes nothing and
+/// changes no process state (no global limit, no environment read; the cache's rank is
+/// 0 of 1 until the caller sets it, e.g. with CacheConfig::from_environment). The
+/// config's `settings:` apply to it. Throws ConfigError naming the file and the key; a
+/// data.synth whose dataset is not written yet is one (prepare_dataset writes it).
 PipelineConfig load_pipeline(const std::string& path, const Settings& settings);
 /// The same from an already parsed config; relative paths are relative to
 /// `base_dir`, and `path` names the config in messages.
 PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base_dir,
                              const Settings& settings);
+
+/// The explicit step before a run reads its data: writes data.synth's dataset where
+/// data.dataset points when that list does not exist yet (a finished `data synth`
+/// writes dataset.json last). True when it wrote one; false without data.synth or with
+/// the list already there. The CLI and the Python API call it once, before reading.
+bool prepare_dataset(const nlohmann::json& root, const std::string& path, const std::string& base_dir,
+                     const Settings& settings);
 
 /// Builds the cached dataset the config describes (training items).
 CachedDataset make_cached_dataset(const PipelineConfig& config);

@@ -61,6 +61,9 @@ struct RunConfig {
   int val_interval = 1;
   bool hd95 = false;
   TrainOptions train;
+  /// The caller's settings with the config's `settings:` map below flags and the
+  /// environment (what the run uses; the caller's own are not changed).
+  Settings settings;
   std::shared_ptr<Collective> collective;  ///< set by the caller under DDP
 };
 
@@ -71,9 +74,17 @@ struct RunConfig {
 int apply_network_threads(int train_threads, const Settings& settings);
 
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
-/// working directory). The settings apply the config's `settings:` map below
-/// flags and the environment.
+/// working directory). Pure: it writes nothing and changes no process state; the
+/// config's `settings:` map applies to RunConfig::settings, a copy of `settings`.
 /// `base_dir` overrides the folder relative paths start from (a checkpoint's config).
-RunConfig load_run_config(nlohmann::json root, std::string path, Settings& settings, std::string base_dir = "");
+/// A data.synth whose dataset is not written yet is a ConfigError: prepare_run first.
+RunConfig load_run_config(nlohmann::json root, std::string path, const Settings& settings, std::string base_dir = "");
+
+/// The explicit step before a run reads its data, taken once by the CLI and the Python
+/// API: checks every section but data's lists (a typo anywhere is an error before any
+/// data is written), then writes data.synth's dataset when its list does not exist
+/// (data::prepare_dataset). True when it wrote one.
+bool prepare_run(const nlohmann::json& root, const std::string& path, const Settings& settings,
+                 std::string base_dir = "");
 
 }  // namespace medfast::train

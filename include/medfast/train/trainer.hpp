@@ -103,7 +103,9 @@ class Trainer {
  public:
   /// `config` is the whole run config; `path` names it in messages and its folder
   /// anchors relative paths ("" for the built-in default: the working directory).
-  Trainer(nlohmann::json config, std::string path, Settings settings);
+  /// Reads it (load_run_config: no effect); a data.synth dataset must be written before
+  /// (prepare_run, the step the CLI and medfast.train.run take first).
+  Trainer(nlohmann::json config, std::string path, const Settings& settings);
   ~Trainer();
   /// Under DDP: the process group (set before run()).
   void set_collective(std::shared_ptr<Collective> collective);

@@ -16,6 +16,7 @@
 #include <array>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "medfast/core/random.hpp"
@@ -130,11 +131,15 @@ class RandomChain {
   /// Whether flips, quarter turns and intensity steps are folded into one gather per key
   /// (default); off, each step makes its own tensor (the reference in tests and benchmarks).
   void set_fuse_index_steps(bool on) { fuse_index_ = on; }
+  /// The largest output its transforms may allocate (transforms::max_output_bytes() while
+  /// it runs); unset, the limit of the thread that runs it.
+  void set_max_output_bytes(std::uint64_t bytes) { max_output_bytes_ = bytes; }
 
  private:
   std::vector<RandomTransformPtr> transforms_;
   std::uint64_t seed_ = 0;
   bool fuse_index_ = true;
+  std::optional<std::uint64_t> max_output_bytes_;
 };
 
 /// Builds a random chain from [{"name": ..., args}, ...]; deterministic

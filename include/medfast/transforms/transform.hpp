@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,10 +59,14 @@ class Compose {
   /// one step (default; the same output).
   /// Off, each runs on its own (the reference in tests).
   void set_fuse(bool on) { fuse_ = on; }
+  /// The largest output its transforms may allocate (max_output_bytes() while it runs);
+  /// unset, the limit of the thread that applies it.
+  void set_max_output_bytes(std::uint64_t bytes) { max_output_bytes_ = bytes; }
 
  private:
   std::vector<TransformPtr> transforms_;
   bool fuse_ = true;
+  std::optional<std::uint64_t> max_output_bytes_;
 };
 
 /// Builds a transform from its name and JSON arguments. Throws ValueError
@@ -83,12 +88,24 @@ bool use_native_kernels(const at::Tensor& t);
 /// Tests only: disable native kernels so the libtorch-op paths run on CPU.
 void set_native_kernels_enabled(bool enabled);
 
-/// The largest output a transform may allocate (the max_volume_bytes setting;
-/// process-wide, set where the pipeline is configured). Checked before every
-/// resampling, resize or crop allocates, so that a broken affine or argument
-/// is an error naming the transform instead of an allocator failure.
+/// The largest output a transform may allocate on this thread: the max_volume_bytes of
+/// the chain running it (Compose and RandomChain apply theirs, set from the pipeline's
+/// settings), kDefaultMaxVolumeBytes outside any. Checked before every resampling, resize
+/// or crop allocates, so that a broken affine or argument is an error naming the transform
+/// instead of an allocator failure. No process-wide state: two pipelines with different
+/// limits run side by side.
 std::uint64_t max_output_bytes();
-void set_max_output_bytes(std::uint64_t bytes);
+/// While alive, max_output_bytes() on this thread is `bytes` (then what it was before).
+class OutputLimit {
+ public:
+  explicit OutputLimit(std::uint64_t bytes);
+  ~OutputLimit();
+  OutputLimit(const OutputLimit&) = delete;
+  OutputLimit& operator=(const OutputLimit&) = delete;
+
+ private:
+  std::uint64_t saved_;
+};
 /// ValueError "<transform>: key <key>: <why>: output shape [C, X, Y, Z] = N bytes is more
 /// than max_volume_bytes (...)" if `channels` x `shape` of `element_size` exceeds it.
 void check_output_size(const std::string& transform, const std::string& key, std::int64_t channels,
