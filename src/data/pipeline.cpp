@@ -8,6 +8,7 @@
 #include <map>
 
 #include "medfast/core/config.hpp"
+#include "medfast/core/fields.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
@@ -227,27 +228,22 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   }
   c.loader.threads = settings.threads();
   ConfigReader loader(d.value("loader", nlohmann::json::object()), path + ": data.loader");
-  loader.read("batch_size", c.loader.batch_size).read("threads", c.loader.threads).read("shuffle", c.loader.shuffle);
-  loader.read("drop_last", c.loader.drop_last).read("repeats", c.loader.repeats).read("prefetch", c.loader.prefetch);
-  loader.read("pin_memory", c.loader.pin_memory).read("device", c.loader.device);
+  read_fields(loader, c.loader);
   loader.finish();
   try {
     c.loader.validate();
   } catch (const std::exception& e) {
     throw fail("data.loader", e.what());
   }
-  const nlohmann::json cache = d.value("cache", nlohmann::json::object());
-  ConfigReader cache_keys(cache, path + ": data.cache");
-  for (const char* k : {"kind", "dir", "cache_rate", "content_hash", "cache_num", "replace_rate"}) cache_keys.known(k);
+  ConfigReader cache_keys(d.value("cache", nlohmann::json::object()), path + ": data.cache");
+  CacheSectionOptions cache;
+  read_fields(cache_keys, cache);
   cache_keys.finish();
-  const std::string kind = cache.value("kind", "memory");
-  if (kind == "smart") {
+  if (cache.kind == "smart") {
     c.smart = true;
-    if (!cache.contains("cache_num") || !cache["cache_num"].is_number_integer() || cache["cache_num"].get<long long>() < 1) {
-      throw fail("data.cache.cache_num", "kind smart needs cache_num, a positive whole number");
-    }
-    c.smart_options.cache_num = cache["cache_num"].get<std::size_t>();
-    c.smart_options.replace_rate = cache.value("replace_rate", 0.1);
+    if (cache.cache_num < 1) cache_keys.fail("cache_num", "kind smart needs cache_num, a positive whole number");
+    c.smart_options.cache_num = static_cast<std::size_t>(cache.cache_num);
+    c.smart_options.replace_rate = cache.replace_rate;
     c.smart_options.threads = settings.threads();
     try {
       c.smart_options.validate(c.dataset.items.size());
@@ -256,17 +252,14 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     }
   } else {
     try {
-      c.cache.store.set_kind(kind);
+      c.cache.store.set_kind(cache.kind);
     } catch (const ValueError& e) {
       throw fail("data.cache.kind", str(e.what(), " (or smart)"));
     }
   }
-  if (cache.contains("dir")) c.cache.store.dir = resolve_path(base, cache["dir"].get<std::string>());
-  if (cache.contains("cache_rate")) {
-    if (!cache["cache_rate"].is_number()) throw fail("data.cache.cache_rate", "expected a number in 0..1");
-    c.cache.cache_rate = cache["cache_rate"].get<double>();
-  }
-  c.cache.content_hash = cache.value("content_hash", false);
+  if (!cache.dir.empty()) c.cache.store.dir = resolve_path(base, cache.dir);
+  c.cache.cache_rate = cache.cache_rate;
+  c.cache.content_hash = cache.content_hash;
   c.cache.threads = settings.threads();
   c.cache.store.io = io::IoOptions::from(settings);
   try {

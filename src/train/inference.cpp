@@ -101,15 +101,8 @@ void SlidingWindowOptions::validate() const {
 SlidingWindowOptions SlidingWindowOptions::from_json(const nlohmann::json& j, const std::string& where) {
   SlidingWindowOptions o;
   ConfigReader k(j, where);
-  if (k.has("roi_size") && k.raw("roi_size").is_number_integer()) {  // one size for every axis, as MONAI
-    o.roi_size.assign(3, k.raw("roi_size").get<std::int64_t>());
-  } else {
-    k.read("roi_size", o.roi_size);
-    if (k.has("roi_size") && o.roi_size.empty()) k.fail("roi_size", "expected a list of whole numbers or one whole number");
-  }
-  k.read("sw_batch_size", o.sw_batch_size).read("overlap", o.overlap).read("mode", o.mode);
-  k.read("sigma_scale", o.sigma_scale).read("padding_mode", o.padding_mode).read("cval", o.cval);
-  k.read("device", o.device);
+  read_fields(k, o);  // roi_size: one whole number stands for every axis, as in MONAI
+  if (k.has("roi_size") && o.roi_size.empty()) k.fail("roi_size", "expected a list of whole numbers or one whole number");
   k.finish(o);
   return o;
 }

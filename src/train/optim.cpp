@@ -16,6 +16,7 @@
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/registry.hpp"
 
 namespace medfast::train {
 
@@ -47,19 +48,94 @@ std::string canonical_name(const nlohmann::json& j, const std::vector<std::strin
   throw ConfigError(str(where, ".name: unknown ", what, " '", name, "' (expected ", join(known), ")"));
 }
 
-const std::vector<std::string> kOptimizers = {"SGD", "Adam", "AdamW", "Novograd"};
-const std::vector<std::string> kSchedules = {"constant", "warmup_cosine", "poly"};
-
 constexpr double kPi = 3.14159265358979323846;  // Python's math.pi
 
+// ---------------------------------------------------------------------------
+// The tables: an optimizer or schedule is its row here plus its fields' .in() marks.
+
+/// Adam and AdamW: the same arguments, another update.
+template <typename Optimizer, typename Options>
+std::unique_ptr<torch::optim::Optimizer> adam_family(std::vector<at::Tensor> params, const OptimizerOptions& o) {
+  return std::make_unique<Optimizer>(std::move(params), Options(o.lr)
+                                                            .betas({o.betas[0], o.betas[1]})
+                                                            .eps(o.eps)
+                                                            .weight_decay(o.weight_decay)
+                                                            .amsgrad(o.amsgrad));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_sgd(std::vector<at::Tensor> params, const OptimizerOptions& o) {
+  return std::make_unique<torch::optim::SGD>(
+      std::move(params),
+      torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening).weight_decay(o.weight_decay).nesterov(
+          o.nesterov));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_novograd(std::vector<at::Tensor> params, const OptimizerOptions& o) {
+  return std::make_unique<Novograd>(std::move(params), NovogradOptions(o.lr)
+                                                            .betas({o.betas[0], o.betas[1]})
+                                                            .eps(o.eps)
+                                                            .weight_decay(o.weight_decay)
+                                                            .grad_averaging(o.grad_averaging)
+                                                            .amsgrad(o.amsgrad));
+}
+
+void no_change(OptimizerOptions&) {}
+void adamw_defaults(OptimizerOptions& o) { o.weight_decay = kAdamWWeightDecay; }
+void novograd_defaults(OptimizerOptions& o) { o.betas[1] = kNovogradBeta2; }
+
+struct OptimizerKind {
+  std::unique_ptr<torch::optim::Optimizer> (*make)(std::vector<at::Tensor>, const OptimizerOptions&);
+  void (*defaults)(OptimizerOptions&);  ///< where its defaults differ from the struct's
+};
+
+constexpr Registered<OptimizerKind> kOptimizers[] = {
+    {"SGD", {&make_sgd, &no_change}},
+    {"Adam", {&adam_family<torch::optim::Adam, torch::optim::AdamOptions>, &no_change}},
+    {"AdamW", {&adam_family<torch::optim::AdamW, torch::optim::AdamWOptions>, &adamw_defaults}},
+    {"Novograd", {&make_novograd, &novograd_defaults}},
+};
+
+// The arithmetic follows the reference closed forms term by term (same
+// operation order), so the golden comparison can be tight.
+double constant_lr(const ScheduleOptions&, double lr, std::int64_t, std::int64_t) { return lr; }
+
+double poly_lr(const ScheduleOptions& s, double lr, std::int64_t epoch, std::int64_t max_epochs) {
+  const auto e = static_cast<double>(epoch);
+  const auto total = static_cast<double>(max_epochs);
+  return lr * std::pow(1.0 - std::min(total, e) / total, s.power);
+}
+
+double warmup_cosine_lr(const ScheduleOptions& s, double lr, std::int64_t epoch, std::int64_t max_epochs) {
+  MEDFAST_CHECK_T(ValueError, s.warmup_epochs < max_epochs, "warmup_cosine: warmup_epochs (", s.warmup_epochs,
+                  ") must be below the number of epochs (", max_epochs, ")");
+  const auto e = static_cast<double>(epoch);
+  const auto warmup = static_cast<double>(s.warmup_epochs);
+  if (epoch < s.warmup_epochs) {
+    // One warmup epoch: the reference's chained form starts at warmup_start_lr (its closed form divides by 0).
+    if (s.warmup_epochs == 1) return s.warmup_start_lr;
+    return s.warmup_start_lr + e * (lr - s.warmup_start_lr) / (warmup - 1);
+  }
+  return s.eta_min +
+         0.5 * (lr - s.eta_min) * (1 + std::cos(kPi * (e - warmup) / (static_cast<double>(max_epochs) - warmup)));
+}
+
+constexpr Registered<double (*)(const ScheduleOptions&, double, std::int64_t, std::int64_t)> kSchedules[] = {
+    {"constant", &constant_lr},
+    {"warmup_cosine", &warmup_cosine_lr},
+    {"poly", &poly_lr},
+};
+
 }  // namespace
+
+std::vector<std::string> optimizer_names() { return registered_names(kOptimizers); }
+std::vector<std::string> schedule_names() { return registered_names(kSchedules); }
 
 // ---------------------------------------------------------------------------
 // Options
 
 void OptimizerOptions::validate() const {
-  if (std::find(kOptimizers.begin(), kOptimizers.end(), name) == kOptimizers.end()) {
-    throw ValueError(str("optimizer name: unknown optimizer '", name, "' (expected ", join(kOptimizers), ")"));
+  if (!find_registered(kOptimizers, name)) {
+    throw ValueError(str("optimizer name: unknown optimizer '", name, "' (expected ", registered_text(kOptimizers), ")"));
   }
   auto fail = [&](const char* arg, const std::string& what) { return ValueError(str(name, ": ", arg, " ", what)); };
   if (!(lr >= 0)) throw fail("lr", str("must be >= 0 (got ", lr, ")"));
@@ -74,39 +150,35 @@ void OptimizerOptions::validate() const {
     return;
   }
   if (!(eps >= 0)) throw fail("eps", str("must be >= 0 (got ", eps, ")"));
-  if (!(beta1 >= 0 && beta1 < 1)) throw fail("betas[0]", str("must be in [0, 1) (got ", beta1, ")"));
-  if (!(beta2 >= 0 && beta2 < 1)) throw fail("betas[1]", str("must be in [0, 1) (got ", beta2, ")"));
+  for (int i = 0; i < 2; ++i) {
+    if (!(betas[i] >= 0 && betas[i] < 1)) throw fail(i == 0 ? "betas[0]" : "betas[1]", str("must be in [0, 1) (got ", betas[i], ")"));
+  }
+}
+
+OptimizerOptions OptimizerOptions::defaults(const std::string& name) {
+  const auto* row = find_registered(kOptimizers, name);
+  if (!row) throw ValueError(str("optimizer name: unknown optimizer '", name, "' (expected ", registered_text(kOptimizers), ")"));
+  OptimizerOptions o;
+  o.name = name;
+  row->make.defaults(o);
+  return o;
 }
 
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object() || !j.contains("name")) {
-    throw ConfigError(str(where, ": expected a mapping with a 'name' (", join(kOptimizers), ")"));
+    throw ConfigError(str(where, ": expected a mapping with a 'name' (", join(optimizer_names()), ")"));
   }
-  OptimizerOptions o;
-  o.name = canonical_name(j["name"], kOptimizers, where, "optimizer");
+  OptimizerOptions o = defaults(canonical_name(j["name"], optimizer_names(), where, "optimizer"));
   ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", o.name});
   k.known("name");
-  if (o.name == "AdamW") o.weight_decay = kAdamWWeightDecay;
-  if (o.name == "Novograd") o.beta2 = kNovogradBeta2;
-  k.read("lr", o.lr);
-  if (o.name == "SGD") {
-    k.read("momentum", o.momentum).read("dampening", o.dampening).read("weight_decay", o.weight_decay);
-    k.read("nesterov", o.nesterov);
-  } else {
-    std::array<double, 2> betas{o.beta1, o.beta2};
-    k.read("betas", betas).read("eps", o.eps).read("weight_decay", o.weight_decay);
-    if (o.name == "Novograd") k.read("grad_averaging", o.grad_averaging);
-    k.read("amsgrad", o.amsgrad);
-    o.beta1 = betas[0];
-    o.beta2 = betas[1];
-  }
+  read_fields(k, o, o.name);
   k.finish(o);
   return o;
 }
 
 void ScheduleOptions::validate() const {
-  if (std::find(kSchedules.begin(), kSchedules.end(), name) == kSchedules.end()) {
-    throw ValueError(str("schedule name: unknown schedule '", name, "' (expected ", join(kSchedules), ")"));
+  if (!find_registered(kSchedules, name)) {
+    throw ValueError(str("schedule name: unknown schedule '", name, "' (expected ", registered_text(kSchedules), ")"));
   }
   auto fail = [&](const char* arg, const std::string& what) { return ValueError(str(name, ": ", arg, " ", what)); };
   if (name == "warmup_cosine") {
@@ -121,48 +193,25 @@ void ScheduleOptions::validate() const {
 ScheduleOptions ScheduleOptions::from_json(const nlohmann::json& j, const std::string& where) {
   ScheduleOptions o;
   if (j.is_string()) {
-    o.name = canonical_name(j, kSchedules, where, "schedule");
+    o.name = canonical_name(j, schedule_names(), where, "schedule");
     return o;
   }
   if (!j.is_object() || !j.contains("name")) {
-    throw ConfigError(str(where, ": expected a name or a mapping with a 'name' (", join(kSchedules), ")"));
+    throw ConfigError(str(where, ": expected a name or a mapping with a 'name' (", join(schedule_names()), ")"));
   }
-  o.name = canonical_name(j["name"], kSchedules, where, "schedule");
+  o.name = canonical_name(j["name"], schedule_names(), where, "schedule");
   ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", o.name});
   k.known("name");
-  if (o.name == "warmup_cosine") {
-    k.read("warmup_epochs", o.warmup_epochs).read("warmup_start_lr", o.warmup_start_lr).read("eta_min", o.eta_min);
-  } else if (o.name == "poly") {
-    k.read("power", o.power);
-  }
+  read_fields(k, o, o.name);
   k.finish(o);
   return o;
 }
 
-// The arithmetic follows the reference closed forms term by term (same
-// operation order), so the golden comparison can be tight.
 double scheduled_lr(const ScheduleOptions& s, double lr, std::int64_t epoch, std::int64_t max_epochs) {
   s.validate();
   MEDFAST_CHECK_T(ValueError, max_epochs >= 1, "scheduled_lr: max_epochs must be >= 1 (got ", max_epochs, ")");
   MEDFAST_CHECK_T(ValueError, epoch >= 0, "scheduled_lr: epoch must be >= 0 (got ", epoch, ")");
-  const auto e = static_cast<double>(epoch);
-  if (s.name == "poly") {
-    const auto total = static_cast<double>(max_epochs);
-    return lr * std::pow(1.0 - std::min(total, e) / total, s.power);
-  }
-  if (s.name == "warmup_cosine") {
-    MEDFAST_CHECK_T(ValueError, s.warmup_epochs < max_epochs, "warmup_cosine: warmup_epochs (", s.warmup_epochs,
-                    ") must be below the number of epochs (", max_epochs, ")");
-    const auto warmup = static_cast<double>(s.warmup_epochs);
-    if (epoch < s.warmup_epochs) {
-      // One warmup epoch: the reference's chained form starts at warmup_start_lr (its closed form divides by 0).
-      if (s.warmup_epochs == 1) return s.warmup_start_lr;
-      return s.warmup_start_lr + e * (lr - s.warmup_start_lr) / (warmup - 1);
-    }
-    return s.eta_min +
-           0.5 * (lr - s.eta_min) * (1 + std::cos(kPi * (e - warmup) / (static_cast<double>(max_epochs) - warmup)));
-  }
-  return lr;
+  return find_registered(kSchedules, s.name)->make(s, lr, epoch, max_epochs);
 }
 
 // ---------------------------------------------------------------------------
@@ -349,35 +398,10 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::
 
 // ---------------------------------------------------------------------------
 
-namespace {
-
-/// Adam and AdamW: the same arguments, another update.
-template <typename Optimizer, typename Options>
-std::unique_ptr<torch::optim::Optimizer> adam_family(std::vector<at::Tensor> params, const OptimizerOptions& o) {
-  return std::make_unique<Optimizer>(
-      std::move(params), Options(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weight_decay).amsgrad(o.amsgrad));
-}
-
-}  // namespace
-
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> params,
                                                         const OptimizerOptions& options) {
   options.validate();
-  const auto& o = options;
-  if (o.name == "SGD") {
-    return std::make_unique<torch::optim::SGD>(
-        std::move(params),
-        torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening).weight_decay(o.weight_decay).nesterov(
-            o.nesterov));
-  }
-  if (o.name == "Adam") return adam_family<torch::optim::Adam, torch::optim::AdamOptions>(std::move(params), o);
-  if (o.name == "AdamW") return adam_family<torch::optim::AdamW, torch::optim::AdamWOptions>(std::move(params), o);
-  return std::make_unique<Novograd>(std::move(params), NovogradOptions(o.lr)
-                                                            .betas({o.beta1, o.beta2})
-                                                            .eps(o.eps)
-                                                            .weight_decay(o.weight_decay)
-                                                            .grad_averaging(o.grad_averaging)
-                                                            .amsgrad(o.amsgrad));
+  return find_registered(kOptimizers, options.name)->make.make(std::move(params), options);
 }
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {

@@ -179,27 +179,22 @@ RunConfig read_sections(const nlohmann::json& root, const std::string& path, con
   }
 
   ConfigReader val(section("validation"), c.path + ": validation");
-  val.read("interval", c.val_interval).read("hd95", c.hd95);
+  read_fields(val, c.validation);
   const nlohmann::json sw = val.raw("sliding_window");
   val.finish();
   in_config([&] { c.sliding_window = SlidingWindowOptions::from_json(sw, "validation.sliding_window"); });
 
   ConfigReader tr(section("train"), c.path + ": train");
   TrainOptions& t = c.train;
-  tr.read("run_dir", t.run_dir).read("epochs", t.epochs).read("seed", t.seed).read("device", t.device);
-  if (tr.has("amp")) t.amp = tr.raw("amp");
+  read_fields(tr, t);
   if (tr.has("profile")) {
     const nlohmann::json p = tr.raw("profile");
     in_config([&] { t.profile = ProfileOptions::from_json(p, "train.profile"); });
   }
-  tr.read("target_dice", t.target_dice).read("threads", t.threads).read("image_key", t.image_key);
-  tr.read("label_key", t.label_key).read("deterministic", t.deterministic);
-  tr.read("max_nonfinite_steps", t.max_nonfinite_steps);
-  tr.known("amp");
   tr.known("profile");
   tr.finish();
   t.run_dir = data::resolve_path(base, t.run_dir);
-  t.val_interval = c.val_interval;
+  t.val_interval = c.validation.interval;
   in_config([&] {
     t.validate();
     (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");

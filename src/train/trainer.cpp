@@ -125,10 +125,10 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
     const detail::CaseScores scores =
-        detail::score_case(ds.get(i), c, predict, device, c.hd95, str("validation item ", ds.global_index(i)));
+        detail::score_case(ds.get(i), c, predict, device, c.validation.hd95, str("validation item ", ds.global_index(i)));
     if (scores.nonfinite_logits) ++nonfinite;  // its NaN scores would drop out of the means
     dice.add(scores.dice);
-    if (c.hd95) hd.add(scores.hd95);
+    if (c.validation.hd95) hd.add(scores.hd95);
   }
   auto reduce = [&](MeanMetric& m) {
     at::Tensor sums = m.sums(), counts = m.counts();
@@ -154,7 +154,7 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   const at::Tensor per = d.per_class().to(at::kDouble).contiguous();
   for (std::int64_t k = 0; k < per.numel(); ++k) v.dice.push_back(per[k].item<double>());
   v.mean_dice = d.mean();
-  if (c.hd95) v.hd95 = reduce(hd).mean();
+  if (c.validation.hd95) v.hd95 = reduce(hd).mean();
   if (v.nonfinite_cases > 0) {  // not a score of 0, nor a mean over the other cases: no score
     v.mean_dice = std::nan("");
     for (double& x : v.dice) x = std::nan("");
@@ -595,7 +595,7 @@ class Run {
   /// must never name a best.ckpt not yet written), last.ckpt and metrics.jsonl.
   void finish_epoch(int epoch, Clock::time_point epoch_start, EpochRecord& rec) {
     const bool last_epoch = epoch + 1 == t_.epochs;
-    if (val_ds_ && ((epoch + 1) % c_.val_interval == 0 || last_epoch)) {
+    if (val_ds_ && ((epoch + 1) % c_.validation.interval == 0 || last_epoch)) {
       const auto v0 = Clock::now();
       trace::Range range("validation");
       const Validation v = validate(model_, *val_ds_, c_, device_, precision_, comm_);

@@ -3,6 +3,8 @@
 // torch's PolynomialLR and a LinearWarmupCosineAnnealingLR reimplementation),
 // save/load continuation, and the config errors by message.
 #include <gtest/gtest.h>
+
+#include <map>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -221,14 +223,49 @@ TEST(OptimConfig, FromJsonDefaultsAndNames) {
   EXPECT_DOUBLE_EQ(opt_json(R"({"name": "Adam"})").weight_decay, 0.0);
 
   const auto nova = opt_json(R"({"name": "Novograd", "grad_averaging": true})");
-  EXPECT_DOUBLE_EQ(nova.beta1, 0.9);
-  EXPECT_DOUBLE_EQ(nova.beta2, kNovogradBeta2);
+  EXPECT_DOUBLE_EQ(nova.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(nova.betas[1], kNovogradBeta2);
   EXPECT_TRUE(nova.grad_averaging);
   const auto betas = opt_json(R"({"name": "Adam", "betas": [0.5, 0.75], "eps": 1e-6, "amsgrad": true})");
-  EXPECT_DOUBLE_EQ(betas.beta1, 0.5);
-  EXPECT_DOUBLE_EQ(betas.beta2, 0.75);
+  EXPECT_DOUBLE_EQ(betas.betas[0], 0.5);
+  EXPECT_DOUBLE_EQ(betas.betas[1], 0.75);
   EXPECT_DOUBLE_EQ(betas.eps, 1e-6);
   EXPECT_TRUE(betas.amsgrad);
+}
+
+// Each optimizer and schedule is a row of a table plus the fields marked with its name:
+// what it reads, writes back and documents comes from that one list.
+TEST(OptimConfig, WrittenBackWholeFromItsFieldListPerKind) {
+  EXPECT_EQ(optimizer_names(), (std::vector<std::string>{"SGD", "Adam", "AdamW", "Novograd"}));
+  const std::map<std::string, std::vector<std::string>> keys = {
+      {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov"}},
+      {"Adam", {"lr", "betas", "eps", "weight_decay", "amsgrad"}},
+      {"AdamW", {"lr", "betas", "eps", "weight_decay", "amsgrad"}},
+      {"Novograd", {"lr", "betas", "eps", "weight_decay", "grad_averaging", "amsgrad"}}};
+  for (const auto& name : optimizer_names()) {
+    EXPECT_EQ(field_keys<OptimizerOptions>(name), keys.at(name)) << name;
+    const OptimizerOptions o = OptimizerOptions::from_json({{"name", name}});
+    nlohmann::json j = fields_json(o, name);
+    EXPECT_EQ(j.size(), keys.at(name).size()) << name;  // every argument of its own, defaults included
+    j["name"] = name;
+    const OptimizerOptions again = OptimizerOptions::from_json(j);
+    EXPECT_EQ(fields_json(again, name), fields_json(o, name)) << name;
+    EXPECT_EQ(field_docs(OptimizerOptions::defaults(name), name).size(), keys.at(name).size()) << name;
+    EXPECT_NE(make_optimizer({torch::ones({2}, torch::requires_grad())}, o), nullptr) << name;
+  }
+  EXPECT_EQ(fields_json(OptimizerOptions::defaults("AdamW"), "AdamW")["weight_decay"], kAdamWWeightDecay);
+  EXPECT_EQ(fields_json(OptimizerOptions::defaults("Novograd"), "Novograd")["betas"][1], kNovogradBeta2);
+  EXPECT_THROW(OptimizerOptions::defaults("Adagrad"), ValueError);
+
+  EXPECT_EQ(schedule_names(), (std::vector<std::string>{"constant", "warmup_cosine", "poly"}));
+  EXPECT_TRUE(field_keys<ScheduleOptions>("constant").empty());
+  EXPECT_EQ(field_keys<ScheduleOptions>("poly"), std::vector<std::string>{"power"});
+  const ScheduleOptions w =
+      ScheduleOptions::from_json(nlohmann::json::parse(R"({"name": "warmup_cosine", "warmup_epochs": 3})"));
+  nlohmann::json wj = fields_json(w, w.name);
+  EXPECT_EQ(wj, nlohmann::json::parse(R"({"warmup_epochs": 3, "warmup_start_lr": 0.0, "eta_min": 0.0})"));
+  wj["name"] = "warmup_cosine";
+  EXPECT_EQ(scheduled_lr(ScheduleOptions::from_json(wj), 0.1, 5, 10), scheduled_lr(w, 0.1, 5, 10));
 }
 
 TEST(OptimConfig, ErrorsByMessage) {

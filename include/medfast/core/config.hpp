@@ -122,6 +122,8 @@ class ConfigReader {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v.is_string()) return false;
       out = v.get<std::string>();
+    } else if constexpr (std::is_same_v<T, nlohmann::json>) {  // checked by its reader (several forms)
+      out = v;
     } else if constexpr (is_vector<T>::value) {
       if (!v.is_array()) return false;
       T items(v.size());
@@ -151,6 +153,8 @@ class ConfigReader {
       return "a number";
     } else if constexpr (std::is_same_v<T, std::string>) {
       return "text";
+    } else if constexpr (std::is_same_v<T, nlohmann::json>) {
+      return "a value";
     } else if constexpr (is_vector<T>::value) {
       return "a list of " + plural(typename T::value_type{});
     } else {

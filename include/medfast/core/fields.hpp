@@ -12,10 +12,15 @@
 ///     }
 ///   };
 ///
+/// Options of a family whose members take different arguments (optimizers, schedules)
+/// mark a field with the kinds it belongs to, `.in("Adam,AdamW")`; the kind-taking
+/// overloads below read, write and document only the fields of that kind.
+///
 /// and reading a mapping (read_fields: with ConfigReader's typed reads and messages),
 /// writing the options back with every default filled in (fields_json) and the key
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
+#include <algorithm>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,6 +41,7 @@ struct Field {
   const char* help;
   bool lower = false;  ///< text matched case-insensitively: stored lowercase
   int repeat = 0;      ///< > 0: one number may stand for a list of `repeat` (MONAI's ensure_tuple_rep)
+  const char* kinds = "";  ///< "A,B": the field belongs to these kinds only ("": to every kind)
 
   /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
   constexpr Field lowercase() const {
@@ -48,6 +54,24 @@ struct Field {
     Field f = *this;
     f.repeat = n;
     return f;
+  }
+  /// The field belongs to these kinds only: a comma-separated list of their names.
+  constexpr Field in(const char* kind_list) const {
+    Field f = *this;
+    f.kinds = kind_list;
+    return f;
+  }
+  /// Whether the field belongs to `kind` ("" asks for every field).
+  bool belongs_to(const std::string& kind) const {
+    if (kind.empty() || !*kinds) return true;
+    const std::string list = kinds;
+    std::size_t from = 0;
+    while (from <= list.size()) {
+      const std::size_t comma = std::min(list.find(',', from), list.size());
+      if (list.compare(from, comma - from, kind) == 0) return true;
+      from = comma + 1;
+    }
+    return false;
   }
 };
 
@@ -95,16 +119,21 @@ void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
 
 /// Fills every field of `options` that `r`'s mapping sets (absent keys keep their
 /// defaults); type errors name the key. The caller finishes `r` (unknown keys).
+/// With a `kind`, only the fields that belong to it: another kind's key stays unread, so
+/// the caller's finish() reports it as unknown for this kind.
 template <typename T>
-void read_fields(ConfigReader& r, T& options) {
-  std::apply([&](const auto&... f) { (detail::read_field(r, options, f), ...); }, T::fields());
+void read_fields(ConfigReader& r, T& options, const std::string& kind = "") {
+  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? detail::read_field(r, options, f) : void()), ...); },
+             T::fields());
 }
 
-/// Every field of `options` as JSON, defaults included: what a config written back says.
+/// Every field of `options` as JSON, defaults included: what a config written back says
+/// (with a `kind`, the fields of that kind only).
 template <typename T>
-nlohmann::json fields_json(const T& options) {
+nlohmann::json fields_json(const T& options, const std::string& kind = "") {
   nlohmann::json j = nlohmann::json::object();
-  std::apply([&](const auto&... f) { ((j[f.key] = options.*(f.member)), ...); }, T::fields());
+  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? void(j[f.key] = options.*(f.member)) : void()), ...); },
+             T::fields());
   return j;
 }
 
@@ -115,31 +144,35 @@ void for_each_field(const T& options, Fn&& fn) {
   std::apply([&](const auto&... f) { (fn(f, options.*(f.member)), ...); }, T::fields());
 }
 
-/// A row of an options struct's key table: key, default (as JSON), help.
+/// A row of an options struct's key table: key, default (as JSON), help, and the kinds
+/// it belongs to ("" for every kind).
 struct FieldDoc {
   std::string key;
   std::string default_value;
   std::string help;
+  std::string kinds;
 };
 
-/// The key table of T, in declaration order, defaults from a default-made T.
+/// The key table of T, in declaration order, defaults from `defaults` (a default-made T
+/// unless given: a kind with defaults of its own passes them).
 template <typename T>
-std::vector<FieldDoc> field_docs() {
-  const T defaults{};
+std::vector<FieldDoc> field_docs(const T& defaults = T{}, const std::string& kind = "") {
   std::vector<FieldDoc> rows;
   std::apply(
       [&](const auto&... f) {
-        ((rows.push_back({f.key, nlohmann::json(defaults.*(f.member)).dump(), f.help})), ...);
+        ((f.belongs_to(kind) ? rows.push_back({f.key, nlohmann::json(defaults.*(f.member)).dump(), f.help, f.kinds})
+                             : void()),
+         ...);
       },
       T::fields());
   return rows;
 }
 
-/// The keys T declares, in order.
+/// The keys T declares, in order (with a `kind`, that kind's).
 template <typename T>
-std::vector<std::string> field_keys() {
+std::vector<std::string> field_keys(const std::string& kind = "") {
   std::vector<std::string> keys;
-  std::apply([&](const auto&... f) { (keys.push_back(f.key), ...); }, T::fields());
+  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? keys.push_back(f.key) : void()), ...); }, T::fields());
   return keys;
 }
 

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
 #include "medfast/transforms/random.hpp"
 
 namespace medfast::data {
@@ -42,7 +43,20 @@ struct LoaderOptions {
   int repeats = 1;  ///< times each batch is yielded (MONAI ThreadDataLoader)
   std::string device = "cpu";
   bool pin_memory = false;
-  int rank = 0, world_size = 1;
+  int rank = 0, world_size = 1;  ///< set by the trainer under DDP (not config keys)
+
+  /// data.loader's keys.
+  static constexpr auto fields() {
+    using O = LoaderOptions;
+    return std::make_tuple(field("batch_size", &O::batch_size, "items per batch (samples: items x the crops per item)"),
+                           field("threads", &O::threads, "threads running the random chain"),
+                           field("shuffle", &O::shuffle, "a new item order every epoch (seeded by data.seed)"),
+                           field("drop_last", &O::drop_last, "drop the last, smaller batch"),
+                           field("repeats", &O::repeats, "times each batch is yielded (MONAI's ThreadDataLoader)"),
+                           field("prefetch", &O::prefetch, "batches built ahead of the training step"),
+                           field("pin_memory", &O::pin_memory, "page-locked host batches (for CUDA copies)"),
+                           field("device", &O::device, "where batches are delivered: cpu | cuda[:N]"));
+  }
   void validate() const;
 };
 

@@ -34,6 +34,26 @@
 
 namespace medfast::data {
 
+/// data.cache as written (PipelineConfig::cache and smart_options are what it resolves to).
+struct CacheSectionOptions {
+  std::string kind = "memory";  ///< memory | device | disk | disk_device | smart
+  std::string dir;              ///< disk kinds: the cache folder (relative: to the config's folder)
+  double cache_rate = 1.0;
+  bool content_hash = false;
+  std::int64_t cache_num = 0;  ///< smart: items resident at once
+  double replace_rate = 0.1;   ///< smart: share of them replaced per epoch
+  static constexpr auto fields() {
+    using O = CacheSectionOptions;
+    return std::make_tuple(
+        field("kind", &O::kind, "memory | device | disk | disk_device | smart"),
+        field("dir", &O::dir, "disk kinds: the cache folder (relative: to the config's folder)"),
+        field("cache_rate", &O::cache_rate, "share of the items cached, in 0..1 (MONAI's cache_rate)"),
+        field("content_hash", &O::content_hash, "key entries by the files' contents, not their names, sizes and times"),
+        field("cache_num", &O::cache_num, "smart: items resident at once"),
+        field("replace_rate", &O::replace_rate, "smart: share of the resident items replaced per epoch"));
+  }
+};
+
 struct PipelineConfig {
   std::string path;  ///< the config file
   Dataset dataset;

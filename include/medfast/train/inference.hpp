@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
+
 namespace medfast::train {
 
 struct SlidingWindowOptions {
@@ -41,6 +43,18 @@ struct SlidingWindowOptions {
   double cval = 0.0;                               ///< fill value of constant padding
   std::string device;                              ///< where the output is accumulated ("" = the input's device)
 
+  static constexpr auto fields() {
+    using O = SlidingWindowOptions;
+    return std::make_tuple(
+        field("roi_size", &O::roi_size, "window size (one number: every axis; <= 0: the input's size)").repeats(3),
+        field("sw_batch_size", &O::sw_batch_size, "windows per network call"),
+        field("overlap", &O::overlap, "overlap of neighbouring windows, in [0, 1)"),
+        field("mode", &O::mode, "blending of overlaps: constant | gaussian"),
+        field("sigma_scale", &O::sigma_scale, "gaussian: sigma as a fraction of the window"),
+        field("padding_mode", &O::padding_mode, "padding of small inputs: constant | reflect | replicate"),
+        field("cval", &O::cval, "fill value of constant padding"),
+        field("device", &O::device, "where the output is accumulated (empty: the input's device)"));
+  }
   /// Throws ValueError naming the argument and the bad value.
   void validate() const;
   /// Reads the keys above from a JSON mapping (roi_size may be one integer for all

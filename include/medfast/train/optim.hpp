@@ -20,6 +20,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,8 @@
 #include <utility>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
+
 namespace medfast::train {
 
 /// Default Novograd betas (MONAI's), which from_json applies when a Novograd config gives none.
@@ -36,15 +39,35 @@ inline constexpr double kNovogradBeta2 = 0.98;
 /// Default AdamW weight decay (torch's), which from_json applies when an AdamW config gives none.
 inline constexpr double kAdamWWeightDecay = 1e-2;
 
-/// The optimizer a config names, with torch's argument names.
+/// The optimizer a config names, with torch's argument names. Each argument is declared
+/// once in fields(), with the optimizers it belongs to: reading, writing back
+/// (fields_json(o, o.name)) and the docs' key table come from that list.
 struct OptimizerOptions {
-  std::string name = "SGD";  ///< SGD | Adam | AdamW | Novograd
-  double lr = 1e-4, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  std::string name = "SGD";  ///< SGD | Adam | AdamW | Novograd (the table in optim.cpp)
+  double lr = 1e-4, momentum = 0.0, dampening = 0.0;
+  std::array<double, 2> betas{0.9, 0.999};  ///< Adam, AdamW, Novograd
+  double eps = 1e-8, weight_decay = 0.0;
   bool nesterov = false;        ///< SGD
-  bool amsgrad = false;         ///< Adam, AdamW, Novograd
   bool grad_averaging = false;  ///< Novograd
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  ///< Adam, AdamW, Novograd (config: betas: [b1, b2])
+  bool amsgrad = false;         ///< Adam, AdamW, Novograd
 
+  static constexpr auto fields() {
+    using O = OptimizerOptions;
+    constexpr const char* adams = "Adam,AdamW,Novograd";
+    return std::make_tuple(field("lr", &O::lr, "learning rate"),
+                           field("momentum", &O::momentum, "momentum factor").in("SGD"),
+                           field("dampening", &O::dampening, "dampening of the momentum").in("SGD"),
+                           field("betas", &O::betas, "running-average coefficients [b1, b2]").in(adams),
+                           field("eps", &O::eps, "added to the denominator").in(adams),
+                           field("weight_decay", &O::weight_decay, "L2 penalty (AdamW: decoupled)"),
+                           field("nesterov", &O::nesterov, "Nesterov momentum").in("SGD"),
+                           field("grad_averaging", &O::grad_averaging, "scale the gradient by 1 - b1").in("Novograd"),
+                           field("amsgrad", &O::amsgrad, "the AMSGrad variant").in(adams));
+  }
+  /// The defaults of optimizer `name` (canonical spelling): AdamW's weight_decay is
+  /// kAdamWWeightDecay and Novograd's betas[1] kNovogradBeta2, as in torch and MONAI.
+  /// ValueError for an unknown name.
+  static OptimizerOptions defaults(const std::string& name);
   /// Throws ValueError naming the argument and its value: an unknown name, a
   /// negative lr/eps/weight_decay/momentum/dampening, betas outside [0, 1), or
   /// nesterov without momentum or with dampening (torch's rules). Fields the
@@ -52,11 +75,13 @@ struct OptimizerOptions {
   void validate() const;
   /// Reads a mapping {name, lr, ...}; `name` is required (matched ignoring
   /// case). Unknown keys, arguments of another optimizer and wrong types are
-  /// ValueErrors naming `where`.key. AdamW's weight_decay defaults to
-  /// kAdamWWeightDecay and Novograd's beta2 to kNovogradBeta2 when not given,
-  /// as in torch and MONAI. The result is validated.
+  /// ValueErrors naming `where`.key. Absent arguments take defaults(name).
+  /// The result is validated.
   static OptimizerOptions from_json(const nlohmann::json& j, const std::string& where = "optimizer");
 };
+
+/// The optimizers make_optimizer knows, in the table's order.
+std::vector<std::string> optimizer_names();
 
 /// MONAI 1.3's Novograd options (monai/optimizers/novograd.py).
 struct NovogradOptions : public torch::optim::OptimizerCloneableOptions<NovogradOptions> {
@@ -144,7 +169,7 @@ double learning_rate(const torch::optim::Optimizer& optimizer);
 
 /// A learning-rate schedule over epochs.
 struct ScheduleOptions {
-  std::string name = "constant";  ///< constant | warmup_cosine | poly
+  std::string name = "constant";  ///< constant | warmup_cosine | poly (the table in optim.cpp)
   /// warmup_cosine: epochs of linear warmup from warmup_start_lr to lr, then a
   /// cosine from lr to eta_min at max_epochs, as LinearWarmupCosineAnnealingLR
   /// (Lightning Bolts, used by MONAI's SwinUNETR tutorials) stepped per epoch.
@@ -152,6 +177,14 @@ struct ScheduleOptions {
   double warmup_start_lr = 0.0, eta_min = 0.0;
   double power = 0.9;  ///< poly: lr * (1 - epoch / max_epochs) ** power, as torch's PolynomialLR
 
+  static constexpr auto fields() {
+    using O = ScheduleOptions;
+    return std::make_tuple(
+        field("warmup_epochs", &O::warmup_epochs, "epochs of linear warmup").in("warmup_cosine"),
+        field("warmup_start_lr", &O::warmup_start_lr, "learning rate of the first warmup epoch").in("warmup_cosine"),
+        field("eta_min", &O::eta_min, "learning rate at the last epoch").in("warmup_cosine"),
+        field("power", &O::power, "exponent of the decay").in("poly"));
+  }
   /// Throws ValueError naming the argument: unknown name, negative
   /// warmup_epochs/warmup_start_lr/eta_min, or power <= 0. Fields the named
   /// schedule does not use are ignored here; from_json rejects them.
@@ -160,6 +193,9 @@ struct ScheduleOptions {
   /// unknown keys and wrong types are ValueErrors naming `where`.key.
   static ScheduleOptions from_json(const nlohmann::json& j, const std::string& where = "schedule");
 };
+
+/// The schedules scheduled_lr knows, in the table's order.
+std::vector<std::string> schedule_names();
 
 /// Learning rate for `epoch` (0-based) of `max_epochs` with base `lr`. Closed
 /// form, so resuming needs no state. warmup_cosine: epoch e < warmup_epochs

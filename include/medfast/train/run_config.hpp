@@ -44,7 +44,34 @@ struct TrainOptions {
   int max_nonfinite_steps = -1;
   /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
   ProfileOptions profile;
+
+  /// train's keys (profile, a mapping of its own, is read by ProfileOptions).
+  static constexpr auto fields() {
+    using O = TrainOptions;
+    return std::make_tuple(
+        field("run_dir", &O::run_dir, "folder of checkpoints and metrics (relative: to the config's folder)"),
+        field("epochs", &O::epochs, "epochs to train"), field("seed", &O::seed, "seed of the weights and the network's randomness"),
+        field("device", &O::device, "cpu | cuda | cuda:N"),
+        field("amp", &O::amp, "mixed precision: false | true | fp16 | bf16 (true: fp16 on CUDA, bf16 on CPU)"),
+        field("target_dice", &O::target_dice, "stop when the validation mean Dice reaches it (0: never)"),
+        field("threads", &O::threads, "libtorch threads of the network (0: the threads setting)"),
+        field("image_key", &O::image_key, "the batches' input key"), field("label_key", &O::label_key, "the batches' label key"),
+        field("deterministic", &O::deterministic, "CUDA: deterministic cuDNN algorithms (bit-identical resume)"),
+        field("max_nonfinite_steps", &O::max_nonfinite_steps,
+              "bad steps in a row that stop the run (-1: 1, or 20 with fp16; 0: never stop)"));
+  }
   void validate() const;
+};
+
+/// The validation section's own keys (sliding_window, a mapping, is SlidingWindowOptions).
+struct ValidationOptions {
+  int interval = 1;   ///< validate every `interval` epochs (and after the last)
+  bool hd95 = false;  ///< also the 95th-percentile Hausdorff distance per class
+  static constexpr auto fields() {
+    using O = ValidationOptions;
+    return std::make_tuple(field("interval", &O::interval, "validate every N epochs, and after the last"),
+                           field("hd95", &O::hd95, "also the 95th-percentile Hausdorff distance per class (mm)"));
+  }
 };
 
 
@@ -58,8 +85,7 @@ struct RunConfig {
   OptimizerOptions optimizer;
   ScheduleOptions schedule;
   SlidingWindowOptions sliding_window;
-  int val_interval = 1;
-  bool hd95 = false;
+  ValidationOptions validation;
   TrainOptions train;
   /// The caller's settings with the config's `settings:` map below flags and the
   /// environment (what the run uses; the caller's own are not changed).
