@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <memory>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -15,6 +14,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
+#include "medfast/train/config_keys.hpp"
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/trainer.hpp"
 
@@ -56,6 +56,25 @@ nlohmann::json run_config(const std::string& path, const std::vector<std::string
   nlohmann::json c = path.empty() ? train::default_run_config() : data::load_yaml_as_json(path);
   for (const auto& s : sets) train::apply_override(c, s);
   return c;
+}
+
+int print_keys(Context&, bool json) {
+  const auto tables = train::run_config_keys();
+  if (json) {
+    print_json(train::key_tables_json(tables).dump(2));
+  } else {
+    std::fputs(train::key_tables_markdown(tables).c_str(), stdout);
+  }
+  return 0;
+}
+
+int print_resolved(Context& ctx, const std::string& path, const std::vector<std::string>& sets) {
+  const nlohmann::json config = run_config(path, sets);
+  // Read as `train` reads it, without its one effect: a data.synth dataset not written yet
+  // is written first (prepare_run), so that the dataset lists can be read.
+  train::prepare_run(config, path, ctx.settings);
+  print_json(train::resolved_run_config(train::load_run_config(config, path, ctx.settings)).dump(2));
+  return 0;
 }
 
 void print_epoch(const train::EpochRecord& r, int epochs) {
@@ -368,6 +387,11 @@ Command register_eval(CLI::App& root) {
   app->add_flag("--hd95", a->hd95, "Also the 95th-percentile Hausdorff distance (mm)");
   app->add_flag("--json", a->json, "Print JSON");
   return {app, [a](Context& ctx) { return run_eval(*a, ctx); }};
+}
+
+const ConfigTools& run_config_tools() {
+  static const ConfigTools tools{&print_keys, &print_resolved};
+  return tools;
 }
 
 }  // namespace medfast::cli

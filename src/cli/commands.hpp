@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "medfast/core/settings.hpp"
 
@@ -36,7 +37,24 @@ struct Command {
   std::function<int(Context&)> run;
 };
 
-Command register_config(CLI::App& root);
+/// `config show` (settings; torch-free), `config keys` and `config resolve` (the run
+/// config's key tables and a run config written back whole: from the options' field
+/// lists in the training library). `tools` is null in the torch-free `medfast`, which
+/// hands those two over when needs_torch().
+struct ConfigTools {
+  /// Prints every run config key table (Markdown, or JSON with `json`).
+  std::function<int(Context& ctx, bool json)> keys;
+  /// Prints the run config at `config` ("" : the built-in default) with `sets` applied,
+  /// every option written back with its value (JSON, which is YAML).
+  std::function<int(Context& ctx, const std::string& config, const std::vector<std::string>& sets)> resolve;
+};
+struct ConfigCommand {
+  Command command;
+  std::function<bool()> needs_torch;
+};
+ConfigCommand register_config(CLI::App& root, const ConfigTools* tools);
+/// medfast-torch's ConfigTools (cmd_train.cpp).
+const ConfigTools& run_config_tools();
 /// `info FILE` (torch-free) and `info --backends`: the backend self-check, run by
 /// `backends` (cmd_info_backends.cpp in medfast-torch; null in the torch-free `medfast`,
 /// which hands such a call over when needs_torch()). Returns the JSON report and prints

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> flag_values;
   cli::configure_app(app, ctx, flag_values);
 
-  std::vector<cli::Command> commands{cli::register_config(app), cli::register_info(app, &cli::check_backends).command, cli::register_data(app),
+  std::vector<cli::Command> commands{cli::register_config(app, &cli::run_config_tools()).command, cli::register_info(app, &cli::check_backends).command, cli::register_data(app),
                                        cli::register_io(app, &cli::torch_device_io()).command, cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
                                        cli::register_infer(app), cli::register_eval(app),

@@ -1,7 +1,7 @@
 // medfast: the command users run. It does not link libtorch: --version, --help, info,
-// config, cache info/verify/prune, io on the CPU, trace summarize and report run here at
+// config show, cache info/verify/prune, io on the CPU, trace summarize and report run here at
 // once (a few milliseconds, a few MB); every command that needs tensors (train, eval,
-// infer, data, cache build and prune --config, io with --device cuda, bench, launch)
+// infer, data, config keys/resolve, cache build and prune --config, io with --device cuda, bench, launch)
 // is handed, arguments unchanged, to medfast-torch beside this binary (exec: same
 // process id, so signals, exit codes and the terminal behave as if it ran here).
 #include <cstdio>
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   std::map<std::string, std::string> flag_values;
   cli::configure_app(app, ctx, flag_values);
   const cli::InfoCommand info = cli::register_info(app, nullptr);
-  std::vector<cli::Command> commands{cli::register_config(app), info.command, cli::register_trace(app),
+  const cli::ConfigCommand config = cli::register_config(app, nullptr);
+  std::vector<cli::Command> commands{config.command, info.command, cli::register_trace(app),
                                        cli::register_report(app)};
   // The others by name: whatever follows is theirs (their own --help included).
   std::vector<CLI::App*> handed;
@@ -85,7 +86,9 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : handed) {
       if (sub->parsed()) cli::hand_over(argc, argv);
     }
-    if (cache_dir.needs_pipeline() || io.needs_device() || info.needs_torch()) cli::hand_over(argc, argv);
+    if (cache_dir.needs_pipeline() || io.needs_device() || info.needs_torch() || config.needs_torch()) {
+      cli::hand_over(argc, argv);
+    }
     cli::resolve_settings(app, ctx, flag_values);
     for (auto& c : commands) {
       if (c.app->parsed()) return c.run(ctx);

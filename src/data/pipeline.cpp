@@ -239,6 +239,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   CacheSectionOptions cache;
   read_fields(cache_keys, cache);
   cache_keys.finish();
+  c.cache_options = cache;
   if (cache.kind == "smart") {
     c.smart = true;
     if (cache.cache_num < 1) cache_keys.fail("cache_num", "kind smart needs cache_num, a positive whole number");

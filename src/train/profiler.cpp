@@ -46,19 +46,9 @@ ProfileOptions ProfileOptions::from_json(const nlohmann::json& j, const std::str
   }
   if (j.is_string()) return parse(j.get<std::string>(), where);
   if (!j.is_object()) throw ValueError(str(where, ": expected {wait, warmup, active, repeat}, \"W,U,A,R\" or a boolean"));
-  for (const auto& [k, v] : j.items()) {
-    int* field = k == "wait" ? &o.wait : k == "warmup" ? &o.warmup : k == "active" ? &o.active
-               : k == "repeat" ? &o.repeat : nullptr;
-    if (field) {
-      if (!v.is_number_integer()) throw ValueError(str(where, ".", k, ": ", v.dump(), " (expected a whole number)"));
-      *field = v.get<int>();
-    } else if (k == "operators") {
-      if (!v.is_boolean()) throw ValueError(str(where, ".operators: ", v.dump(), " (expected true or false)"));
-      o.operators = v.get<bool>();
-    } else {
-      throw ValueError(str(where, ": unknown key '", k, "' (known: wait, warmup, active, repeat, operators)"));
-    }
-  }
+  ConfigReader r(j, where);
+  read_fields(r, o);
+  r.finish();
   o.enabled = true;
   o.validate(where);
   return o;

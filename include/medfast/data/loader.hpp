@@ -49,7 +49,7 @@ struct LoaderOptions {
   static constexpr auto fields() {
     using O = LoaderOptions;
     return std::make_tuple(field("batch_size", &O::batch_size, "items per batch (samples: items x the crops per item)"),
-                           field("threads", &O::threads, "threads running the random chain"),
+                           field("threads", &O::threads, "threads running the random chain (absent: the threads setting)"),
                            field("shuffle", &O::shuffle, "a new item order every epoch (seeded by data.seed)"),
                            field("drop_last", &O::drop_last, "drop the last, smaller batch"),
                            field("repeats", &O::repeats, "times each batch is yielded (MONAI's ThreadDataLoader)"),

@@ -65,6 +65,7 @@ struct PipelineConfig {
   LoaderOptions loader;
   bool smart = false;  ///< cache.kind: smart
   SmartCacheOptions smart_options;
+  CacheSectionOptions cache_options;  ///< data.cache as written, defaults filled in
   /// The largest output a transform of its chains may allocate (the max_volume_bytes
   /// setting); the chains made below carry it.
   std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;

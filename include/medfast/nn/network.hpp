@@ -32,6 +32,7 @@ struct NetworkSpec {
   std::string name;
   nlohmann::json arguments;
   std::function<torch::nn::AnyModule()> build;
+  std::vector<FieldDoc> docs;  ///< the network's key table (its options' field list)
 };
 
 /// Reads a `model` section. Throws ConfigError naming the key (with `where`, e.g. the
@@ -72,7 +73,7 @@ NetworkSpec network_spec(ConfigReader& arguments, const std::string& name, const
   read_fields(arguments, o);
   arguments.finish();
   construct(where, [&] { o.validate(); });
-  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }};
+  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }, field_docs<Options>()};
 }
 
 }  // namespace detail

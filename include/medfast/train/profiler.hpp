@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "medfast/core/fields.hpp"
+
 namespace medfast::train {
 
 struct ProfileOptions {
@@ -20,6 +22,15 @@ struct ProfileOptions {
   int repeat = 1;      ///< cycles; 0: every cycle until the run ends
   bool enabled = false;
   bool operators = true;  ///< libtorch's operator events too
+  /// train.profile's keys (a mapping; or "W,U,A,R", or true for the defaults).
+  static constexpr auto fields() {
+    using O = ProfileOptions;
+    return std::make_tuple(field("wait", &O::wait, "steps skipped at the start of each cycle"),
+                           field("warmup", &O::warmup, "steps profiled but not recorded"),
+                           field("active", &O::active, "steps recorded per cycle"),
+                           field("repeat", &O::repeat, "cycles (0: until the run ends)"),
+                           field("operators", &O::operators, "libtorch's operator events too"));
+  }
   /// "W,U,A,R" (--profile) or {wait, warmup, active, repeat, operators}; ValueError naming `where`.
   static ProfileOptions parse(const std::string& text, const std::string& where);
   static ProfileOptions from_json(const nlohmann::json& j, const std::string& where);

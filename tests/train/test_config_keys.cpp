@@ -1,0 +1,130 @@
+// A run config's key tables and a run config written back, both from the options'
+// field lists: the docs hold the tables (and stay true), a written-back config reads
+// back the same.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "medfast/core/error.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/train/config_keys.hpp"
+#include "medfast/train/run_config.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+const KeyTable& table(const std::vector<KeyTable>& tables, const std::string& section, const std::string& kind = "") {
+  for (const auto& t : tables) {
+    if (t.section == section && t.kind == kind) return t;
+  }
+  throw Error(str("no key table for ", section, " ", kind));
+}
+
+std::vector<std::string> keys_of(const KeyTable& t) {
+  std::vector<std::string> keys;
+  for (const auto& r : t.rows) keys.push_back(r.key);
+  return keys;
+}
+
+TEST(ConfigKeys, EverySectionAndKindHasItsTableFromTheFieldList) {
+  const auto tables = run_config_keys();
+  EXPECT_EQ(keys_of(table(tables, "data.loader")), field_keys<data::LoaderOptions>());
+  EXPECT_EQ(keys_of(table(tables, "data.cache")), field_keys<data::CacheSectionOptions>());
+  EXPECT_EQ(keys_of(table(tables, "train")), field_keys<TrainOptions>());
+  EXPECT_EQ(keys_of(table(tables, "validation.sliding_window")), field_keys<SlidingWindowOptions>());
+  for (const auto& name : nn::network_names()) {
+    EXPECT_EQ(keys_of(table(tables, "model", name)).size(), nn::parse_network({{"name", name}}).arguments.size()) << name;
+  }
+  for (const auto& name : optimizer_names()) {
+    EXPECT_EQ(keys_of(table(tables, "optimizer", name)), field_keys<OptimizerOptions>(name)) << name;
+  }
+  EXPECT_TRUE(table(tables, "schedule", "constant").rows.empty());
+  // Each row has a meaning, and its default parses as JSON.
+  for (const auto& t : tables) {
+    for (const auto& r : t.rows) {
+      EXPECT_FALSE(r.help.empty()) << t.section << "." << r.key;
+      EXPECT_NO_THROW((void)nlohmann::json::parse(r.default_value)) << t.section << "." << r.key;
+    }
+  }
+  // The kind's own defaults: AdamW decays by 0.01.
+  for (const auto& r : table(tables, "optimizer", "AdamW").rows) {
+    if (r.key == "weight_decay") EXPECT_EQ(r.default_value, "0.01");
+  }
+  const nlohmann::json j = key_tables_json(tables);
+  EXPECT_EQ(j.size(), tables.size());
+  EXPECT_EQ(j[0]["section"], "data.loader");
+  EXPECT_EQ(j[0]["keys"][0]["key"], "batch_size");
+}
+
+// docs/config.md holds `medfast config keys`' tables word for word: a key added to a
+// field list without the docs being regenerated fails here.
+TEST(ConfigKeys, DocsConfigMdHoldsTheTablesTheCommandPrints) {
+  const std::string md = key_tables_markdown(run_config_keys());
+  const std::string doc = test::read_file(test::source_dir() + "/docs/config.md");
+  const std::string begin = "<!-- keys: begin (medfast config keys) -->\n", end = "<!-- keys: end -->";
+  const auto a = doc.find(begin), b = doc.find(end);
+  ASSERT_NE(a, std::string::npos) << "docs/config.md has no '" << begin << "' marker";
+  ASSERT_NE(b, std::string::npos) << "docs/config.md has no '" << end << "' marker";
+  EXPECT_EQ(doc.substr(a + begin.size(), b - a - begin.size()), "\n" + md + "\n")
+      << "docs/config.md is out of date: put the output of `./build/medfast config keys` between its markers";
+  const auto r = test::run(test::medfast_binary() + " config keys");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, md);
+  const auto js = test::run(test::medfast_binary() + " config keys --json");
+  ASSERT_EQ(js.exit_code, 0) << js.err;
+  EXPECT_EQ(nlohmann::json::parse(js.out), key_tables_json(run_config_keys()));
+}
+
+nlohmann::json small_config(const test::TempDir& dir) {
+  nlohmann::json c = default_run_config();
+  c["data"]["dataset"] = dir / "data/dataset.json";
+  c["data"]["synth"] = {{"cases", 4}, {"size", "24,24,8"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
+  c["data"]["validation"] = {{"num", 1}};
+  c["train"]["run_dir"] = dir / "run";
+  return c;
+}
+
+TEST(ConfigKeys, AResolvedConfigHasEveryValueAndReadsBackTheSame) {
+  test::TempDir dir;
+  const Settings settings;
+  nlohmann::json c = small_config(dir);
+  c["optimizer"] = {{"name", "adamw"}, {"lr", 0.001}};
+  c["schedule"] = {{"name", "poly"}};
+  c["train"]["profile"] = "1,1,2,1";
+  ASSERT_TRUE(prepare_run(c, "", settings));
+  const nlohmann::json r = resolved_run_config(load_run_config(c, "", settings));
+  EXPECT_EQ(r["optimizer"], nlohmann::json::parse(R"({"name": "AdamW", "lr": 0.001, "betas": [0.9, 0.999],
+                                                      "eps": 1e-8, "weight_decay": 0.01, "amsgrad": false})"));
+  EXPECT_EQ(r["schedule"], nlohmann::json::parse(R"({"name": "poly", "power": 0.9})"));
+  EXPECT_EQ(r["loss"].size(), field_keys<LossOptions>().size());
+  EXPECT_EQ(r["model"]["name"], "UNet");
+  EXPECT_EQ(r["model"]["channels"], c["model"]["channels"]);
+  EXPECT_EQ(r["model"]["dropout"], 0.0);  // a default the config did not write
+  EXPECT_EQ(r["train"]["max_nonfinite_steps"], -1);
+  EXPECT_EQ(r["train"]["profile"]["active"], 2);
+  EXPECT_EQ(r["validation"]["sliding_window"]["padding_mode"], "constant");
+  EXPECT_EQ(r["data"]["loader"]["threads"], 1);  // the default config's
+  EXPECT_EQ(r["data"]["cache"]["kind"], "memory");
+  EXPECT_EQ(r["data"]["deterministic"], c["data"]["deterministic"]);
+  // Reading it back gives the same run.
+  EXPECT_EQ(resolved_run_config(load_run_config(r, "", settings)), r);
+  // The command prints it (a file's relative paths start at its folder).
+  test::write_file(dir / "run.json", c.dump());
+  const auto out = test::run(test::medfast_binary() + " config resolve --config " + dir / "run.json" +
+                             " --set optimizer.lr=0.5");
+  ASSERT_EQ(out.exit_code, 0) << out.err;
+  nlohmann::json want = r;
+  want["optimizer"]["lr"] = 0.5;
+  EXPECT_EQ(nlohmann::json::parse(out.out), want);
+  const auto bad = test::run(test::medfast_binary() + " config resolve --config " + dir / "run.json" +
+                             " --set optimizer.momentum=0.9");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("optimizer.momentum: unknown argument for AdamW"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace medfast::train
