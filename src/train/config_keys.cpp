@@ -13,6 +13,7 @@ std::vector<KeyTable> run_config_keys() {
     if (row.key == "threads") row.default_value = "null";  // load_pipeline: absent, the threads setting
   }
   t.push_back({"data.cache", "", field_docs<data::CacheSectionOptions>()});
+  for (const auto& name : transforms::names()) t.push_back({"data.deterministic", name, transforms::argument_docs(name)});
   for (const auto& name : nn::network_names()) {
     t.push_back({"model", name, nn::parse_network({{"name", name}}).docs});
   }
@@ -60,7 +61,8 @@ std::string key_tables_markdown(const std::vector<KeyTable>& tables) {
     }
     md << "| key | default | meaning |\n|---|---|---|\n";
     for (const FieldDoc& r : k.rows) {
-      md << "| `" << r.key << "` | `" << markdown_cell(r.default_value) << "` | " << markdown_cell(r.help) << " |\n";
+      const std::string value = r.required ? std::string("required") : "`" + markdown_cell(r.default_value) + "`";
+      md << "| `" << r.key << "` | " << value << " | " << markdown_cell(r.help) << " |\n";
     }
   }
   return md.str();
@@ -71,7 +73,10 @@ nlohmann::json key_tables_json(const std::vector<KeyTable>& tables) {
   for (const KeyTable& k : tables) {
     nlohmann::json keys = nlohmann::json::array();
     for (const FieldDoc& r : k.rows) {
-      keys.push_back({{"key", r.key}, {"default", nlohmann::json::parse(r.default_value)}, {"help", r.help}});
+      keys.push_back({{"key", r.key},
+                      {"default", nlohmann::json::parse(r.default_value)},
+                      {"required", r.required},
+                      {"help", r.help}});
     }
     out.push_back({{"section", k.section}, {"kind", k.kind}, {"keys", keys}});
   }

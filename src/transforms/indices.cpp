@@ -85,8 +85,9 @@ class FgBgToIndices final : public Transform {
   }
   std::string name() const override { return "FgBgToIndices"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys},           {"image_key", o_.image_key},   {"image_threshold", o_.image_threshold},
-            {"fg_postfix", o_.fg_postfix}, {"bg_postfix", o_.bg_postfix}, {"storage", "runs"}};
+    nlohmann::json c = fields_json(o_);
+    c["storage"] = "runs";  // the indices' stored form, part of the cache's key
+    return c;
   }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
@@ -197,13 +198,7 @@ TransformPtr make_fg_bg_to_indices(const FgBgToIndicesOptions& o) { return std::
 namespace registry {
 
 TransformPtr fg_bg_to_indices(Args& a, const nlohmann::json&) {
-  FgBgToIndicesOptions o;
-  o.keys = a.keys();
-  o.image_key = a.text("image_key", "");
-  o.image_threshold = a.number("image_threshold", 0);
-  o.fg_postfix = a.text("fg_postfix", "_fg_indices");
-  o.bg_postfix = a.text("bg_postfix", "_bg_indices");
-  return make_fg_bg_to_indices(o);
+  return make_fg_bg_to_indices(read_options<FgBgToIndicesOptions>(a));
 }
 
 }  // namespace registry

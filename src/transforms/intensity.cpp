@@ -29,8 +29,7 @@ class ScaleIntensityRange final : public Transform {
   }
   std::string name() const override { return "ScaleIntensityRange"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys}, {"a_min", o_.a_min}, {"a_max", o_.a_max},
-            {"b_min", o_.b_min}, {"b_max", o_.b_max}, {"clip", o_.clip}};
+    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
@@ -78,7 +77,7 @@ class NormalizeIntensity final : public Transform {
   explicit NormalizeIntensity(NormalizeIntensityOptions o) : o_(std::move(o)) { require_keys(o_.keys, "NormalizeIntensity"); }
   std::string name() const override { return "NormalizeIntensity"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys}, {"nonzero", o_.nonzero}, {"channel_wise", o_.channel_wise}};
+    return fields_json(o_);
   }
   static at::Tensor normalize(at::Tensor x, bool nonzero) {
     const at::Tensor mask = nonzero ? (x != 0) : at::ones_like(x, at::kBool);
@@ -116,7 +115,7 @@ class CastToType final : public Transform {
     for (const auto& d : o_.dtype) types_.push_back(parse_dtype(d, "CastToType: argument dtype"));
   }
   std::string name() const override { return "CastToType"; }
-  nlohmann::json config() const override { return {{"keys", o_.keys}, {"dtype", o_.dtype}}; }
+  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (std::size_t i = 0; i < o_.keys.size(); ++i) {
       Volume& v = s.volume(o_.keys[i]);
@@ -146,7 +145,7 @@ class LoadImage final : public Transform {
   }
   std::string name() const override { return "LoadImage"; }
   nlohmann::json config() const override {
-    nlohmann::json c = {{"keys", o_.keys}, {"dtype", o_.dtype}};
+    nlohmann::json c = fields_json(o_);
     if (!o_.label_dict.empty()) c["label_dict"] = o_.label_dict;  // (absent: NIfTI chains keep their hash)
     return c;
   }
@@ -226,7 +225,7 @@ class ToDevice final : public Transform {
     require_keys(o_.keys, name_.c_str());
   }
   std::string name() const override { return name_; }
-  nlohmann::json config() const override { return {{"keys", o_.keys}, {"device", o_.device}}; }
+  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
@@ -264,64 +263,36 @@ dicom::LabelDict parse_label_dict(Args& a, const nlohmann::json& j) {
   }
 }
 
-/// ToDevice's and EnsureType's arguments (EnsureType's data_type is always a tensor here).
-ToDeviceOptions to_device_options(Args& a) {
-  ToDeviceOptions o;
-  o.keys = a.keys();
-  o.device = a.text("device", "cpu");
-  return o;
-}
-
 }  // namespace
 
 
 namespace registry {
 
 TransformPtr load_image(Args& a, const nlohmann::json& json) {
-  LoadImageOptions o;
-  o.keys = a.keys();
-  if (a.has("dtype") && json["dtype"].is_null()) {
-    o.dtype.assign(o.keys.size(), "");
-    a.text("dtype", "");
-  } else {
-    o.dtype = a.per_key("dtype", "float32", o.keys.size());
-  }
+  LoadImageOptions o = read_options<LoadImageOptions>(a);
+  if (json.contains("dtype") && json["dtype"].is_null()) o.dtype.assign(o.keys.size(), "");  // every file's own type
   a.flag("image_only", true);  // medfast always keeps the geometry with the image
   if (a.has("label_dict")) o.label_dict = parse_label_dict(a, a.raw("label_dict"));
   return make_load_image(o);
 }
 
 TransformPtr scale_intensity_range(Args& a, const nlohmann::json&) {
-  ScaleIntensityRangeOptions o;
-  o.keys = a.keys();
-  o.a_min = a.number("a_min", 0);
-  o.a_max = a.number("a_max", 1);
-  o.b_min = a.number("b_min", 0);
-  o.b_max = a.number("b_max", 1);
-  o.clip = a.flag("clip", false);
-  return make_scale_intensity_range(o);
+  return make_scale_intensity_range(read_options<ScaleIntensityRangeOptions>(a));
 }
 
 TransformPtr normalize_intensity(Args& a, const nlohmann::json&) {
-  NormalizeIntensityOptions o;
-  o.keys = a.keys();
-  o.nonzero = a.flag("nonzero", false);
-  o.channel_wise = a.flag("channel_wise", false);
-  return make_normalize_intensity(o);
+  return make_normalize_intensity(read_options<NormalizeIntensityOptions>(a));
 }
 
-TransformPtr cast_to_type(Args& a, const nlohmann::json&) {
-  CastToTypeOptions o;
-  o.keys = a.keys();
-  o.dtype = a.per_key("dtype", "float32", o.keys.size());
-  return make_cast_to_type(o);
-}
+TransformPtr cast_to_type(Args& a, const nlohmann::json&) { return make_cast_to_type(read_options<CastToTypeOptions>(a)); }
 
-TransformPtr to_device(Args& a, const nlohmann::json&) { return std::make_shared<ToDevice>(to_device_options(a), "ToDevice"); }
+TransformPtr to_device(Args& a, const nlohmann::json&) {
+  return std::make_shared<ToDevice>(read_options<ToDeviceOptions>(a), "ToDevice");
+}
 
 TransformPtr ensure_type(Args& a, const nlohmann::json&) {
-  ToDeviceOptions o = to_device_options(a);
-  a.text("data_type", "tensor");
+  const auto o = read_options<ToDeviceOptions>(a);
+  a.text("data_type", "tensor");  // EnsureType's data_type is always a tensor here
   return std::make_shared<ToDevice>(o, "EnsureType");
 }
 

@@ -59,8 +59,6 @@ void crop_or_pad(Sample& sample, const std::vector<std::string>& keys, const Sha
 
 namespace {
 
-nlohmann::json shape_json(const Shape3& s) { return {s[0], s[1], s[2]}; }
-
 // Flips `dims` of a dense tensor into a new tensor with the same memory
 // order: every line along the innermost memory dim is copied whole, reversed
 // if that dim is flipped (torch's generic flip indexes every element).
@@ -123,7 +121,7 @@ class EnsureChannelFirst final : public Transform {
  public:
   explicit EnsureChannelFirst(EnsureChannelFirstOptions o) : o_(std::move(o)) { require_keys(o_.keys, "EnsureChannelFirst"); }
   std::string name() const override { return "EnsureChannelFirst"; }
-  nlohmann::json config() const override { return {{"keys", o_.keys}}; }
+  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
@@ -151,7 +149,7 @@ class Orientation final : public Transform {
     orientation_plan({2, 2, 2}, Affine(), o_.axcodes);  // validates the codes now
   }
   std::string name() const override { return "Orientation"; }
-  nlohmann::json config() const override { return {{"keys", o_.keys}, {"axcodes", o_.axcodes}}; }
+  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) orient(s.volume(key), key, o_.axcodes);
   }
@@ -195,8 +193,10 @@ class Spacing final : public Transform {
   }
   std::string name() const override { return "Spacing"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys}, {"pixdim", o_.pixdim}, {"mode", o_.mode}, {"diagonal", false},
-            {"padding_mode", "border"}};
+    nlohmann::json c = fields_json(o_);
+    c["diagonal"] = false;  // MONAI's fixed choices here, kept in the key of earlier caches
+    c["padding_mode"] = "border";
+    return c;
   }
   void apply(Sample& s) const override {
     for (std::size_t i = 0; i < o_.keys.size(); ++i) apply_key(s, i, nullptr);
@@ -356,8 +356,7 @@ class CropForeground final : public Transform {
   }
   std::string name() const override { return "CropForeground"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys},          {"source_key", o_.source_key},     {"threshold", o_.threshold},
-            {"margin", o_.margin},      {"allow_smaller", o_.allow_smaller}, {"k_divisible", o_.k_divisible}};
+    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     const Volume& src = s.volume(o_.source_key);
@@ -401,7 +400,7 @@ class ResizeWithPadOrCrop final : public Transform {
   }
   std::string name() const override { return "ResizeWithPadOrCrop"; }
   nlohmann::json config() const override {
-    return {{"keys", o_.keys}, {"spatial_size", shape_json(o_.spatial_size)}, {"value", o_.value}};
+    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
@@ -435,50 +434,22 @@ TransformPtr make_resize_with_pad_or_crop(const ResizeWithPadOrCropOptions& o) {
 // Entries of the transform table (registry.cpp): MONAI's arguments read into options.
 // ---------------------------------------------------------------------------
 
-namespace {
-
-std::array<double, 3> three(const std::vector<double>& v) { return {v[0], v[1], v[2]}; }
-std::array<std::int64_t, 3> three(const std::vector<std::int64_t>& v) { return {v[0], v[1], v[2]}; }
-
-}  // namespace
-
 namespace registry {
 
 TransformPtr ensure_channel_first(Args& a, const nlohmann::json&) {
-  return make_ensure_channel_first({a.keys()});
+  return make_ensure_channel_first(read_options<EnsureChannelFirstOptions>(a));
 }
 
-TransformPtr orientation(Args& a, const nlohmann::json&) {
-  OrientationOptions o;
-  o.keys = a.keys();
-  o.axcodes = a.text("axcodes", "RAS");
-  return make_orientation(o);
-}
+TransformPtr orientation(Args& a, const nlohmann::json&) { return make_orientation(read_options<OrientationOptions>(a)); }
 
-TransformPtr spacing(Args& a, const nlohmann::json&) {
-  SpacingOptions o;
-  o.keys = a.keys();
-  o.pixdim = three(a.numbers("pixdim", 3));
-  o.mode = a.per_key("mode", "bilinear", o.keys.size());
-  return make_spacing(o);
-}
+TransformPtr spacing(Args& a, const nlohmann::json&) { return make_spacing(read_options<SpacingOptions>(a)); }
 
 TransformPtr crop_foreground(Args& a, const nlohmann::json&) {
-  CropForegroundOptions o;
-  o.keys = a.keys();
-  o.source_key = a.text("source_key", "");
-  o.threshold = a.number("threshold", 0);
-  o.margin = three(a.integers("margin", 3, {0, 0, 0}));
-  o.allow_smaller = a.flag("allow_smaller", true);
-  o.k_divisible = three(a.integers("k_divisible", 3, {1, 1, 1}));
-  return make_crop_foreground(o);
+  return make_crop_foreground(read_options<CropForegroundOptions>(a));
 }
 
 TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
-  ResizeWithPadOrCropOptions o;
-  o.keys = a.keys();
-  o.spatial_size = three(a.integers("spatial_size", 3));
-  o.value = a.number("value", 0);
+  const auto o = read_options<ResizeWithPadOrCropOptions>(a);
   a.text("mode", "constant");
   return make_resize_with_pad_or_crop(o);
 }

@@ -12,6 +12,7 @@
 #include "medfast/os/file.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/transforms/transform.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -43,6 +44,12 @@ TEST(ConfigKeys, EverySectionAndKindHasItsTableFromTheFieldList) {
     EXPECT_EQ(keys_of(table(tables, "optimizer", name)), field_keys<OptimizerOptions>(name)) << name;
   }
   EXPECT_TRUE(table(tables, "schedule", "constant").rows.empty());
+  for (const auto& name : transforms::names()) {
+    EXPECT_FALSE(table(tables, "data.deterministic", name).rows.empty()) << name;
+  }
+  const auto& spacing = table(tables, "data.deterministic", "Spacing");
+  EXPECT_EQ(keys_of(spacing), (std::vector<std::string>{"keys", "pixdim", "mode"}));
+  EXPECT_TRUE(spacing.rows[0].required && spacing.rows[1].required && !spacing.rows[2].required);
   // Each row has a meaning, and its default parses as JSON.
   for (const auto& t : tables) {
     for (const auto& r : t.rows) {

@@ -369,6 +369,53 @@ TEST(Transforms, BadArgumentsNameTheTransformAndArgument) {
   }
 }
 
+// The chain's config is the cache's key: every deterministic transform's written-back
+// arguments, byte for byte as caches written by earlier versions were keyed (a change here
+// orphans every user's cache, and needs the cache format version bumped instead).
+TEST(Transforms, ChainConfigIsTheCacheKeyOfEarlierVersions) {
+  const auto chain = nlohmann::json::parse(R"([
+    {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+    {"name": "LoadImage", "keys": "seg", "label_dict": {"GTV-1": 1}},
+    {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "LPS"},
+    {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0], "mode": ["bilinear", "nearest"]},
+    {"name": "Spacing", "keys": "image", "pixdim": 2},
+    {"name": "ScaleIntensityRange", "keys": "image", "a_min": -57, "a_max": 164, "b_min": 0.0, "b_max": 1.0, "clip": true},
+    {"name": "NormalizeIntensity", "keys": "image", "nonzero": true},
+    {"name": "CropForeground", "keys": ["image", "label"], "source_key": "image", "margin": 2, "k_divisible": [2, 4, 8]},
+    {"name": "FgBgToIndices", "keys": "label", "image_key": "image"},
+    {"name": "ResizeWithPadOrCrop", "keys": ["image"], "spatial_size": [8, 8, 4], "value": 1},
+    {"name": "CastToType", "keys": ["image", "label"], "dtype": ["float16", "uint8"]},
+    {"name": "EnsureType", "keys": "image"},
+    {"name": "ToDevice", "keys": "image", "device": "cpu"}])");
+  const std::string dump = make_chain(chain).config().dump();
+  EXPECT_EQ(dump, R"([{"args":{"dtype":["float32",""],"keys":["image","label"]},"name":"LoadImage"},{"args":{"dtype":["float32"],"keys":["seg"],"label_dict":[["GTV-1",1]]},"name":"LoadImage"},{"args":{"keys":["image","label"]},"name":"EnsureChannelFirst"},{"args":{"axcodes":"LPS","keys":["image","label"]},"name":"Orientation"},{"args":{"diagonal":false,"keys":["image","label"],"mode":["bilinear","nearest"],"padding_mode":"border","pixdim":[1.5,1.5,2.0]},"name":"Spacing"},{"args":{"diagonal":false,"keys":["image"],"mode":["bilinear"],"padding_mode":"border","pixdim":[2.0,2.0,2.0]},"name":"Spacing"},{"args":{"a_max":164.0,"a_min":-57.0,"b_max":1.0,"b_min":0.0,"clip":true,"keys":["image"]},"name":"ScaleIntensityRange"},{"args":{"channel_wise":false,"keys":["image"],"nonzero":true},"name":"NormalizeIntensity"},{"args":{"allow_smaller":true,"k_divisible":[2,4,8],"keys":["image","label"],"margin":[2,2,2],"source_key":"image","threshold":0.0},"name":"CropForeground"},{"args":{"bg_postfix":"_bg_indices","fg_postfix":"_fg_indices","image_key":"image","image_threshold":0.0,"keys":["label"],"storage":"runs"},"name":"FgBgToIndices"},{"args":{"keys":["image"],"spatial_size":[8,8,4],"value":1.0},"name":"ResizeWithPadOrCrop"},{"args":{"dtype":["float16","uint8"],"keys":["image","label"]},"name":"CastToType"},{"args":{"device":"cpu","keys":["image"]},"name":"EnsureType"},{"args":{"device":"cpu","keys":["image"]},"name":"ToDevice"}])");
+  EXPECT_EQ(make_chain(chain).hash(), "26dc0083d0d76f8a");
+  // dtype: null keeps every file's type, as MONAI's LoadImaged(dtype=None) (it read as float32 before).
+  const auto keep = make_chain(nlohmann::json::parse(R"([{"name": "LoadImage", "keys": ["a", "b"], "dtype": null}])"));
+  EXPECT_EQ(keep.config()[0]["args"]["dtype"], nlohmann::json::parse(R"(["", ""])"));
+}
+
+// Each deterministic transform reads its arguments from its options' field list and writes
+// every one of them back (its config, the cache's key): the key table is complete.
+TEST(Transforms, EveryArgumentInTheKeyTableIsWrittenBack) {
+  for (const auto& name : names()) {
+    nlohmann::json args = {{"keys", "image"}};
+    for (const auto& row : argument_docs(name)) {
+      if (row.required && row.key == "source_key") args[row.key] = "image";
+      else if (row.required && row.key != "keys") args[row.key] = 8;  // pixdim, spatial_size: one number for all
+    }
+    const nlohmann::json config = make(name, args)->config();
+    for (const auto& row : argument_docs(name)) {
+      EXPECT_TRUE(config.contains(row.key)) << name << " does not write back " << row.key << ": " << config.dump();
+    }
+    if (!argument_docs(name).empty() && argument_docs(name)[0].required) {
+      EXPECT_VALUE_ERROR(make(name, nlohmann::json::object()), "keys: is required");
+    }
+  }
+  EXPECT_THROW(argument_docs("Spline"), ValueError);
+}
+
 TEST(Transforms, ChainHashChangesWithAnyArgument) {
   const auto base = nlohmann::json::parse(R"([{"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.5, 2.0],
                                                "mode": ["bilinear", "nearest"]}])");

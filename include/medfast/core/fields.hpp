@@ -21,6 +21,7 @@
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,6 +43,9 @@ struct Field {
   bool lower = false;  ///< text matched case-insensitively: stored lowercase
   int repeat = 0;      ///< > 0: one number may stand for a list of `repeat` (MONAI's ensure_tuple_rep)
   const char* kinds = "";  ///< "A,B": the field belongs to these kinds only ("": to every kind)
+  bool required = false;   ///< absent is an error ("is required")
+  bool sample_keys = false;  ///< a transform's keys: one key or a non-empty list of keys, required
+  const char* per_key = nullptr;  ///< one value per key of options.keys: one value stands for all; absent: this
 
   /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
   constexpr Field lowercase() const {
@@ -53,6 +57,26 @@ struct Field {
   constexpr Field repeats(int n) const {
     Field f = *this;
     f.repeat = n;
+    return f;
+  }
+  /// Absent is an error naming the key.
+  constexpr Field must() const {
+    Field f = *this;
+    f.required = true;
+    return f;
+  }
+  /// The sample keys a transform works on: one key or a list (MONAI's KeysCollection).
+  constexpr Field keys() const {
+    Field f = *this;
+    f.sample_keys = true;
+    f.required = true;
+    return f;
+  }
+  /// One text per key of the options' `keys` (read before it): one text stands for every
+  /// key, absent is `fallback` for every key (MONAI's per-key arguments).
+  constexpr Field each_key(const char* fallback) const {
+    Field f = *this;
+    f.per_key = fallback;
     return f;
   }
   /// The field belongs to these kinds only: a comma-separated list of their names.
@@ -87,10 +111,49 @@ template <typename M>
 struct is_number_list : std::false_type {};
 template <typename V, typename A>
 struct is_number_list<std::vector<V, A>> : std::is_arithmetic<V> {};
+/// A fixed-size array of numbers (repeats(N): one number or a list of N).
+template <typename M>
+struct is_number_array : std::false_type {};
+template <typename V, std::size_t N>
+struct is_number_array<std::array<V, N>> : std::is_arithmetic<V> {};
+
+template <typename T, typename = void>
+struct has_keys_member : std::false_type {};
+template <typename T>
+struct has_keys_member<T, std::void_t<decltype(std::declval<T&>().keys.size())>> : std::true_type {};
 
 template <typename T, typename M>
 void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   M& value = options.*(f.member);
+  if (f.sample_keys || f.per_key) {
+    if constexpr (std::is_same_v<M, std::vector<std::string>>) {
+      if (f.sample_keys) {
+        value = r.keys(f.key);
+        return;
+      }
+      if constexpr (has_keys_member<T>::value) {
+        value = r.per_key(f.key, f.per_key, options.keys.size());
+        return;
+      }
+    }
+    throw Error(str("options field ", f.key, ": keys() and each_key() apply to lists of texts (each_key: beside keys)"));
+  }
+  if constexpr (is_number_array<M>::value) {
+    if (f.repeat > 0) {  // ConfigReader's one-or-N reads: their messages say which (required too)
+      using V = typename M::value_type;
+      if (!r.has(f.key) && !f.required) {
+        r.known(f.key);
+        return;
+      }
+      const auto read = [&] {
+        if constexpr (std::is_integral_v<V>) return r.integers(f.key, value.size());
+        else return r.numbers(f.key, value.size());
+      }();
+      for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<V>(read[i]);
+      return;
+    }
+  }
+  if (f.required && !r.has(f.key)) r.fail(f.key, "is required");
   if constexpr (is_number_list<M>::value) {
     using V = typename M::value_type;
     if (f.repeat > 0 && r.has(f.key)) {
@@ -148,9 +211,10 @@ void for_each_field(const T& options, Fn&& fn) {
 /// it belongs to ("" for every kind).
 struct FieldDoc {
   std::string key;
-  std::string default_value;
+  std::string default_value;  ///< JSON; "null" where the field is required
   std::string help;
   std::string kinds;
+  bool required = false;
 };
 
 /// The key table of T, in declaration order, defaults from `defaults` (a default-made T
@@ -160,8 +224,13 @@ std::vector<FieldDoc> field_docs(const T& defaults = T{}, const std::string& kin
   std::vector<FieldDoc> rows;
   std::apply(
       [&](const auto&... f) {
-        ((f.belongs_to(kind) ? rows.push_back({f.key, nlohmann::json(defaults.*(f.member)).dump(), f.help, f.kinds})
-                             : void()),
+        ((f.belongs_to(kind)
+              ? rows.push_back({f.key,
+                                f.required  ? std::string("null")
+                                : f.per_key ? nlohmann::json(std::string(f.per_key)).dump()  // for every key
+                                            : nlohmann::json(defaults.*(f.member)).dump(),
+                                f.help, f.kinds, f.required})
+              : void()),
          ...);
       },
       T::fields());

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
 #include "medfast/transforms/transform.hpp"
 
 namespace medfast::transforms {
@@ -31,6 +32,13 @@ struct FgBgToIndicesOptions {
   double image_threshold = 0;
   std::string fg_postfix = "_fg_indices";
   std::string bg_postfix = "_bg_indices";
+  static constexpr auto fields() {
+    using O = FgBgToIndicesOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("image_key", &O::image_key, "if set, background excludes image <= image_threshold"),
+                           field("image_threshold", &O::image_threshold, "see image_key"),
+                           field("fg_postfix", &O::fg_postfix, "output key: the label key + this"),
+                           field("bg_postfix", &O::bg_postfix, "output key: the label key + this"));
+  }
 };
 TransformPtr make_fg_bg_to_indices(const FgBgToIndicesOptions& o);
 

@@ -11,22 +11,39 @@
 #include <string>
 #include <vector>
 
+#include "medfast/core/fields.hpp"
 #include "medfast/transforms/resample.hpp"
 #include "medfast/transforms/transform.hpp"
 
 namespace medfast::transforms {
 
+// Each options struct lists its MONAI arguments once (core/fields.hpp): the transform's
+// entry reads them, its config() (the cache's key) writes them back, the docs list them.
 struct EnsureChannelFirstOptions {
   std::vector<std::string> keys;
+  static constexpr auto fields() {
+    using O = EnsureChannelFirstOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys());
+  }
 };
 struct OrientationOptions {
   std::vector<std::string> keys;
   std::string axcodes = "RAS";
+  static constexpr auto fields() {
+    using O = OrientationOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("axcodes", &O::axcodes, "the axis codes of the output (RAS, LPS, ...)"));
+  }
 };
 struct SpacingOptions {
   std::vector<std::string> keys;
   std::array<double, 3> pixdim{1, 1, 1};
   std::vector<std::string> mode;  ///< per key: bilinear | nearest
+  static constexpr auto fields() {
+    using O = SpacingOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+                           field("pixdim", &O::pixdim, "output voxel size in mm: one number or three").repeats(3).must(),
+                           field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"));
+  }
 };
 struct CropForegroundOptions {
   std::vector<std::string> keys;
@@ -35,11 +52,25 @@ struct CropForegroundOptions {
   std::array<std::int64_t, 3> margin{0, 0, 0};
   bool allow_smaller = true;
   std::array<std::int64_t, 3> k_divisible{1, 1, 1};
+  static constexpr auto fields() {
+    using O = CropForegroundOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("source_key", &O::source_key, "the key whose foreground sets the box").must(),
+                           field("threshold", &O::threshold, "foreground: source values above it"),
+                           field("margin", &O::margin, "voxels added around the box: one number or three").repeats(3),
+                           field("allow_smaller", &O::allow_smaller, "a margin may go past the volume's edge"),
+                           field("k_divisible", &O::k_divisible, "the box's size a multiple of it: one or three").repeats(3));
+  }
 };
 struct ResizeWithPadOrCropOptions {
   std::vector<std::string> keys;
   Shape3 spatial_size{};
   double value = 0;  ///< constant padding value
+  static constexpr auto fields() {
+    using O = ResizeWithPadOrCropOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+                           field("spatial_size", &O::spatial_size, "output size: one whole number or three").repeats(3).must(),
+                           field("value", &O::value, "the padding value"));
+  }
 };
 
 TransformPtr make_ensure_channel_first(const EnsureChannelFirstOptions& o);

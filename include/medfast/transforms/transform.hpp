@@ -20,6 +20,7 @@
 
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/config.hpp"
+#include "medfast/core/fields.hpp"
 
 namespace medfast::transforms {
 
@@ -81,6 +82,9 @@ void for_each_chain_item(const nlohmann::json& list, const std::string& what,
                          const std::function<void(const std::string&, const nlohmann::json&)>& make);
 /// Names make() knows.
 std::vector<std::string> names();
+/// The key table of transform `name`'s arguments (its options' field list); ValueError
+/// for an unknown name.
+std::vector<FieldDoc> argument_docs(const std::string& name);
 
 /// True if `t` may use medfast's native CPU kernels (a CPU tensor, and native
 /// kernels enabled). Other tensors (CUDA, ROCm) go through libtorch ops.
@@ -120,5 +124,13 @@ class Args : public ConfigReader {
  public:
   Args(std::string transform, const nlohmann::json& args) : ConfigReader(args, std::move(transform), Style::argument) {}
 };
+
+/// A transform's options read from their field list (Options::fields(), core/fields.hpp).
+template <typename Options>
+Options read_options(Args& a) {
+  Options o;
+  read_fields(a, o);
+  return o;
+}
 
 }  // namespace medfast::transforms
