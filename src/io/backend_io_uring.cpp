@@ -18,6 +18,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/os/memory.hpp"
+#include "medfast/os/process.hpp"
 
 namespace medfast::io::detail {
 
@@ -101,8 +102,14 @@ class IoUringBackend final : public FileBackend {
   }
 
  private:
+  /// A forked child (a torch DataLoader worker) must not touch the pool: its rings' queues
+  /// are mapped shared with the parent, which goes on submitting to them, and the pool's
+  /// lock may have been held by a parent thread that did not fork. The child uses rings
+  /// of its own, one per call.
+  bool forked() const { return os::process_id() != owner_; }
+
   std::unique_ptr<Ring> take_ring() {
-    {
+    if (!forked()) {
       std::lock_guard<std::mutex> lock(ring_mutex);
       if (!rings.empty()) {
         auto r = std::move(rings.back());
@@ -121,6 +128,7 @@ class IoUringBackend final : public FileBackend {
   }
 
   void give_ring(std::unique_ptr<Ring> r) {
+    if (forked()) return;  // the child's own ring: closed here
     std::lock_guard<std::mutex> lock(ring_mutex);
     rings.push_back(std::move(r));
   }
@@ -354,6 +362,7 @@ class IoUringBackend final : public FileBackend {
 
 
   OpenFile& f_;
+  const pid_t owner_ = os::process_id();  // the process whose rings the pool holds
   std::mutex ring_mutex;
   std::vector<std::unique_ptr<Ring>> rings;
 };

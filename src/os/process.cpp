@@ -115,6 +115,8 @@ std::optional<ChildExit> wait_child(int timeout_ms) {
   }
 }
 
+pid_t process_id() { return ::getpid(); }
+
 bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 void send_signal(pid_t pid, int signal) {

@@ -5,6 +5,8 @@
 // library's suite, and the ThreadSanitizer job); tensors: test_tensor_io.cpp.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -123,6 +125,39 @@ TEST_P(Conformance, ConcurrentAndAsyncRequestsOnOneHandle) {
   EXPECT_EQ(fb.get(), b.size());
   EXPECT_EQ(a, data.substr(0, a.size()));
   EXPECT_EQ(b, data.substr(3u << 20));
+}
+
+// A forked child (a torch DataLoader worker) reads through a handle its parent opened and
+// used, while the parent goes on reading: each gets its own bytes, neither hangs (io_uring:
+// the child must not submit to the parent's rings, whose queues both processes map).
+TEST_P(Conformance, AForkedChildReadsThroughItsParentsHandle) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not support threads started in a child of a threaded process";
+#else
+  const std::string data = random_bytes(2u << 20, 9);
+  test::write_file(dir / "f", data);
+  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
+  std::string warm(data.size(), '\0');
+  ASSERT_EQ(f.read(warm.data(), warm.size(), 0), warm.size());  // the parent's pool holds a ring now
+  auto read_rounds = [&](int seed) {
+    std::string out(300000, '\0');
+    for (int i = 0; i < 30; ++i) {
+      const std::uint64_t off = (static_cast<std::uint64_t>(i) * 7919 + static_cast<std::uint64_t>(seed) * 104729) % (data.size() - out.size());
+      if (f.read(out.data(), out.size(), off) != out.size() || out != data.substr(off, out.size())) return false;
+    }
+    return true;
+  };
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) _exit(read_rounds(1) ? 0 : 3);
+  const bool parent_ok = read_rounds(2);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(parent_ok);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit (signal " << WTERMSIG(status) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child read wrong bytes or failed";
+  EXPECT_TRUE(read_rounds(3));  // and the parent's rings still work afterwards
+#endif
 }
 
 TEST_P(Conformance, AsyncCallsKeepTheFileOpenAfterTheHandleIsGone) {

@@ -30,6 +30,10 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 /// A child that has ended, if any: waits up to `timeout_ms` (0: do not wait).
 std::optional<ChildExit> wait_child(int timeout_ms);
 
+/// This process's id (getpid): code that keeps kernel objects shared across fork (an
+/// io_uring's queues) compares it with the id of the process that made them.
+pid_t process_id();
+
 /// Whether a process with this pid exists (kill(pid, 0); one owned by another user counts).
 bool process_alive(pid_t pid);
 
