@@ -6,40 +6,34 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/registry.hpp"
-#include "medfast/transforms/indices.hpp"
-#include "medfast/transforms/intensity.hpp"
-#include "medfast/transforms/spatial.hpp"
 
-// Name, entry (defined in the transform's file), options (its field list: the docs' key
-// table), in the order a MONAI chain has them.
-#define MEDFAST_TRANSFORMS(X)                                                                   \
-  X("LoadImage", load_image, LoadImageOptions)                        /* intensity.cpp */       \
-  X("EnsureChannelFirst", ensure_channel_first, EnsureChannelFirstOptions) /* spatial.cpp */    \
-  X("Orientation", orientation, OrientationOptions)                   /* spatial.cpp */         \
-  X("Spacing", spacing, SpacingOptions)                               /* spatial.cpp */         \
-  X("ScaleIntensityRange", scale_intensity_range, ScaleIntensityRangeOptions) /* intensity.cpp */ \
-  X("NormalizeIntensity", normalize_intensity, NormalizeIntensityOptions) /* intensity.cpp */   \
-  X("CropForeground", crop_foreground, CropForegroundOptions)         /* spatial.cpp */         \
-  X("FgBgToIndices", fg_bg_to_indices, FgBgToIndicesOptions)          /* indices.cpp */         \
-  X("ResizeWithPadOrCrop", resize_with_pad_or_crop, ResizeWithPadOrCropOptions) /* spatial.cpp */ \
-  X("CastToType", cast_to_type, CastToTypeOptions)                    /* intensity.cpp */       \
-  X("EnsureType", ensure_type, ToDeviceOptions)                       /* intensity.cpp */       \
-  X("ToDevice", to_device, ToDeviceOptions)                           /* intensity.cpp */
+// Name, entry (defined in the transform's file with its key table, <entry>_docs()), in
+// the order a MONAI chain has them.
+#define MEDFAST_TRANSFORMS(X)                                       \
+  X("LoadImage", load_image)                     /* intensity.cpp */ \
+  X("EnsureChannelFirst", ensure_channel_first)  /* spatial.cpp */   \
+  X("Orientation", orientation)                  /* spatial.cpp */   \
+  X("Spacing", spacing)                          /* spatial.cpp */   \
+  X("ScaleIntensityRange", scale_intensity_range) /* intensity.cpp */ \
+  X("NormalizeIntensity", normalize_intensity)   /* intensity.cpp */ \
+  X("CropForeground", crop_foreground)           /* spatial.cpp */   \
+  X("FgBgToIndices", fg_bg_to_indices)           /* indices.cpp */   \
+  X("ResizeWithPadOrCrop", resize_with_pad_or_crop) /* spatial.cpp */ \
+  X("CastToType", cast_to_type)                  /* intensity.cpp */ \
+  X("EnsureType", ensure_type)                   /* intensity.cpp */ \
+  X("ToDevice", to_device)                       /* intensity.cpp */
 
 namespace medfast::transforms {
 
 namespace registry {
-#define MEDFAST_TRANSFORM_ENTRY(name, entry, options) TransformPtr entry(Args& arguments, const nlohmann::json& json);
+#define MEDFAST_TRANSFORM_ENTRY(name, entry)                                   \
+  TransformPtr entry(Args& arguments, const nlohmann::json& json); \
+  std::vector<FieldDoc> entry##_docs();
 MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ENTRY)
 #undef MEDFAST_TRANSFORM_ENTRY
 }  // namespace registry
 
 namespace {
-
-template <typename Options>
-std::vector<FieldDoc> docs_of() {
-  return field_docs<Options>();
-}
 
 struct TransformEntry {
   TransformPtr (*make)(Args&, const nlohmann::json&);
@@ -47,7 +41,7 @@ struct TransformEntry {
 };
 
 constexpr Registered<TransformEntry> kTransforms[] = {
-#define MEDFAST_TRANSFORM_ROW(name, entry, options) {name, {&registry::entry, &docs_of<options>}},
+#define MEDFAST_TRANSFORM_ROW(name, entry) {name, {&registry::entry, &registry::entry##_docs}},
     MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ROW)
 #undef MEDFAST_TRANSFORM_ROW
 };
