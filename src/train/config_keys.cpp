@@ -14,6 +14,9 @@ std::vector<KeyTable> run_config_keys() {
   }
   t.push_back({"data.cache", "", field_docs<data::CacheSectionOptions>()});
   for (const auto& name : transforms::names()) t.push_back({"data.deterministic", name, transforms::argument_docs(name)});
+  for (const auto& name : transforms::random_names()) {
+    t.push_back({"data.random", name, transforms::random_argument_docs(name)});
+  }
   for (const auto& name : nn::network_names()) {
     t.push_back({"model", name, nn::parse_network({{"name", name}}).docs});
   }

@@ -1,5 +1,5 @@
 // RandRotate, RandZoom and RandAffine: AffineSpec, RandAffineFamily (composed into the
-// spatial plan), affine_spec (their arguments) and their entries in the random table.
+// spatial plan), their arguments as written (options declared once) and their entries.
 #include "medfast/transforms/random.hpp"
 
 #include <cmath>
@@ -99,57 +99,105 @@ class RandAffineFamily final : public RandomTransform {
 
 }  // namespace
 
-/// RandRotate, RandZoom and RandAffine's arguments as one spec (MONAI's names and defaults).
-AffineSpec affine_spec(const std::string& name, Args& a, const nlohmann::json& json) {
+namespace {
+
+// The arguments as written (MONAI's names and defaults), declared once; each entry turns
+// them into the one spec the family runs (AffineSpec).
+struct RandRotateOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 2> range_x{0, 0}, range_y{0, 0}, range_z{0, 0};
+  std::vector<std::string> mode;
+  std::string padding_mode = "border";
+  bool keep_size = true;
+  static constexpr auto fields() {
+    using O = RandRotateOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
+                           field("range_x", &O::range_x, "rotation about x, radians: [lo, hi]; one number v: [-v, v]").symmetric(),
+                           field("range_y", &O::range_y, "rotation about y, radians (as range_x)").symmetric(),
+                           field("range_z", &O::range_z, "rotation about z, radians (as range_x)").symmetric(), field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"),
+                           field("padding_mode", &O::padding_mode, "outside the input: border | zeros | reflection"),
+                           field("keep_size", &O::keep_size, "the output keeps the input's size (always)"));
+  }
+};
+struct RandZoomOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1, min_zoom = 0.9, max_zoom = 1.1;
+  std::vector<std::string> mode;
+  std::string padding_mode = "border";
+  bool keep_size = true;
+  static constexpr auto fields() {
+    using O = RandZoomOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("min_zoom", &O::min_zoom, "smallest zoom factor (the same on every axis)"),
+                           field("max_zoom", &O::max_zoom, "largest zoom factor"), field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"),
+                           field("padding_mode", &O::padding_mode, "outside the input: border | zeros | reflection"),
+                           field("keep_size", &O::keep_size, "the output keeps the input's size (always)"));
+  }
+};
+struct RandAffineOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 3> rotate_range{0, 0, 0}, scale_range{0, 0, 0}, translate_range{0, 0, 0};
+  std::vector<std::string> mode;
+  std::string padding_mode = "zeros";
+  static constexpr auto fields() {
+    using O = RandAffineOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
+                           field("rotate_range", &O::rotate_range, "rotation per axis drawn from [-r, r], radians").repeats(3),
+                           field("scale_range", &O::scale_range, "zoom per axis drawn from [1 - s, 1 + s]").repeats(3),
+                           field("translate_range", &O::translate_range, "shift per axis drawn from [-t, t], voxels").repeats(3),
+                           field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"), field("padding_mode", &O::padding_mode, "outside the input: zeros | border | reflection"));
+  }
+};
+
+AffineSpec base_spec(const std::string& name, const std::vector<std::string>& keys, double prob,
+                     const std::vector<std::string>& mode, const std::string& padding) {
   AffineSpec sp;
   sp.name = name;
-  sp.keys = a.keys();
-  sp.prob = a.number("prob", 0.1);
-  sp.mode = a.per_key("mode", "bilinear", sp.keys.size());
-  sp.padding = a.text("padding_mode", name == "RandAffine" ? "zeros" : "border");
+  sp.keys = keys;
+  sp.prob = prob;
+  sp.mode = mode;
+  sp.padding = padding;
   for (auto& r : sp.scale) r = {1, 1};
-  auto range = [&](const std::string& key, double scale_by) -> std::array<double, 2> {
-    if (a.has(key) && json[key].is_number()) {
-      const double x = a.number(key, 0) * scale_by;
-      return {-x, x};
-    }
-    const auto v = a.numbers(key, 2, {0, 0});
-    return {v[0] * scale_by, v[1] * scale_by};
-  };
-  if (name == "RandRotate") {
-    sp.rotate = {range("range_x", 1), range("range_y", 1), range("range_z", 1)};
-    a.flag("keep_size", true);
-  } else if (name == "RandZoom") {
-    const double lo = a.number("min_zoom", 0.9), hi = a.number("max_zoom", 1.1);
-    require(lo > 0 && hi >= lo, "RandZoom: arguments min_zoom and max_zoom must be a positive range");
-    for (auto& r : sp.scale) r = {lo, hi};
-    sp.isotropic_zoom = true;
-    a.flag("keep_size", true);
-  } else {
-    const auto per_axis = [&](const std::string& key) -> std::array<std::array<double, 2>, 3> {
-      const auto v = a.numbers(key, 3, {0, 0, 0});
-      return {{{-v[0], v[0]}, {-v[1], v[1]}, {-v[2], v[2]}}};
-    };
-    sp.rotate = per_axis("rotate_range");
-    const auto sr = per_axis("scale_range");
-    for (int i = 0; i < 3; ++i) sp.scale[i] = {1 + sr[i][0], 1 + sr[i][1]};
-    sp.translate = per_axis("translate_range");
-  }
   return sp;
 }
+
+}  // namespace
 
 // Entries of the random transform table (random_registry.cpp).
 namespace registry {
 
-RandomTransformPtr rand_rotate(Args& a, const nlohmann::json& json) {
-  return std::make_shared<RandAffineFamily>(affine_spec("RandRotate", a, json));
+RandomTransformPtr rand_rotate(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandRotateOptions>(a);
+  AffineSpec sp = base_spec("RandRotate", o.keys, o.prob, o.mode, o.padding_mode);
+  sp.rotate = {o.range_x, o.range_y, o.range_z};
+  return std::make_shared<RandAffineFamily>(sp);
 }
-RandomTransformPtr rand_zoom(Args& a, const nlohmann::json& json) {
-  return std::make_shared<RandAffineFamily>(affine_spec("RandZoom", a, json));
+
+RandomTransformPtr rand_zoom(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandZoomOptions>(a);
+  require(o.min_zoom > 0 && o.max_zoom >= o.min_zoom, "RandZoom: arguments min_zoom and max_zoom must be a positive range");
+  AffineSpec sp = base_spec("RandZoom", o.keys, o.prob, o.mode, o.padding_mode);
+  for (auto& r : sp.scale) r = {o.min_zoom, o.max_zoom};
+  sp.isotropic_zoom = true;
+  return std::make_shared<RandAffineFamily>(sp);
 }
-RandomTransformPtr rand_affine(Args& a, const nlohmann::json& json) {
-  return std::make_shared<RandAffineFamily>(affine_spec("RandAffine", a, json));
+
+RandomTransformPtr rand_affine(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandAffineOptions>(a);
+  AffineSpec sp = base_spec("RandAffine", o.keys, o.prob, o.mode, o.padding_mode);
+  for (int i = 0; i < 3; ++i) {
+    sp.rotate[i] = {-o.rotate_range[i], o.rotate_range[i]};
+    sp.scale[i] = {1 - o.scale_range[i], 1 + o.scale_range[i]};
+    sp.translate[i] = {-o.translate_range[i], o.translate_range[i]};
+  }
+  return std::make_shared<RandAffineFamily>(sp);
 }
+
+// Key tables (docs/config.md, `medfast config keys`).
+std::vector<FieldDoc> rand_rotate_docs() { return field_docs<RandRotateOptions>(); }
+std::vector<FieldDoc> rand_zoom_docs() { return field_docs<RandZoomOptions>(); }
+std::vector<FieldDoc> rand_affine_docs() { return field_docs<RandAffineOptions>(); }
 
 }  // namespace registry
 

@@ -200,52 +200,106 @@ class RandRotate90 final : public RandomTransform {
 
 }  // namespace
 
+namespace {
+
+// The arguments as written (MONAI's names and defaults), declared once: the entries read
+// them, the docs list them (random_argument_docs).
+struct RandCropByPosNegLabelOptions {
+  std::vector<std::string> keys;
+  std::string label_key = "label";
+  Shape3 spatial_size{};
+  double pos = 1, neg = 1;
+  std::int64_t num_samples = 1;
+  std::string fg_indices_key, bg_indices_key;
+  bool allow_smaller = false;
+  std::string image_key;       // MONAI's: background above image_threshold (use FgBgToIndices' image_key)
+  double image_threshold = 0;  // accepted, as MONAI's, for configs written for it
+  static constexpr auto fields() {
+    using O = RandCropByPosNegLabelOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("label_key", &O::label_key, "the label the foreground is read from"),
+                           field("spatial_size", &O::spatial_size, "crop size: one whole number or three").repeats(3).must(),
+                           field("pos", &O::pos, "weight of crops centred on foreground"),
+                           field("neg", &O::neg, "weight of crops centred on background"),
+                           field("num_samples", &O::num_samples, "crops per item"),
+                           field("fg_indices_key", &O::fg_indices_key, "FgBgToIndices' foreground output (empty: computed)"),
+                           field("bg_indices_key", &O::bg_indices_key, "FgBgToIndices' background output (empty: computed)"),
+                           field("allow_smaller", &O::allow_smaller, "a crop larger than the image is cut to it"),
+                           field("image_key", &O::image_key, "accepted for MONAI configs; FgBgToIndices' image_key applies"),
+                           field("image_threshold", &O::image_threshold, "accepted for MONAI configs (see image_key)"));
+  }
+};
+struct RandSpatialCropOptions {
+  std::vector<std::string> keys;
+  Shape3 roi_size{};
+  static constexpr auto fields() {
+    using O = RandSpatialCropOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("roi_size", &O::roi_size, "crop size: one whole number or three").repeats(3).must());
+  }
+};
+struct RandFlipOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::vector<std::int64_t> spatial_axis{0, 1, 2};
+  static constexpr auto fields() {
+    using O = RandFlipOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
+                           field("spatial_axis", &O::spatial_axis, "the axes flipped together: one or a list (absent: all)").repeats(1));
+  }
+};
+struct RandRotate90Options {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::int64_t max_k = 3;
+  std::array<std::int64_t, 2> spatial_axes{0, 1};
+  static constexpr auto fields() {
+    using O = RandRotate90Options;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("max_k", &O::max_k, "quarter turns drawn from 1..max_k"),
+                           field("spatial_axes", &O::spatial_axes, "the plane of the turns: two axes").repeats(2));
+  }
+};
+
+}  // namespace
+
 // Entries of the random transform table (random_registry.cpp).
 namespace registry {
 
-namespace {
-Shape3 shape3_of(const std::vector<std::int64_t>& v) { return Shape3{v[0], v[1], v[2]}; }
-}  // namespace
-
 RandomTransformPtr rand_crop_by_pos_neg_label(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandCropByPosNegLabelOptions>(a);
+  require(o.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
   CropSpec c;
-  c.keys = a.keys();
-  c.label_key = a.text("label_key", "label");
-  c.spatial_size = shape3_of(a.integers("spatial_size", 3));
-  c.pos = a.number("pos", 1);
-  c.neg = a.number("neg", 1);
-  c.num_samples = static_cast<std::size_t>(a.integer("num_samples", 1));
-  c.fg_indices_key = a.text("fg_indices_key", "");
-  c.bg_indices_key = a.text("bg_indices_key", "");
-  c.allow_smaller = a.flag("allow_smaller", false);
-  a.text("image_key", "");
-  a.number("image_threshold", 0);
+  c.keys = o.keys;
+  c.label_key = o.label_key;
+  c.spatial_size = o.spatial_size;
+  c.pos = o.pos;
+  c.neg = o.neg;
+  c.num_samples = static_cast<std::size_t>(o.num_samples);
+  c.fg_indices_key = o.fg_indices_key;
+  c.bg_indices_key = o.bg_indices_key;
+  c.allow_smaller = o.allow_smaller;
   return std::make_shared<RandCropByPosNegLabel>(c);
 }
 
 RandomTransformPtr rand_spatial_crop(Args& a, const nlohmann::json&) {
-  const auto keys = a.keys();
-  return std::make_shared<RandSpatialCrop>(keys, shape3_of(a.integers("roi_size", 3)));
+  const auto o = read_options<RandSpatialCropOptions>(a);
+  return std::make_shared<RandSpatialCrop>(o.keys, o.roi_size);
 }
 
-RandomTransformPtr rand_flip(Args& a, const nlohmann::json& json) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  // One axis, a list of them, or (absent, MONAI's None) all spatial axes.
-  const auto& given = json.contains("spatial_axis") ? json["spatial_axis"] : nlohmann::json();
-  const auto list = a.integers("spatial_axis", given.is_array() ? given.size() : 1, {0, 1, 2});
-  const std::vector<int> axes(list.begin(), list.end());
-  return std::make_shared<RandFlip>(keys, prob, axes);
+RandomTransformPtr rand_flip(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandFlipOptions>(a);
+  return std::make_shared<RandFlip>(o.keys, o.prob, std::vector<int>(o.spatial_axis.begin(), o.spatial_axis.end()));
 }
 
 RandomTransformPtr rand_rotate90(Args& a, const nlohmann::json&) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  const int max_k = static_cast<int>(a.integer("max_k", 3));
-  const auto v = a.integers("spatial_axes", 2, {0, 1});
-  const std::array<int, 2> axes{static_cast<int>(v[0]), static_cast<int>(v[1])};
-  return std::make_shared<RandRotate90>(keys, prob, max_k, axes);
+  const auto o = read_options<RandRotate90Options>(a);
+  return std::make_shared<RandRotate90>(o.keys, o.prob, static_cast<int>(o.max_k),
+                                        std::array<int, 2>{static_cast<int>(o.spatial_axes[0]), static_cast<int>(o.spatial_axes[1])});
 }
+
+// Key tables (docs/config.md, `medfast config keys`).
+std::vector<FieldDoc> rand_crop_by_pos_neg_label_docs() { return field_docs<RandCropByPosNegLabelOptions>(); }
+std::vector<FieldDoc> rand_spatial_crop_docs() { return field_docs<RandSpatialCropOptions>(); }
+std::vector<FieldDoc> rand_flip_docs() { return field_docs<RandFlipOptions>(); }
+std::vector<FieldDoc> rand_rotate90_docs() { return field_docs<RandRotate90Options>(); }
 
 }  // namespace registry
 

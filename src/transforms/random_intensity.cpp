@@ -193,58 +193,96 @@ class RandGaussianSmooth final : public RandIntensity {
 
 }  // namespace
 
+namespace {
+
+// The arguments as written (MONAI's names and defaults), declared once.
+struct RandScaleIntensityOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 2> factors{-0.1, 0.1};
+  static constexpr auto fields() {
+    using O = RandScaleIntensityOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
+                           field("factors", &O::factors, "x * (1 + f), f drawn from [lo, hi]; one number v: [-v, v]").symmetric());
+  }
+};
+struct RandShiftIntensityOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 2> offsets{-0.1, 0.1};
+  static constexpr auto fields() {
+    using O = RandShiftIntensityOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
+                           field("offsets", &O::offsets, "x + o, o drawn from [lo, hi]; one number v: [-v, v]").symmetric());
+  }
+};
+struct RandGaussianNoiseOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1, mean = 0.0, std_max = 0.1;
+  static constexpr auto fields() {
+    using O = RandGaussianNoiseOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("mean", &O::mean, "mean of the noise"),
+                           field("std", &O::std_max, "the noise's std is drawn from [0, std]"));
+  }
+};
+struct RandGaussianSmoothOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 2> sigma_x{0.25, 1.5}, sigma_y{0.25, 1.5}, sigma_z{0.25, 1.5};
+  static constexpr auto fields() {
+    using O = RandGaussianSmoothOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("sigma_x", &O::sigma_x, "sigma range along x (voxels)").repeats(2),
+                           field("sigma_y", &O::sigma_y, "sigma range along y (voxels)").repeats(2),
+                           field("sigma_z", &O::sigma_z, "sigma range along z (voxels)").repeats(2));
+  }
+};
+struct RandAdjustContrastOptions {
+  std::vector<std::string> keys;
+  double prob = 0.1;
+  std::array<double, 2> gamma{0.5, 4.5};
+  static constexpr auto fields() {
+    using O = RandAdjustContrastOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("gamma", &O::gamma, "the exponent's range").repeats(2));
+  }
+};
+
+}  // namespace
+
 // Entries of the random transform table (random_registry.cpp).
 namespace registry {
 
-namespace {
-/// A single number x for factors/offsets means (-x, x), as in MONAI.
-std::array<double, 2> symmetric(Args& a, const nlohmann::json& json, const std::string& key, double fallback) {
-  if (a.has(key) && json[key].is_number()) {
-    const double x = a.number(key, fallback);
-    return {-x, x};
-  }
-  const auto v = a.numbers(key, 2, {-fallback, fallback});
-  return {v[0], v[1]};
-}
-}  // namespace
-
-RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json& json) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  const auto f = symmetric(a, json, "factors", 0.1);
-  return std::make_shared<RandScaleIntensity>(keys, prob, f[0], f[1]);
+RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandScaleIntensityOptions>(a);
+  return std::make_shared<RandScaleIntensity>(o.keys, o.prob, o.factors[0], o.factors[1]);
 }
 
-RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json& json) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  const auto o = symmetric(a, json, "offsets", 0.1);
-  return std::make_shared<RandShiftIntensity>(keys, prob, o[0], o[1]);
+RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json&) {
+  const auto o = read_options<RandShiftIntensityOptions>(a);
+  return std::make_shared<RandShiftIntensity>(o.keys, o.prob, o.offsets[0], o.offsets[1]);
 }
 
 RandomTransformPtr rand_gaussian_noise(Args& a, const nlohmann::json&) {
-  const auto keys = a.keys();
-  return std::make_shared<RandGaussianNoise>(keys, a.number("prob", 0.1), a.number("mean", 0), a.number("std", 0.1));
+  const auto o = read_options<RandGaussianNoiseOptions>(a);
+  return std::make_shared<RandGaussianNoise>(o.keys, o.prob, o.mean, o.std_max);
 }
 
 RandomTransformPtr rand_gaussian_smooth(Args& a, const nlohmann::json&) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  std::array<std::array<double, 2>, 3> sigma{};
-  const char* names[3] = {"sigma_x", "sigma_y", "sigma_z"};
-  for (int i = 0; i < 3; ++i) {
-    const auto v = a.numbers(names[i], 2, {0.25, 1.5});  // MONAI's default range
-    sigma[i] = {v[0], v[1]};
-  }
-  return std::make_shared<RandGaussianSmooth>(keys, prob, sigma);
+  const auto o = read_options<RandGaussianSmoothOptions>(a);
+  return std::make_shared<RandGaussianSmooth>(o.keys, o.prob,
+                                              std::array<std::array<double, 2>, 3>{o.sigma_x, o.sigma_y, o.sigma_z});
 }
 
 RandomTransformPtr rand_adjust_contrast(Args& a, const nlohmann::json&) {
-  const auto keys = a.keys();
-  const double prob = a.number("prob", 0.1);
-  const auto g = a.numbers("gamma", 2, {0.5, 4.5});
-  return std::make_shared<RandAdjustContrast>(keys, prob, g[0], g[1]);
+  const auto o = read_options<RandAdjustContrastOptions>(a);
+  return std::make_shared<RandAdjustContrast>(o.keys, o.prob, o.gamma[0], o.gamma[1]);
 }
+
+// Key tables (docs/config.md, `medfast config keys`).
+std::vector<FieldDoc> rand_scale_intensity_docs() { return field_docs<RandScaleIntensityOptions>(); }
+std::vector<FieldDoc> rand_shift_intensity_docs() { return field_docs<RandShiftIntensityOptions>(); }
+std::vector<FieldDoc> rand_gaussian_noise_docs() { return field_docs<RandGaussianNoiseOptions>(); }
+std::vector<FieldDoc> rand_gaussian_smooth_docs() { return field_docs<RandGaussianSmoothOptions>(); }
+std::vector<FieldDoc> rand_adjust_contrast_docs() { return field_docs<RandAdjustContrastOptions>(); }
 
 }  // namespace registry
 

@@ -12,6 +12,7 @@
 #include "medfast/os/file.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/transforms/random.hpp"
 #include "medfast/transforms/transform.hpp"
 #include "test_util.hpp"
 
@@ -47,6 +48,12 @@ TEST(ConfigKeys, EverySectionAndKindHasItsTableFromTheFieldList) {
   for (const auto& name : transforms::names()) {
     EXPECT_FALSE(table(tables, "data.deterministic", name).rows.empty()) << name;
   }
+  for (const auto& name : transforms::random_names()) {
+    EXPECT_FALSE(table(tables, "data.random", name).rows.empty()) << name;
+  }
+  for (const auto& r : table(tables, "data.random", "RandShiftIntensity").rows) {
+    if (r.key == "offsets") EXPECT_EQ(r.default_value, "[-0.1,0.1]");
+  }
   const auto& spacing = table(tables, "data.deterministic", "Spacing");
   EXPECT_EQ(keys_of(spacing), (std::vector<std::string>{"keys", "pixdim", "mode"}));
   EXPECT_TRUE(spacing.rows[0].required && spacing.rows[1].required && !spacing.rows[2].required);
@@ -76,7 +83,7 @@ TEST(ConfigKeys, DocsConfigMdHoldsTheTablesTheCommandPrints) {
   const auto a = doc.find(begin), b = doc.find(end);
   ASSERT_NE(a, std::string::npos) << "docs/config.md has no '" << begin << "' marker";
   ASSERT_NE(b, std::string::npos) << "docs/config.md has no '" << end << "' marker";
-  EXPECT_EQ(doc.substr(a + begin.size(), b - a - begin.size()), "\n" + md + "\n")
+  EXPECT_TRUE(doc.substr(a + begin.size(), b - a - begin.size()) == "\n" + md + "\n")
       << "docs/config.md is out of date: put the output of `./build/medfast config keys` between its markers";
   const auto r = test::run(test::medfast_binary() + " config keys");
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -9,6 +9,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/transforms/indices.hpp"
 #include "medfast/transforms/random.hpp"
+#include "test_util.hpp"
 
 namespace medfast::transforms {
 namespace {
@@ -53,6 +54,34 @@ RandomTransformPtr rt(const char* json) {
   nlohmann::json args = j;
   args.erase("name");
   return make_random(j["name"], args);
+}
+
+// Each random transform reads MONAI's arguments from its options' one field list, which
+// also gives its key table: every key there is accepted, with MONAI's shorthand forms.
+TEST(RandomTransforms, ArgumentsComeFromTheKeyTable) {
+  for (const auto& name : random_names()) {
+    const auto docs = random_argument_docs(name);
+    ASSERT_FALSE(docs.empty()) << name;
+    EXPECT_EQ(docs[0].key, "keys") << name;
+    nlohmann::json args = nlohmann::json::object();
+    for (const auto& row : docs) {
+      if (row.key == "keys") args["keys"] = "image";
+      else if (row.required) args[row.key] = 8;  // spatial_size, roi_size: one number for all
+      else args[row.key] = nlohmann::json::parse(row.default_value);  // every default, written out
+    }
+    EXPECT_NO_THROW(make_random(name, args)) << name << " " << args.dump();
+    EXPECT_VALUE_ERROR(make_random(name, nlohmann::json::object()), "keys: is required");
+  }
+  auto cfg = [](const char* name, const char* args) { return make_random(name, nlohmann::json::parse(args))->config(); };
+  EXPECT_EQ(cfg("RandShiftIntensity", R"({"keys": "image", "offsets": 0.2})")["offsets"], nlohmann::json::parse("[-0.2, 0.2]"));
+  EXPECT_EQ(cfg("RandScaleIntensity", R"({"keys": "image", "factors": [0.1, 0.3]})")["factors"],
+            nlohmann::json::parse("[0.1, 0.3]"));
+  EXPECT_EQ(cfg("RandFlip", R"({"keys": "image", "spatial_axis": 1})")["spatial_axis"], nlohmann::json::parse("[1]"));
+  EXPECT_EQ(cfg("RandFlip", R"({"keys": "image"})")["spatial_axis"], nlohmann::json::parse("[0, 1, 2]"));
+  EXPECT_EQ(cfg("RandRotate", R"({"keys": "image", "range_x": 0.5})")["rotate"][0], nlohmann::json::parse("[-0.5, 0.5]"));
+  EXPECT_EQ(cfg("RandAffine", R"({"keys": "image", "scale_range": 0.1})")["scale"][2], nlohmann::json::parse("[0.9, 1.1]"));
+  EXPECT_VALUE_ERROR(make_random("RandAffine", nlohmann::json::parse(R"({"keys": "image", "rotate_rang": 1})")), "rotate_rang");
+  EXPECT_THROW(random_argument_docs("RandBlur"), ValueError);
 }
 
 TEST(RandomTransforms, FlipMatchesTorchFlipAndMovesTheAffine) {

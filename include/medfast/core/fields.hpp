@@ -46,6 +46,7 @@ struct Field {
   bool required = false;   ///< absent is an error ("is required")
   bool sample_keys = false;  ///< a transform's keys: one key or a non-empty list of keys, required
   const char* per_key = nullptr;  ///< one value per key of options.keys: one value stands for all; absent: this
+  bool symmetric_range = false;  ///< a [lo, hi] pair where one number x stands for [-x, x] (MONAI's ranges)
 
   /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
   constexpr Field lowercase() const {
@@ -77,6 +78,13 @@ struct Field {
   constexpr Field each_key(const char* fallback) const {
     Field f = *this;
     f.per_key = fallback;
+    return f;
+  }
+  /// A range [lo, hi] (std::array of 2 numbers) that may be given as one number x,
+  /// standing for [-x, x], as MONAI's factors, offsets and rotation ranges.
+  constexpr Field symmetric() const {
+    Field f = *this;
+    f.symmetric_range = true;
     return f;
   }
   /// The field belongs to these kinds only: a comma-separated list of their names.
@@ -139,6 +147,16 @@ void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
     throw Error(str("options field ", f.key, ": keys() and each_key() apply to lists of texts (each_key: beside keys)"));
   }
   if constexpr (is_number_array<M>::value) {
+    if (f.symmetric_range && value.size() == 2) {
+      if (r.has(f.key) && r.raw(f.key).is_number()) {
+        const auto x = r.raw(f.key).template get<typename M::value_type>();
+        value = {-x, x};
+        return;
+      }
+      const auto given = r.numbers(f.key, 2, {static_cast<double>(value[0]), static_cast<double>(value[1])});
+      value = {static_cast<typename M::value_type>(given[0]), static_cast<typename M::value_type>(given[1])};
+      return;
+    }
     if (f.repeat > 0) {  // ConfigReader's one-or-N reads: their messages say which (required too)
       using V = typename M::value_type;
       if (!r.has(f.key) && !f.required) {

@@ -20,7 +20,7 @@ struct KeyTable {
 };
 
 /// Every section's key table, in the order a run config is written: data.loader,
-/// data.cache, data.deterministic (per transform), model (per network), loss, optimizer (per optimizer), schedule (per
+/// data.cache, data.deterministic and data.random (per transform), model (per network), loss, optimizer (per optimizer), schedule (per
 /// schedule), validation, validation.sliding_window, train, train.profile.
 std::vector<KeyTable> run_config_keys();
 

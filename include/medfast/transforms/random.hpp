@@ -148,6 +148,9 @@ RandomChain make_random_chain(const nlohmann::json& list, std::uint64_t seed);
 /// Builds one random transform; throws ValueError naming it and the argument.
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& args);
 std::vector<std::string> random_names();
+/// The key table of random transform `name`'s arguments (MONAI's names and defaults, from
+/// its options' field list); ValueError for an unknown name.
+std::vector<FieldDoc> random_argument_docs(const std::string& name);
 
 /// Flips spatial `axis` (0..2) of every key, moving the affine with it.
 void flip_axis(Sample& s, const std::vector<std::string>& keys, int axis);
