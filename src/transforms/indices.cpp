@@ -201,9 +201,6 @@ TransformPtr fg_bg_to_indices(Args& a, const nlohmann::json&) {
   return make_fg_bg_to_indices(read_options<FgBgToIndicesOptions>(a));
 }
 
-// Key tables (docs/config.md, `medfast config keys`): the options' field lists.
-std::vector<FieldDoc> fg_bg_to_indices_docs() { return field_docs<FgBgToIndicesOptions>(); }
-
 }  // namespace registry
 
 }  // namespace medfast::transforms

@@ -296,14 +296,6 @@ TransformPtr ensure_type(Args& a, const nlohmann::json&) {
   return std::make_shared<ToDevice>(o, "EnsureType");
 }
 
-// Key tables (docs/config.md, `medfast config keys`): the options' field lists.
-std::vector<FieldDoc> load_image_docs() { return field_docs<LoadImageOptions>(); }
-std::vector<FieldDoc> scale_intensity_range_docs() { return field_docs<ScaleIntensityRangeOptions>(); }
-std::vector<FieldDoc> normalize_intensity_docs() { return field_docs<NormalizeIntensityOptions>(); }
-std::vector<FieldDoc> cast_to_type_docs() { return field_docs<CastToTypeOptions>(); }
-std::vector<FieldDoc> to_device_docs() { return field_docs<ToDeviceOptions>(); }
-std::vector<FieldDoc> ensure_type_docs() { return field_docs<ToDeviceOptions>(); }
-
 }  // namespace registry
 
 }  // namespace medfast::transforms

@@ -152,14 +152,7 @@ struct RandAffineOptions {
 
 AffineSpec base_spec(const std::string& name, const std::vector<std::string>& keys, double prob,
                      const std::vector<std::string>& mode, const std::string& padding) {
-  AffineSpec sp;
-  sp.name = name;
-  sp.keys = keys;
-  sp.prob = prob;
-  sp.mode = mode;
-  sp.padding = padding;
-  for (auto& r : sp.scale) r = {1, 1};
-  return sp;
+  return AffineSpec{name, keys, mode, prob, {}, {{{1, 1}, {1, 1}, {1, 1}}}, {}, false, padding};
 }
 
 }  // namespace
@@ -193,11 +186,6 @@ RandomTransformPtr rand_affine(Args& a, const nlohmann::json&) {
   }
   return std::make_shared<RandAffineFamily>(sp);
 }
-
-// Key tables (docs/config.md, `medfast config keys`).
-std::vector<FieldDoc> rand_rotate_docs() { return field_docs<RandRotateOptions>(); }
-std::vector<FieldDoc> rand_zoom_docs() { return field_docs<RandZoomOptions>(); }
-std::vector<FieldDoc> rand_affine_docs() { return field_docs<RandAffineOptions>(); }
 
 }  // namespace registry
 

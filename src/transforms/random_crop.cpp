@@ -266,16 +266,8 @@ namespace registry {
 RandomTransformPtr rand_crop_by_pos_neg_label(Args& a, const nlohmann::json&) {
   const auto o = read_options<RandCropByPosNegLabelOptions>(a);
   require(o.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
-  CropSpec c;
-  c.keys = o.keys;
-  c.label_key = o.label_key;
-  c.spatial_size = o.spatial_size;
-  c.pos = o.pos;
-  c.neg = o.neg;
-  c.num_samples = static_cast<std::size_t>(o.num_samples);
-  c.fg_indices_key = o.fg_indices_key;
-  c.bg_indices_key = o.bg_indices_key;
-  c.allow_smaller = o.allow_smaller;
+  const CropSpec c{o.keys, o.label_key, o.spatial_size, o.pos, o.neg, static_cast<std::size_t>(o.num_samples),
+                   o.fg_indices_key, o.bg_indices_key, o.allow_smaller};
   return std::make_shared<RandCropByPosNegLabel>(c);
 }
 
@@ -294,12 +286,6 @@ RandomTransformPtr rand_rotate90(Args& a, const nlohmann::json&) {
   return std::make_shared<RandRotate90>(o.keys, o.prob, static_cast<int>(o.max_k),
                                         std::array<int, 2>{static_cast<int>(o.spatial_axes[0]), static_cast<int>(o.spatial_axes[1])});
 }
-
-// Key tables (docs/config.md, `medfast config keys`).
-std::vector<FieldDoc> rand_crop_by_pos_neg_label_docs() { return field_docs<RandCropByPosNegLabelOptions>(); }
-std::vector<FieldDoc> rand_spatial_crop_docs() { return field_docs<RandSpatialCropOptions>(); }
-std::vector<FieldDoc> rand_flip_docs() { return field_docs<RandFlipOptions>(); }
-std::vector<FieldDoc> rand_rotate90_docs() { return field_docs<RandRotate90Options>(); }
 
 }  // namespace registry
 

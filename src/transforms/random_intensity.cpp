@@ -196,24 +196,18 @@ class RandGaussianSmooth final : public RandIntensity {
 namespace {
 
 // The arguments as written (MONAI's names and defaults), declared once.
-struct RandScaleIntensityOptions {
+/// RandScaleIntensity's and RandShiftIntensity's (each reads the range of its kind).
+struct RandIntensityRangeOptions {
   std::vector<std::string> keys;
   double prob = 0.1;
-  std::array<double, 2> factors{-0.1, 0.1};
+  std::array<double, 2> factors{-0.1, 0.1}, offsets{-0.1, 0.1};
   static constexpr auto fields() {
-    using O = RandScaleIntensityOptions;
-    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
-                           field("factors", &O::factors, "x * (1 + f), f drawn from [lo, hi]; one number v: [-v, v]").symmetric());
-  }
-};
-struct RandShiftIntensityOptions {
-  std::vector<std::string> keys;
-  double prob = 0.1;
-  std::array<double, 2> offsets{-0.1, 0.1};
-  static constexpr auto fields() {
-    using O = RandShiftIntensityOptions;
-    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
-                           field("offsets", &O::offsets, "x + o, o drawn from [lo, hi]; one number v: [-v, v]").symmetric());
+    using O = RandIntensityRangeOptions;
+    return std::make_tuple(
+        field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+        field("prob", &O::prob, "probability of applying it to a sample"),
+        field("factors", &O::factors, "x * (1 + f), f drawn from [lo, hi]; one number v: [-v, v]").symmetric().in("RandScaleIntensity"),
+        field("offsets", &O::offsets, "x + o, o drawn from [lo, hi]; one number v: [-v, v]").symmetric().in("RandShiftIntensity"));
   }
 };
 struct RandGaussianNoiseOptions {
@@ -252,12 +246,12 @@ struct RandAdjustContrastOptions {
 namespace registry {
 
 RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandScaleIntensityOptions>(a);
+  const auto o = read_options<RandIntensityRangeOptions>(a);
   return std::make_shared<RandScaleIntensity>(o.keys, o.prob, o.factors[0], o.factors[1]);
 }
 
 RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandShiftIntensityOptions>(a);
+  const auto o = read_options<RandIntensityRangeOptions>(a);
   return std::make_shared<RandShiftIntensity>(o.keys, o.prob, o.offsets[0], o.offsets[1]);
 }
 
@@ -276,13 +270,6 @@ RandomTransformPtr rand_adjust_contrast(Args& a, const nlohmann::json&) {
   const auto o = read_options<RandAdjustContrastOptions>(a);
   return std::make_shared<RandAdjustContrast>(o.keys, o.prob, o.gamma[0], o.gamma[1]);
 }
-
-// Key tables (docs/config.md, `medfast config keys`).
-std::vector<FieldDoc> rand_scale_intensity_docs() { return field_docs<RandScaleIntensityOptions>(); }
-std::vector<FieldDoc> rand_shift_intensity_docs() { return field_docs<RandShiftIntensityOptions>(); }
-std::vector<FieldDoc> rand_gaussian_noise_docs() { return field_docs<RandGaussianNoiseOptions>(); }
-std::vector<FieldDoc> rand_gaussian_smooth_docs() { return field_docs<RandGaussianSmoothOptions>(); }
-std::vector<FieldDoc> rand_adjust_contrast_docs() { return field_docs<RandAdjustContrastOptions>(); }
 
 }  // namespace registry
 

@@ -11,8 +11,8 @@
 #include "medfast/transforms/transform.hpp"
 #include "random_families.hpp"
 
-// Name, entry (defined in the family's file with its key table, <entry>_docs()), in
-// random_names() order.
+// Name, entry (defined in the family's file; its read_options call gives the key table
+// too), in random_names() order.
 #define MEDFAST_RANDOM_TRANSFORMS(X)                                         \
   X("RandCropByPosNegLabel", rand_crop_by_pos_neg_label) /* random_crop.cpp */ \
   X("RandSpatialCrop", rand_spatial_crop)                /* random_crop.cpp */ \
@@ -79,22 +79,15 @@ class ComposableResize final : public RandomTransform {
 }  // namespace
 
 namespace registry {
-#define MEDFAST_RANDOM_ENTRY(name, entry)                                    \
-  RandomTransformPtr entry(Args& arguments, const nlohmann::json& json); \
-  std::vector<FieldDoc> entry##_docs();
+#define MEDFAST_RANDOM_ENTRY(name, entry) RandomTransformPtr entry(Args& arguments, const nlohmann::json& json);
 MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ENTRY)
 #undef MEDFAST_RANDOM_ENTRY
 }  // namespace registry
 
 namespace {
 
-struct RandomEntry {
-  RandomTransformPtr (*make)(Args&, const nlohmann::json&);
-  std::vector<FieldDoc> (*docs)();
-};
-
-constexpr Registered<RandomEntry> kRandomTransforms[] = {
-#define MEDFAST_RANDOM_ROW(name, entry) {name, {&registry::entry, &registry::entry##_docs}},
+constexpr Registered<RandomTransformPtr (*)(Args&, const nlohmann::json&)> kRandomTransforms[] = {
+#define MEDFAST_RANDOM_ROW(name, entry) {name, &registry::entry},
     MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ROW)
 #undef MEDFAST_RANDOM_ROW
 };
@@ -106,7 +99,7 @@ std::vector<std::string> random_names() { return registered_names(kRandomTransfo
 std::vector<FieldDoc> random_argument_docs(const std::string& name) {
   const auto* row = find_registered(kRandomTransforms, name);
   if (!row) throw ValueError(str("unknown random transform '", name, "' (known: ", registered_text(kRandomTransforms), ")"));
-  return row->make.docs();
+  return key_table_of(row->make, name);
 }
 
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
@@ -122,7 +115,7 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     return std::make_shared<DeterministicStep>(t);
   }
   Args a(name, json);
-  RandomTransformPtr t = row->make.make(a, json);
+  RandomTransformPtr t = row->make(a, json);
   a.finish();
   return t;
 }

@@ -7,8 +7,8 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/registry.hpp"
 
-// Name, entry (defined in the transform's file with its key table, <entry>_docs()), in
-// the order a MONAI chain has them.
+// Name, entry (defined in the transform's file; its read_options call gives the key
+// table too), in the order a MONAI chain has them.
 #define MEDFAST_TRANSFORMS(X)                                       \
   X("LoadImage", load_image)                     /* intensity.cpp */ \
   X("EnsureChannelFirst", ensure_channel_first)  /* spatial.cpp */   \
@@ -26,22 +26,15 @@
 namespace medfast::transforms {
 
 namespace registry {
-#define MEDFAST_TRANSFORM_ENTRY(name, entry)                                   \
-  TransformPtr entry(Args& arguments, const nlohmann::json& json); \
-  std::vector<FieldDoc> entry##_docs();
+#define MEDFAST_TRANSFORM_ENTRY(name, entry) TransformPtr entry(Args& arguments, const nlohmann::json& json);
 MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ENTRY)
 #undef MEDFAST_TRANSFORM_ENTRY
 }  // namespace registry
 
 namespace {
 
-struct TransformEntry {
-  TransformPtr (*make)(Args&, const nlohmann::json&);
-  std::vector<FieldDoc> (*docs)();
-};
-
-constexpr Registered<TransformEntry> kTransforms[] = {
-#define MEDFAST_TRANSFORM_ROW(name, entry) {name, {&registry::entry, &registry::entry##_docs}},
+constexpr Registered<TransformPtr (*)(Args&, const nlohmann::json&)> kTransforms[] = {
+#define MEDFAST_TRANSFORM_ROW(name, entry) {name, &registry::entry},
     MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ROW)
 #undef MEDFAST_TRANSFORM_ROW
 };
@@ -53,14 +46,14 @@ std::vector<std::string> names() { return registered_names(kTransforms); }
 std::vector<FieldDoc> argument_docs(const std::string& name) {
   const auto* row = find_registered(kTransforms, name);
   if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
-  return row->make.docs();
+  return key_table_of(row->make, name);
 }
 
 TransformPtr make(const std::string& name, const nlohmann::json& json) {
   Args a(name, json);
   const auto* row = find_registered(kTransforms, name);
   if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
-  TransformPtr t = row->make.make(a, json);
+  TransformPtr t = row->make(a, json);
   a.finish();
   return t;
 }

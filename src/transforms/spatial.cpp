@@ -454,13 +454,6 @@ TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
   return make_resize_with_pad_or_crop(o);
 }
 
-// Key tables (docs/config.md, `medfast config keys`): the options' field lists.
-std::vector<FieldDoc> ensure_channel_first_docs() { return field_docs<EnsureChannelFirstOptions>(); }
-std::vector<FieldDoc> orientation_docs() { return field_docs<OrientationOptions>(); }
-std::vector<FieldDoc> spacing_docs() { return field_docs<SpacingOptions>(); }
-std::vector<FieldDoc> crop_foreground_docs() { return field_docs<CropForegroundOptions>(); }
-std::vector<FieldDoc> resize_with_pad_or_crop_docs() { return field_docs<ResizeWithPadOrCropOptions>(); }
-
 }  // namespace registry
 
 }  // namespace medfast::transforms

@@ -20,6 +20,7 @@
 
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/config.hpp"
+#include "medfast/core/error.hpp"
 #include "medfast/core/fields.hpp"
 
 namespace medfast::transforms {
@@ -123,14 +124,45 @@ void require_keys(const std::vector<std::string>& keys, const std::string& trans
 class Args : public ConfigReader {
  public:
   Args(std::string transform, const nlohmann::json& args) : ConfigReader(args, std::move(transform), Style::argument) {}
+  /// Arguments that only ask for the key table: read_options throws KeyTable with it.
+  static Args describing(std::string transform) {
+    static const nlohmann::json none = nlohmann::json::object();
+    Args a(std::move(transform), none);
+    a.describing_ = true;
+    return a;
+  }
+  bool describing() const { return describing_; }
+
+ private:
+  bool describing_ = false;
 };
 
-/// A transform's options read from their field list (Options::fields(), core/fields.hpp).
+/// What read_options throws for Args::describing(): the options' key table. The tables'
+/// argument_docs catch it, so that an entry needs nothing beside its read_options call.
+struct KeyTableOnly {
+  std::vector<FieldDoc> rows;
+};
+
+/// A transform's options read from their field list (Options::fields(), core/fields.hpp);
+/// fields marked .in(...) are the transform's (the kind is its name) only.
 template <typename Options>
 Options read_options(Args& a) {
+  if (a.describing()) throw KeyTableOnly{field_docs<Options>(Options{}, a.where())};
   Options o;
-  read_fields(a, o);
+  read_fields(a, o, a.where());
   return o;
+}
+
+/// The key table of `entry`'s arguments: runs it on Args::describing(name).
+template <typename Entry>
+std::vector<FieldDoc> key_table_of(Entry entry, const std::string& name) {
+  Args a = Args::describing(name);
+  try {
+    (void)entry(a, nlohmann::json::object());
+  } catch (const KeyTableOnly& t) {
+    return t.rows;
+  }
+  throw Error(str(name, ": its entry reads no options (read_options), so it has no key table"));
 }
 
 }  // namespace medfast::transforms
