@@ -26,7 +26,7 @@
 # step leaves a marker so that an interrupted run resumes where it stopped.
 # The clone is bind-mounted read-only at /src/medfast, so the tests run without
 # anything beside the clone, as in a user's clone; the build folder is inside
-# the root (/build/<variant>) and ccache is shared with the host's.
+# the root (/build/<variant>-<hash of the source folder>) and ccache is shared with the host's.
 #
 # Needs root (debootstrap, chroot, mounts in a private mount namespace: nothing
 # stays mounted when the script ends).
@@ -195,7 +195,9 @@ if [ "$variant" = bundle ]; then
 fi
 
 # 4. Build (deprecated torch API is an error on 2.x) and test.
-bdir=/build/$variant
+# One build folder per source folder: ninja compares file times, and a checkout's files
+# can be older than objects built from another clone of a newer commit.
+bdir=/build/$variant-$(printf '%s' "$src" | md5sum | cut -c1-8)
 say "configuring $bdir"
 # File by file (no unity build): this build also proves that every source compiles on its own,
 # and MEDFAST_COMPAT_TARGETS can name single object files.
