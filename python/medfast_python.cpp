@@ -252,15 +252,10 @@ py::dict sample_dict(const Sample& s) {
 class Pipeline {
  public:
   explicit Pipeline(const py::object& config) {
-    // The steps before reading, taken here once (as the CLI's open_pipeline does): write
-    // data.synth's dataset when it is missing, read (pure: nothing process-wide changes, so
-    // pipelines with different settings live side by side), then the cache's rank from the
-    // launcher's environment.
+    // Reading changes nothing process-wide, so pipelines with different settings live side
+    // by side; data.synth's dataset is written here when it is missing.
     const ConfigSource src = config_from(config);
-    const Settings settings = settings_copy();
-    data::prepare_dataset(src.root, src.path, src.base, settings);
-    cfg_ = data::load_pipeline(src.root, src.path, src.base, settings);
-    cfg_.cache.from_environment();
+    cfg_ = data::open_pipeline(src.root, src.path, src.base, settings_copy());
   }
   const data::PipelineConfig& config() const { return cfg_; }
   std::size_t items() const { return cfg_.dataset.items.size(); }

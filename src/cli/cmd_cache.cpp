@@ -22,12 +22,7 @@
 namespace medfast::cli {
 
 data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx) {
-  const nlohmann::json root = data::load_yaml_as_json(config);
-  const std::string base = os::parent_directory(config);
-  data::prepare_dataset(root, config, base, ctx.settings);
-  data::PipelineConfig cfg = data::load_pipeline(root, config, base, ctx.settings);
-  cfg.cache.from_environment();
-  return cfg;
+  return data::open_pipeline(data::load_yaml_as_json(config), config, os::parent_directory(config), ctx.settings);
 }
 
 namespace {

@@ -26,9 +26,7 @@ struct Context {
   std::string config_file;  ///< settings file used, if any
 };
 
-/// The steps before a command reads a pipeline, in one place: writes data.synth's dataset
-/// when its list is missing (data::prepare_dataset), reads the config (pure), and takes
-/// the cache's rank and world size from the launcher's environment (torchrun, srun).
+/// data::open_pipeline on the config file at `config` with the command's settings.
 data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx);
 
 /// A registered subcommand: run it if `app->parsed()`.

@@ -271,6 +271,14 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   return c;
 }
 
+PipelineConfig open_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base,
+                             const Settings& settings) {
+  prepare_dataset(root, path, base, settings);
+  PipelineConfig c = load_pipeline(root, path, base, settings);
+  c.cache.from_environment();
+  return c;
+}
+
 namespace {
 transforms::Compose deterministic_chain(const PipelineConfig& c) {
   try {

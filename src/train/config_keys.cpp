@@ -24,11 +24,7 @@ std::vector<KeyTable> run_config_keys() {
   for (const auto& name : optimizer_names()) {
     t.push_back({"optimizer", name, field_docs(OptimizerOptions::defaults(name), name)});
   }
-  for (const auto& name : schedule_names()) {
-    ScheduleOptions defaults;
-    defaults.name = name;
-    t.push_back({"schedule", name, field_docs(defaults, name)});
-  }
+  for (const auto& name : schedule_names()) t.push_back({"schedule", name, field_docs(ScheduleOptions{}, name)});
   t.push_back({"validation", "", field_docs<ValidationOptions>()});
   t.push_back({"validation.sliding_window", "", field_docs<SlidingWindowOptions>()});
   t.push_back({"train", "", field_docs<TrainOptions>()});

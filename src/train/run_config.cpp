@@ -103,10 +103,13 @@ void apply_override(nlohmann::json& config, const std::string& assignment) {
   }
 }
 
+void ValidationOptions::validate() const {
+  if (interval < 1) throw ValueError(str("validation.interval: ", interval, " (expected >= 1)"));
+}
+
 void TrainOptions::validate() const {
   if (run_dir.empty()) throw ValueError("train.run_dir: must not be empty");
   if (epochs < 1) throw ValueError(str("train.epochs: ", epochs, " (expected >= 1)"));
-  if (val_interval < 1) throw ValueError(str("validation.interval: ", val_interval, " (expected >= 1)"));
   if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
   if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
   if (max_nonfinite_steps < -1) {
@@ -182,6 +185,7 @@ RunConfig read_sections(const nlohmann::json& root, const std::string& path, con
   read_fields(val, c.validation);
   const nlohmann::json sw = val.raw("sliding_window");
   val.finish();
+  in_config([&] { c.validation.validate(); });
   in_config([&] { c.sliding_window = SlidingWindowOptions::from_json(sw, "validation.sliding_window"); });
 
   ConfigReader tr(section("train"), c.path + ": train");
@@ -194,7 +198,6 @@ RunConfig read_sections(const nlohmann::json& root, const std::string& path, con
   tr.known("profile");
   tr.finish();
   t.run_dir = data::resolve_path(base, t.run_dir);
-  t.val_interval = c.validation.interval;
   in_config([&] {
     t.validate();
     (void)parse_precision(t.amp, c10::Device(t.device).is_cuda(), "train.amp");

@@ -590,7 +590,7 @@ class Run {
                check);
   }
 
-  /// Validation (every val_interval epochs and the last), the best Dice and the
+  /// Validation (every validation.interval epochs and the last), the best Dice and the
   /// target, then best.ckpt (before last.ckpt: last.ckpt's record of the best epoch
   /// must never name a best.ckpt not yet written), last.ckpt and metrics.jsonl.
   void finish_epoch(int epoch, Clock::time_point epoch_start, EpochRecord& rec) {

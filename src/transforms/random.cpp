@@ -210,8 +210,7 @@ void apply_index_plan(Sample& s, IndexPlan& plan) {
 }
 
 std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const {
-  std::optional<OutputLimit> limit;
-  if (max_output_bytes_) limit.emplace(*max_output_bytes_);
+  const OutputLimit limit(max_output_bytes_);
   std::vector<PendingSteps> pending;
   std::vector<Sample> samples = run(input, epoch, item, pending);
   trace::Range range("apply_plan", "transform");  // the composed steps' single copy per sample and key
@@ -224,8 +223,7 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
 
 std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, std::uint64_t item,
                                      std::vector<PendingSteps>& pending) const {
-  std::optional<OutputLimit> limit;
-  if (max_output_bytes_) limit.emplace(*max_output_bytes_);
+  const OutputLimit limit(max_output_bytes_);
   // Item-level draws (crop centres) come from the item's generator; every
   // sample has its own generator per stage (a stage ends at each expansion),
   // so no stream is shared or reused.

@@ -18,8 +18,7 @@
 namespace medfast::transforms {
 
 void Compose::apply(Sample& sample) const {
-  std::optional<OutputLimit> limit;
-  if (max_output_bytes_) limit.emplace(*max_output_bytes_);
+  const OutputLimit limit(max_output_bytes_);
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
     std::size_t last = i;  // a fused pair (Orientation then Spacing) runs as one step
     try {
@@ -93,7 +92,9 @@ thread_local std::uint64_t t_max_output_bytes = kDefaultMaxVolumeBytes;
 }  // namespace
 
 std::uint64_t max_output_bytes() { return t_max_output_bytes; }
-OutputLimit::OutputLimit(std::uint64_t bytes) : saved_(t_max_output_bytes) { t_max_output_bytes = bytes; }
+OutputLimit::OutputLimit(std::optional<std::uint64_t> bytes) : saved_(t_max_output_bytes) {
+  if (bytes) t_max_output_bytes = *bytes;
+}
 OutputLimit::~OutputLimit() { t_max_output_bytes = saved_; }
 
 void check_output_size(const std::string& transform, const std::string& key, std::int64_t channels,

@@ -20,11 +20,11 @@
 /// writing the options back with every default filled in (fields_json) and the key
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
-#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -96,14 +96,12 @@ struct Field {
   /// Whether the field belongs to `kind` ("" asks for every field).
   bool belongs_to(const std::string& kind) const {
     if (kind.empty() || !*kinds) return true;
-    const std::string list = kinds;
-    std::size_t from = 0;
-    while (from <= list.size()) {
-      const std::size_t comma = std::min(list.find(',', from), list.size());
-      if (list.compare(from, comma - from, kind) == 0) return true;
-      from = comma + 1;
+    for (std::string_view rest = kinds;;) {
+      const std::size_t comma = rest.find(',');
+      if (rest.substr(0, comma) == kind) return true;
+      if (comma == std::string_view::npos) return false;
+      rest.remove_prefix(comma + 1);
     }
-    return false;
   }
 };
 

@@ -98,6 +98,12 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
 bool prepare_dataset(const nlohmann::json& root, const std::string& path, const std::string& base_dir,
                      const Settings& settings);
 
+/// The steps before a pipeline runs, in the one order the CLI (cache, bench) and the
+/// Python API (medfast.data.Pipeline) take them: prepare_dataset, load_pipeline, then the
+/// cache's rank and world size from the launcher's environment (torchrun, srun).
+PipelineConfig open_pipeline(const nlohmann::json& root, const std::string& path, const std::string& base_dir,
+                             const Settings& settings);
+
 /// Builds the cached dataset the config describes (training items).
 CachedDataset make_cached_dataset(const PipelineConfig& config);
 /// The validation items through the same deterministic chain and cache kind

@@ -28,7 +28,6 @@ void apply_override(nlohmann::json& config, const std::string& assignment);
 struct TrainOptions {
   std::string run_dir = "runs/default";
   int epochs = 10;
-  int val_interval = 1;
   std::uint64_t seed = 0;
   std::string device = "cpu";      ///< cpu | cuda | cuda:N
   nlohmann::json amp = false;       ///< false | true | fp16 | bf16 (true: fp16 on CUDA, bf16 on CPU)
@@ -72,6 +71,8 @@ struct ValidationOptions {
     return std::make_tuple(field("interval", &O::interval, "validate every N epochs, and after the last"),
                            field("hd95", &O::hd95, "also the 95th-percentile Hausdorff distance per class (mm)"));
   }
+  /// Throws ValueError naming the key: an interval below 1.
+  void validate() const;
 };
 
 

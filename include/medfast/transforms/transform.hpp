@@ -100,10 +100,11 @@ void set_native_kernels_enabled(bool enabled);
 /// instead of an allocator failure. No process-wide state: two pipelines with different
 /// limits run side by side.
 std::uint64_t max_output_bytes();
-/// While alive, max_output_bytes() on this thread is `bytes` (then what it was before).
+/// While alive, max_output_bytes() on this thread is `bytes` (then what it was before);
+/// without a value, it stays what it is.
 class OutputLimit {
  public:
-  explicit OutputLimit(std::uint64_t bytes);
+  explicit OutputLimit(std::optional<std::uint64_t> bytes);
   ~OutputLimit();
   OutputLimit(const OutputLimit&) = delete;
   OutputLimit& operator=(const OutputLimit&) = delete;
