@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <iterator>
+#include <tuple>
 #include <map>
 
 #include "medfast/core/log.hpp"
@@ -12,11 +14,10 @@
 
 namespace medfast::cache {
 
-StoreOptions& StoreOptions::set_kind(const std::string& v) {
-  if (v != "memory" && v != "device" && v != "disk" && v != "disk_device") {
-    throw ValueError(str("cache kind '", v, "' is not one of memory, device, disk, disk_device"));
-  }
-  kind = v;
+StoreOptions& StoreOptions::set_kind(const std::string& name) {
+  const auto k = parse_choice<StoreKind>(name);
+  if (!k) throw ValueError(str("cache kind '", name, "' is not one of ", choice_list<StoreKind>()));
+  kind = *k;
   return *this;
 }
 
@@ -199,20 +200,37 @@ class DiskStore final : public Store {
 
 at::Device cuda_device(const StoreOptions& o) {
   if (!at::hasCUDA()) {
-    throw ValueError(str("cache kind ", o.kind, " keeps samples in GPU memory, but no CUDA device is available "
+    throw ValueError(str("cache kind ", name_of(o.kind), " keeps samples in GPU memory, but no CUDA device is available "
                          "(libtorch without CUDA, or no GPU); use memory or disk"));
   }
   return io::resolve_device(o.device);  // "cuda": this thread's GPU, not the fill threads' GPU 0
 }
 
+// The kinds' table: a new kind is its enum name (store.hpp) and its row here.
+struct StoreRow {
+  StoreKind kind;
+  std::unique_ptr<Store> (*make)(const StoreOptions&);
+};
+constexpr StoreRow kStores[] = {
+    {StoreKind::memory, [](const StoreOptions&) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>("memory"); }},
+    {StoreKind::device,
+     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>("device", cuda_device(o)); }},
+    {StoreKind::disk,
+     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<DiskStore>("disk", o.dir, o.io, "cpu"); }},
+    {StoreKind::disk_device,
+     [](const StoreOptions& o) -> std::unique_ptr<Store> {
+       return std::make_unique<DiskStore>("disk_device", o.dir, o.io, cuda_device(o).str());
+     }},
+};
+static_assert(std::size(kStores) == std::tuple_size_v<decltype(choices(StoreKind{}))>, "a row per cache kind");
+
 }  // namespace
 
 std::unique_ptr<Store> make_store(const StoreOptions& o) {
-  if (o.kind == "memory") return std::make_unique<MemoryStore>("memory");
-  if (o.kind == "device") return std::make_unique<MemoryStore>("device", cuda_device(o));
-  if (o.kind == "disk") return std::make_unique<DiskStore>("disk", o.dir, o.io, "cpu");
-  if (o.kind == "disk_device") return std::make_unique<DiskStore>("disk_device", o.dir, o.io, cuda_device(o).str());
-  throw ValueError(str("cache kind '", o.kind, "' is not one of memory, device, disk, disk_device"));
+  for (const StoreRow& row : kStores) {
+    if (row.kind == o.kind) return row.make(o);
+  }
+  throw ValueError(str("cache kind ", static_cast<int>(o.kind), " is not one of ", choice_list<StoreKind>()));
 }
 
 }  // namespace medfast::cache

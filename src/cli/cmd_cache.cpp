@@ -34,8 +34,8 @@ struct BuildArgs {
 
 int run_build(const BuildArgs& a, Context& ctx) {
   const data::PipelineConfig cfg = open_pipeline(a.config, ctx);
-  if (cfg.smart || (cfg.cache.store.kind != "disk" && cfg.cache.store.kind != "disk_device")) {
-    throw ValueError(str(a.config, ": data.cache.kind is ", cfg.smart ? std::string("smart") : cfg.cache.store.kind,
+  if (cfg.smart || !cache::on_disk(cfg.cache.store.kind)) {
+    throw ValueError(str(a.config, ": data.cache.kind is ", name_of(cfg.cache_options.kind),
                          "; cache build fills a persistent cache (disk or disk_device)"));
   }
   data::CachedDataset ds = data::make_cached_dataset(cfg);

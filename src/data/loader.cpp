@@ -17,7 +17,10 @@ namespace medfast::data {
 
 void LoaderOptions::validate() const {
   if (batch_size < 1) throw ValueError(str("loader: batch_size ", batch_size, " must be at least 1"));
-  if (threads < 1) throw ValueError(str("loader: threads ", threads, " must be at least 1"));
+  if (threads < 1) {
+    throw ValueError(str("loader: threads ", threads, " must be at least 1 (0, the threads setting, is resolved by "
+                         "load_pipeline)"));
+  }
   if (prefetch < 1) throw ValueError(str("loader: prefetch ", prefetch, " must be at least 1"));
   if (repeats < 1) throw ValueError(str("loader: repeats ", repeats, " must be at least 1"));
   if (world_size < 1 || rank < 0 || rank >= world_size) {

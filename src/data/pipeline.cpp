@@ -226,10 +226,10 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     if (!d["seed"].is_number_integer() || d["seed"].get<long long>() < 0) throw fail("data.seed", "expected a whole number >= 0");
     c.seed = d["seed"].get<std::uint64_t>();
   }
-  c.loader.threads = settings.threads();
   ConfigReader loader(d.value("loader", nlohmann::json::object()), path + ": data.loader");
   read_fields(loader, c.loader);
   loader.finish();
+  if (c.loader.threads == 0) c.loader.threads = settings.threads();
   try {
     c.loader.validate();
   } catch (const std::exception& e) {
@@ -240,7 +240,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   read_fields(cache_keys, cache);
   cache_keys.finish();
   c.cache_options = cache;
-  if (cache.kind == "smart") {
+  if (cache.kind == CacheKind::smart) {
     c.smart = true;
     if (cache.cache_num < 1) cache_keys.fail("cache_num", "kind smart needs cache_num, a positive whole number");
     c.smart_options.cache_num = static_cast<std::size_t>(cache.cache_num);
@@ -252,11 +252,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
       throw fail("data.cache", e.what());
     }
   } else {
-    try {
-      c.cache.store.set_kind(cache.kind);
-    } catch (const ValueError& e) {
-      throw fail("data.cache.kind", str(e.what(), " (or smart)"));
-    }
+    c.cache.store.set_kind(name_of(cache.kind));  // the other kinds are the stores' kinds
   }
   if (!cache.dir.empty()) c.cache.store.dir = resolve_path(base, cache.dir);
   c.cache.cache_rate = cache.cache_rate;
@@ -303,7 +299,7 @@ CachedDataset make_validation_dataset(const PipelineConfig& c) {
   if (c.validation.items.empty()) throw ValueError(str(c.path, ": data.validation: no validation items"));
   CacheConfig cache = c.cache;
   cache.pad_partition = false;  // each validation item counts once across ranks
-  if (c.smart) cache.store.set_kind("memory");  // the smart cache rotates training items only
+  if (c.smart) cache.store.set_kind(cache::StoreKind::memory);  // the smart cache rotates training items only
   return CachedDataset(c.validation, deterministic_chain(c), cache);
 }
 
@@ -319,7 +315,7 @@ transforms::RandomChain make_random_chain(const PipelineConfig& c) {
 }
 
 std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& c) {
-  if (!c.smart) throw ValueError(str(c.path, ": data.cache.kind is ", c.cache.store.kind, ", not smart"));
+  if (!c.smart) throw ValueError(str(c.path, ": data.cache.kind is ", name_of(c.cache.store.kind), ", not smart"));
   return std::make_unique<SmartCacheDataset>(c.dataset, deterministic_chain(c), c.smart_options);
 }
 

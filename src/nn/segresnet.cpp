@@ -16,12 +16,7 @@ void SegResNetOptions::validate() const {
   if (!(dropout_prob >= 0 && dropout_prob < 1)) {
     throw ValueError(str("SegResNet: argument dropout_prob ", dropout_prob, " is outside [0, 1)"));
   }
-  if (act != "relu" && act != "leakyrelu")
-    throw ValueError(str("SegResNet: argument act '", act, "' is not relu or leakyrelu"));
-  if (norm != "group" && norm != "batch" && norm != "instance") {
-    throw ValueError(str("SegResNet: argument norm '", norm, "' is not group, batch or instance"));
-  }
-  if (norm == "group" && (num_groups < 1 || init_filters % num_groups != 0)) {
+  if (norm == SegResNetNorm::group && (num_groups < 1 || init_filters % num_groups != 0)) {
     throw ValueError(
         str("SegResNet: argument num_groups ", num_groups, " must be >= 1 and divide init_filters ", init_filters));
   }
@@ -35,9 +30,6 @@ void SegResNetOptions::validate() const {
   if (blocks_up.size() + 1 != blocks_down.size()) {
     throw ValueError(str("SegResNet: argument blocks_up has ", blocks_up.size(), " entries; blocks_down has ",
                          blocks_down.size(), " levels, so blocks_up needs ", blocks_down.size() - 1));
-  }
-  if (upsample_mode != "nontrainable" && upsample_mode != "deconv") {
-    throw ValueError(str("SegResNet: argument upsample_mode '", upsample_mode, "' is not nontrainable or deconv"));
   }
 }
 
@@ -53,14 +45,14 @@ Block conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::in
 }
 
 torch::nn::AnyModule make_norm(const SegResNetOptions& o, std::int64_t channels) {
-  if (o.norm == "group")
+  if (o.norm == SegResNetNorm::group)
     return torch::nn::AnyModule(torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.num_groups, channels)));
-  if (o.norm == "batch") return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
+  if (o.norm == SegResNetNorm::batch) return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
   return torch::nn::AnyModule(torch::nn::InstanceNorm3d(channels));  // affine=False, as MONAI
 }
 
 torch::nn::AnyModule make_act(const SegResNetOptions& o) {
-  if (o.act == "leakyrelu")
+  if (o.act == SegResNetAct::leakyrelu)
     return torch::nn::AnyModule(torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.01)));
   return torch::nn::AnyModule(torch::nn::ReLU());
 }
@@ -92,7 +84,7 @@ TORCH_MODULE(ResBlock);
 // "upsample_non_trainable" (trilinear, align_corners=False).
 Block upsample_layer(const SegResNetOptions& o, std::int64_t channels) {
   Block s;
-  if (o.upsample_mode == "deconv") {
+  if (o.upsample_mode == UpsampleMode::deconv) {
     s->push_back("deconv",
                  torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(channels, channels, 2).stride(2)));
   } else {

@@ -42,16 +42,10 @@ void SwinUNETROptions::validate() const {
                            "'s ", dim, " channels"));
     }
   }
-  if (norm_name != "instance" && norm_name != "batch") {
-    throw ValueError(str("SwinUNETR: argument norm_name '", norm_name, "' is not instance or batch"));
-  }
   const std::pair<const char*, double> rates[] = {
       {"drop_rate", drop_rate}, {"attn_drop_rate", attn_drop_rate}, {"dropout_path_rate", dropout_path_rate}};
   for (const auto& [name, r] : rates) {
     if (!(r >= 0 && r <= 1)) throw ValueError(str("SwinUNETR: argument ", name, " ", r, " is outside [0, 1]"));
-  }
-  if (downsample != "merging" && downsample != "mergingv2") {
-    throw ValueError(str("SwinUNETR: argument downsample '", downsample, "' is not merging or mergingv2"));
   }
 }
 
@@ -177,8 +171,8 @@ Block dynunet_conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel,
   return s;
 }
 
-torch::nn::AnyModule make_norm(const std::string& name, std::int64_t channels) {
-  if (name == "batch") return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
+torch::nn::AnyModule make_norm(SwinNorm name, std::int64_t channels) {
+  if (name == SwinNorm::batch) return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
   return torch::nn::AnyModule(torch::nn::InstanceNorm3d(channels));  // affine=False, as MONAI
 }
 
@@ -186,7 +180,7 @@ torch::nn::AnyModule make_norm(const std::string& name, std::int64_t channels) {
 // norm when channels or stride change), then lrelu.
 class UnetResBlockImpl : public torch::nn::Module {
  public:
-  UnetResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, const std::string& norm)
+  UnetResBlockImpl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride, SwinNorm norm)
       : lrelu_(torch::nn::LeakyReLUOptions().negative_slope(0.01)) {
     conv1_ = register_module("conv1", dynunet_conv_layer(in, out, kernel, stride));
     conv2_ = register_module("conv2", dynunet_conv_layer(out, out, kernel, 1));
@@ -218,7 +212,7 @@ TORCH_MODULE(UnetResBlock);
 // UnetrBasicBlock(res_block=True): a UnetResBlock named "layer".
 class UnetrBasicBlockImpl : public torch::nn::Module {
  public:
-  UnetrBasicBlockImpl(std::int64_t in, std::int64_t out, const std::string& norm)
+  UnetrBasicBlockImpl(std::int64_t in, std::int64_t out, SwinNorm norm)
       : layer_(register_module("layer", UnetResBlock(in, out, 3, 1, norm))) {}
   torch::Tensor forward(torch::Tensor x) { return layer_->forward(x); }
 
@@ -230,7 +224,7 @@ TORCH_MODULE(UnetrBasicBlock);
 // UnetrUpBlock(res_block=True): 2x2x2 transposed conv (no bias), concatenate the skip, UnetResBlock.
 class UnetrUpBlockImpl : public torch::nn::Module {
  public:
-  UnetrUpBlockImpl(std::int64_t in, std::int64_t out, const std::string& norm) {
+  UnetrUpBlockImpl(std::int64_t in, std::int64_t out, SwinNorm norm) {
     transp_conv_ = Block();
     transp_conv_->push_back(
         "conv", torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, 2).stride(2).bias(false)));
@@ -487,11 +481,11 @@ class SwinTransformerImpl : public torch::nn::Module {
       std::vector<double> rates;
       for (std::int64_t j = 0; j < o.depths[i]; ++j) rates.push_back(dpr[first + j].item<double>());
       first += o.depths[i];
-      layers_.push_back(BasicLayer(s, o.depths[i], rates, o.downsample == "mergingv2"));
+      layers_.push_back(BasicLayer(s, o.depths[i], rates, o.downsample == SwinDownsample::mergingv2));
       lists[i]->push_back(layers_.back());
       if (o.use_v2) {
         // v2's residual conv block always uses instance norm (MONAI hard-codes it).
-        convs_.push_back(UnetrBasicBlock(s.dim, s.dim, "instance"));
+        convs_.push_back(UnetrBasicBlock(s.dim, s.dim, SwinNorm::instance));
         clists[i]->push_back(convs_.back());
       }
     }

@@ -14,9 +14,6 @@ void UNetOptions::validate() const {
     throw ValueError(str("UNet: argument strides has ", strides.size(), " entries; channels has ", channels.size(),
                          " levels, so strides needs ", channels.size() - 1));
   }
-  if (norm != "instance" && norm != "batch" && norm != "none") {
-    throw ValueError(str("UNet: argument norm '", norm, "' is not instance, batch or none"));
-  }
   if (kernel_size % 2 == 0 || up_kernel_size % 2 == 0) throw ValueError("UNet: kernel sizes must be odd");
   if (dropout < 0 || dropout >= 1) throw ValueError(str("UNet: argument dropout ", dropout, " is outside [0, 1)"));
   if (num_res_units < 0) throw ValueError("UNet: argument num_res_units must be >= 0");
@@ -42,8 +39,8 @@ Block convolution(const UNetOptions& o, std::int64_t in, std::int64_t out, std::
   }
   if (conv_only) return s;
   Block adn;
-  if (o.norm == "batch") adn->push_back("N", torch::nn::BatchNorm3d(out));
-  if (o.norm == "instance") adn->push_back("N", torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
+  if (o.norm == UNetNorm::batch) adn->push_back("N", torch::nn::BatchNorm3d(out));
+  if (o.norm == UNetNorm::instance) adn->push_back("N", torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
   if (o.dropout > 0) adn->push_back("D", torch::nn::Dropout(o.dropout));
   adn->push_back("A", torch::nn::PReLU());
   s->push_back("adn", adn);

@@ -9,9 +9,6 @@ namespace medfast::train {
 std::vector<KeyTable> run_config_keys() {
   std::vector<KeyTable> t;
   t.push_back({"data.loader", "", field_docs<data::LoaderOptions>()});
-  for (FieldDoc& row : t.back().rows) {
-    if (row.key == "threads") row.default_value = "null";  // load_pipeline: absent, the threads setting
-  }
   t.push_back({"data.cache", "", field_docs<data::CacheSectionOptions>()});
   for (const auto& name : transforms::names()) t.push_back({"data.deterministic", name, transforms::argument_docs(name)});
   for (const auto& name : transforms::random_names()) {

@@ -14,10 +14,6 @@ namespace medfast::train {
 
 namespace {
 
-bool is_one_of(const std::string& value, std::initializer_list<const char*> allowed) {
-  return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
-}
-
 std::string shape_string(at::IntArrayRef shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -37,10 +33,10 @@ std::vector<std::int64_t> axis_starts(std::int64_t size, std::int64_t roi, std::
 
 // F.pad(mode=...) for the modes MONAI's PytorchPadMode offers (less circular); `pad` is in
 // F.pad's order, last axis first.
-at::Tensor pad_input(const at::Tensor& x, const std::vector<std::int64_t>& pad, const std::string& mode, double cval) {
-  if (mode == "constant") return at::constant_pad_nd(x, pad, cval);
+at::Tensor pad_input(const at::Tensor& x, const std::vector<std::int64_t>& pad, PadMode mode, double cval) {
+  if (mode == PadMode::constant) return at::constant_pad_nd(x, pad, cval);
   const std::int64_t spatial = x.dim() - 2;
-  if (mode == "reflect") {
+  if (mode == PadMode::reflect) {
     for (std::int64_t d = 0; d < spatial; ++d) {
       const std::int64_t size = x.size(2 + d), before = pad[2 * (spatial - 1 - d)],
                          after = pad[2 * (spatial - 1 - d) + 1];
@@ -58,7 +54,7 @@ at::Tensor pad_input(const at::Tensor& x, const std::vector<std::int64_t>& pad, 
     if (spatial == 3) return at::replication_pad3d(x, pad);
   }
   throw ValueError(
-      str("sliding window: padding_mode ", mode, " supports 1 to 3 spatial axes, the input has ", spatial));
+      str("sliding window: padding_mode ", name_of(mode), " supports 1 to 3 spatial axes, the input has ", spatial));
 }
 
 // x narrowed to the window starting at `start` (spatial axes only).
@@ -77,15 +73,8 @@ void SlidingWindowOptions::validate() const {
     throw ValueError(str("sliding window: argument sw_batch_size ", sw_batch_size, " must be >= 1"));
   if (!(overlap >= 0 && overlap < 1))
     throw ValueError(str("sliding window: argument overlap ", overlap, " is outside [0, 1)"));
-  if (!is_one_of(mode, {"constant", "gaussian"})) {
-    throw ValueError(str("sliding window: argument mode '", mode, "' is not constant or gaussian"));
-  }
   if (!(sigma_scale > 0 && std::isfinite(sigma_scale))) {
     throw ValueError(str("sliding window: argument sigma_scale ", sigma_scale, " must be > 0"));
-  }
-  if (!is_one_of(padding_mode, {"constant", "reflect", "replicate"})) {
-    throw ValueError(
-        str("sliding window: argument padding_mode '", padding_mode, "' is not constant, reflect or replicate"));
   }
   if (!std::isfinite(cval)) throw ValueError(str("sliding window: argument cval ", cval, " is not finite"));
   if (!device.empty()) {
@@ -107,15 +96,14 @@ SlidingWindowOptions SlidingWindowOptions::from_json(const nlohmann::json& j, co
   return o;
 }
 
-at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, const std::string& mode, double sigma_scale,
+at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, BlendMode mode, double sigma_scale,
                           c10::Device device) {
   if (roi_size.empty()) throw ValueError("importance_map: roi_size is empty");
   for (const std::int64_t n : roi_size) {
     if (n < 1) throw ValueError(str("importance_map: roi_size ", shape_string(roi_size), " has an entry < 1"));
   }
   const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
-  if (mode == "constant") return at::ones(roi_size, options);
-  if (mode != "gaussian") throw ValueError(str("importance_map: mode '", mode, "' is not constant or gaussian"));
+  if (mode == BlendMode::constant) return at::ones(roi_size, options);
   if (!(sigma_scale > 0 && std::isfinite(sigma_scale))) {
     throw ValueError(str("importance_map: sigma_scale ", sigma_scale, " must be > 0"));
   }

@@ -120,7 +120,7 @@ void apply_plan(Sample& s, SpatialPlan& plan) {
   if (!plan.active) return;
   for (const auto& [key, mode] : plan.mode) {
     Volume& v = s.volume(key);
-    v.data = resample_index_affine(v.data, plan.out_to_in, plan.shape, mode == "nearest", plan.padding == "zeros",
+    v.data = resample_index_affine(v.data, plan.out_to_in, plan.shape, mode == Interp::nearest, plan.padding == GridPadding::zeros,
                                    plan.box_lo, plan.box_hi);
     v.affine = v.affine * plan.out_to_in;
   }
@@ -171,7 +171,7 @@ std::pair<std::vector<std::int64_t>, at::ScalarType> planned_output(const Sample
   auto mode = sp.active ? sp.mode.find(key) : sp.mode.end();
   if (mode == sp.mode.end()) return index_output(s, pending.index, key);
   const Volume& v = s.volume(key);
-  const bool nearest = mode->second == "nearest";
+  const bool nearest = mode->second == Interp::nearest;
   const at::ScalarType t = v.data.scalar_type();
   return {{v.data.size(0), sp.shape[0], sp.shape[1], sp.shape[2]},
           nearest || t == at::kFloat || t == at::kDouble ? t : at::kFloat};
@@ -184,8 +184,8 @@ void write_into(const Sample& s, const PendingSteps& pending, const std::string&
     gather_into(s, pending.index, key, dst);
     return;
   }
-  resample_index_affine_into(s.volume(key).data, sp.out_to_in, sp.shape, mode->second == "nearest",
-                             sp.padding == "zeros", sp.box_lo, sp.box_hi, dst);
+  resample_index_affine_into(s.volume(key).data, sp.out_to_in, sp.shape, mode->second == Interp::nearest,
+                             sp.padding == GridPadding::zeros, sp.box_lo, sp.box_hi, dst);
 }
 
 void apply_index_plan(Sample& s, IndexPlan& plan) {
@@ -291,7 +291,10 @@ std::size_t RandomChain::samples_per_item() const {
 
 nlohmann::json RandomChain::config() const {
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& t : transforms_) list.push_back({{"name", t->name()}, {"args", t->config()}});
+  for (std::size_t i = 0; i < transforms_.size(); ++i) {
+    list.push_back({{"name", transforms_[i]->name()},
+                    {"args", i < arguments_.size() ? arguments_[i] : transforms_[i]->steps()}});
+  }
   return {{"seed", seed_}, {"transforms", list}};
 }
 
@@ -331,10 +334,11 @@ void rot90(Sample& s, const std::vector<std::string>& keys, int k, int a, int b)
 
 RandomChain make_random_chain(const nlohmann::json& list, std::uint64_t seed) {
   std::vector<RandomTransformPtr> out;
+  std::vector<nlohmann::json> arguments;
   for_each_chain_item(list, "random chain", [&](const std::string& name, const nlohmann::json& args) {
-    out.push_back(make_random(name, args));
+    out.push_back(make_random(name, args, &arguments.emplace_back()));
   });
-  return RandomChain(std::move(out), seed);
+  return RandomChain(std::move(out), seed, std::move(arguments));
 }
 
 }  // namespace medfast::transforms

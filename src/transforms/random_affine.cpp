@@ -18,13 +18,13 @@ using detail::require;
 struct AffineSpec {
   std::string name;
   std::vector<std::string> keys;
-  std::vector<std::string> mode;
+  std::vector<Interp> mode;
   double prob = 0.1;
   std::array<std::array<double, 2>, 3> rotate{};     // radians per axis
   std::array<std::array<double, 2>, 3> scale{};      // zoom factors (RandZoom) or 1+range (RandAffine)
   std::array<std::array<double, 2>, 3> translate{};  // voxels
   bool isotropic_zoom = false;
-  std::string padding = "border";
+  GridPadding padding = GridPadding::border;
 };
 
 Affine rotation(double ax, double ay, double az) {
@@ -40,18 +40,13 @@ class RandAffineFamily final : public RandomTransform {
  public:
   explicit RandAffineFamily(AffineSpec a) : a_(std::move(a)) {
     require_keys(a_.keys, a_.name);
-    if (a_.mode.empty()) a_.mode.assign(a_.keys.size(), "bilinear");
+    if (a_.mode.empty()) a_.mode.assign(a_.keys.size(), Interp::bilinear);
     require(a_.mode.size() == a_.keys.size(), str(a_.name, ": argument mode: one mode per key"));
-    for (const auto& m : a_.mode) {
-      require(m == "bilinear" || m == "nearest", str(a_.name, ": argument mode: '", m, "' is not bilinear or nearest"));
-    }
-    require(a_.padding == "border" || a_.padding == "zeros",
-            str(a_.name, ": argument padding_mode: '", a_.padding, "' is not border or zeros"));
   }
   std::string name() const override { return a_.name; }
-  nlohmann::json config() const override {
-    return {{"keys", a_.keys}, {"mode", a_.mode}, {"prob", a_.prob}, {"rotate", a_.rotate},
-            {"scale", a_.scale}, {"translate", a_.translate}, {"padding_mode", a_.padding}};
+  nlohmann::json steps() const override {
+    return {{"keys", a_.keys}, {"mode", as_json(a_.mode)}, {"prob", a_.prob}, {"rotate", a_.rotate},
+            {"scale", a_.scale}, {"translate", a_.translate}, {"padding_mode", as_json(a_.padding)}};
   }
   void apply(Sample& s, Rng& rng) const override {
     SpatialPlan plan;
@@ -107,30 +102,30 @@ struct RandRotateOptions {
   std::vector<std::string> keys;
   double prob = 0.1;
   std::array<double, 2> range_x{0, 0}, range_y{0, 0}, range_z{0, 0};
-  std::vector<std::string> mode;
-  std::string padding_mode = "border";
+  std::vector<Interp> mode;
+  GridPadding padding_mode = GridPadding::border;
   bool keep_size = true;
   static constexpr auto fields() {
     using O = RandRotateOptions;
     return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
                            field("range_x", &O::range_x, "rotation about x, radians: [lo, hi]; one number v: [-v, v]").symmetric(),
                            field("range_y", &O::range_y, "rotation about y, radians (as range_x)").symmetric(),
-                           field("range_z", &O::range_z, "rotation about z, radians (as range_x)").symmetric(), field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"),
-                           field("padding_mode", &O::padding_mode, "outside the input: border | zeros | reflection"),
+                           field("range_z", &O::range_z, "rotation about z, radians (as range_x)").symmetric(), field("mode", &O::mode, "interpolation per key").each_key("bilinear"),
+                           field("padding_mode", &O::padding_mode, "what is read outside the input"),
                            field("keep_size", &O::keep_size, "the output keeps the input's size (always)"));
   }
 };
 struct RandZoomOptions {
   std::vector<std::string> keys;
   double prob = 0.1, min_zoom = 0.9, max_zoom = 1.1;
-  std::vector<std::string> mode;
-  std::string padding_mode = "border";
+  std::vector<Interp> mode;
+  GridPadding padding_mode = GridPadding::border;
   bool keep_size = true;
   static constexpr auto fields() {
     using O = RandZoomOptions;
     return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"), field("min_zoom", &O::min_zoom, "smallest zoom factor (the same on every axis)"),
-                           field("max_zoom", &O::max_zoom, "largest zoom factor"), field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"),
-                           field("padding_mode", &O::padding_mode, "outside the input: border | zeros | reflection"),
+                           field("max_zoom", &O::max_zoom, "largest zoom factor"), field("mode", &O::mode, "interpolation per key").each_key("bilinear"),
+                           field("padding_mode", &O::padding_mode, "what is read outside the input"),
                            field("keep_size", &O::keep_size, "the output keeps the input's size (always)"));
   }
 };
@@ -138,20 +133,20 @@ struct RandAffineOptions {
   std::vector<std::string> keys;
   double prob = 0.1;
   std::array<double, 3> rotate_range{0, 0, 0}, scale_range{0, 0, 0}, translate_range{0, 0, 0};
-  std::vector<std::string> mode;
-  std::string padding_mode = "zeros";
+  std::vector<Interp> mode;
+  GridPadding padding_mode = GridPadding::zeros;
   static constexpr auto fields() {
     using O = RandAffineOptions;
     return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("prob", &O::prob, "probability of applying it to a sample"),
                            field("rotate_range", &O::rotate_range, "rotation per axis drawn from [-r, r], radians").repeats(3),
                            field("scale_range", &O::scale_range, "zoom per axis drawn from [1 - s, 1 + s]").repeats(3),
                            field("translate_range", &O::translate_range, "shift per axis drawn from [-t, t], voxels").repeats(3),
-                           field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"), field("padding_mode", &O::padding_mode, "outside the input: zeros | border | reflection"));
+                           field("mode", &O::mode, "interpolation per key").each_key("bilinear"), field("padding_mode", &O::padding_mode, "what is read outside the input"));
   }
 };
 
 AffineSpec base_spec(const std::string& name, const std::vector<std::string>& keys, double prob,
-                     const std::vector<std::string>& mode, const std::string& padding) {
+                     const std::vector<Interp>& mode, GridPadding padding) {
   return AffineSpec{name, keys, mode, prob, {}, {{{1, 1}, {1, 1}, {1, 1}}}, {}, false, padding};
 }
 

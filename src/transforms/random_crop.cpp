@@ -36,7 +36,7 @@ class RandCropByPosNegLabel final : public RandomTransform {
     for (auto v : c_.spatial_size) require(v >= 1, "RandCropByPosNegLabel: argument spatial_size must be positive");
   }
   std::string name() const override { return "RandCropByPosNegLabel"; }
-  nlohmann::json config() const override {
+  nlohmann::json steps() const override {
     return {{"keys", c_.keys},           {"label_key", c_.label_key},
             {"spatial_size", c_.spatial_size}, {"pos", c_.pos},
             {"neg", c_.neg},             {"num_samples", c_.num_samples},
@@ -117,7 +117,7 @@ class RandSpatialCrop final : public RandomTransform {
     require_keys(keys_, "RandSpatialCrop");
   }
   std::string name() const override { return "RandSpatialCrop"; }
-  nlohmann::json config() const override { return {{"keys", keys_}, {"roi_size", roi_}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"roi_size", roi_}}; }
   void apply(Sample& s, Rng& rng) const override {
     const Shape3 n = spatial_shape(s.volume(keys_[0]).data, keys_[0]);
     Shape3 start{}, end{};
@@ -142,7 +142,7 @@ class RandFlip final : public RandomTransform {
     for (int a : axes_) require(a >= 0 && a < 3, str("RandFlip: argument spatial_axis: ", a, " is not 0, 1 or 2"));
   }
   std::string name() const override { return "RandFlip"; }
-  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"spatial_axis", axes_}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"spatial_axis", axes_}}; }
   void apply(Sample& s, Rng& rng) const override {
     if (!(rng.uniform() < prob_)) return;
     for (int a : axes_) flip_axis(s, keys_, a);
@@ -173,7 +173,7 @@ class RandRotate90 final : public RandomTransform {
             "RandRotate90: argument spatial_axes must be two different axes of 0, 1, 2");
   }
   std::string name() const override { return "RandRotate90"; }
-  nlohmann::json config() const override {
+  nlohmann::json steps() const override {
     return {{"keys", keys_}, {"prob", prob_}, {"max_k", max_k_}, {"spatial_axes", axes_}};
   }
   void apply(Sample& s, Rng& rng) const override {

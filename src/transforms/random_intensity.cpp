@@ -65,7 +65,7 @@ class RandScaleIntensity final : public RandIntensity {
  public:
   RandScaleIntensity(std::vector<std::string> keys, double prob, double lo, double hi)
       : RandIntensity("RandScaleIntensity", std::move(keys), prob), lo_(lo), hi_(hi) {}
-  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"factors", {lo_, hi_}}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"factors", {lo_, hi_}}}; }
 
  protected:
   std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
@@ -82,7 +82,7 @@ class RandShiftIntensity final : public RandIntensity {
  public:
   RandShiftIntensity(std::vector<std::string> keys, double prob, double lo, double hi)
       : RandIntensity("RandShiftIntensity", std::move(keys), prob), lo_(lo), hi_(hi) {}
-  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"offsets", {lo_, hi_}}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"offsets", {lo_, hi_}}}; }
 
  protected:
   std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
@@ -104,7 +104,7 @@ class RandGaussianNoise final : public RandIntensity {
       : RandIntensity("RandGaussianNoise", std::move(keys), prob), mean_(mean), std_(std) {
     require(std_ >= 0, "RandGaussianNoise: argument std must be non-negative");
   }
-  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"mean", mean_}, {"std", std_}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"mean", mean_}, {"std", std_}}; }
 
  protected:
   // MONAI 1.3 (sample_std=True): the noise's std is drawn from U(0, std).
@@ -126,7 +126,7 @@ class RandAdjustContrast final : public RandIntensity {
       : RandIntensity("RandAdjustContrast", std::move(keys), prob), lo_(lo), hi_(hi) {
     require(lo_ > 0 && hi_ >= lo_, "RandAdjustContrast: argument gamma must be a positive range");
   }
-  nlohmann::json config() const override { return {{"keys", keys_}, {"prob", prob_}, {"gamma", {lo_, hi_}}}; }
+  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"gamma", {lo_, hi_}}}; }
 
  protected:
   std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
@@ -150,7 +150,7 @@ class RandGaussianSmooth final : public RandIntensity {
       require(r[0] >= 0 && r[1] >= r[0], "RandGaussianSmooth: arguments sigma_x/y/z must be non-negative ranges");
     }
   }
-  nlohmann::json config() const override {
+  nlohmann::json steps() const override {
     return {{"keys", keys_}, {"prob", prob_}, {"sigma_x", sigma_[0]}, {"sigma_y", sigma_[1]}, {"sigma_z", sigma_[2]}};
   }
   static at::Tensor kernel(double sigma) {

@@ -36,7 +36,7 @@ class DeterministicStep final : public RandomTransform {
  public:
   explicit DeterministicStep(TransformPtr t) : t_(std::move(t)) {}
   std::string name() const override { return t_->name(); }
-  nlohmann::json config() const override { return t_->config(); }
+  nlohmann::json steps() const override { return t_->config(); }
   void apply(Sample& s, Rng&) const override { t_->apply(s); }
 
  private:
@@ -49,7 +49,7 @@ class ComposableResize final : public RandomTransform {
   ComposableResize(TransformPtr t, std::vector<std::string> keys, Shape3 size)
       : t_(std::move(t)), keys_(std::move(keys)), size_(size) {}
   std::string name() const override { return t_->name(); }
-  nlohmann::json config() const override { return t_->config(); }
+  nlohmann::json steps() const override { return t_->config(); }
   void apply(Sample& s, Rng&) const override { t_->apply(s); }
   bool compose(SpatialPlan& plan, const Sample&, Rng&) const override {
     if (!plan.active) return false;
@@ -102,10 +102,10 @@ std::vector<FieldDoc> random_argument_docs(const std::string& name) {
   return key_table_of(row->make, name);
 }
 
-RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json) {
+RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json, nlohmann::json* arguments) {
   const auto* row = find_registered(kRandomTransforms, name);
   if (!row) {
-    TransformPtr t = make(name, json);  // throws for unknown names
+    TransformPtr t = make(name, json, arguments);  // throws for unknown names
     if (name == "ResizeWithPadOrCrop") {
       Args r(name, json);
       const auto keys = r.keys();
@@ -117,6 +117,7 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
   Args a(name, json);
   RandomTransformPtr t = row->make(a, json);
   a.finish();
+  if (arguments) *arguments = a.resolved();
   return t;
 }
 

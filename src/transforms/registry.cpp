@@ -49,12 +49,13 @@ std::vector<FieldDoc> argument_docs(const std::string& name) {
   return key_table_of(row->make, name);
 }
 
-TransformPtr make(const std::string& name, const nlohmann::json& json) {
+TransformPtr make(const std::string& name, const nlohmann::json& json, nlohmann::json* arguments) {
   Args a(name, json);
   const auto* row = find_registered(kTransforms, name);
   if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
   TransformPtr t = row->make(a, json);
   a.finish();
+  if (arguments) *arguments = a.resolved();
   return t;
 }
 

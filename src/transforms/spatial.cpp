@@ -178,14 +178,9 @@ class Spacing final : public Transform {
  public:
   explicit Spacing(SpacingOptions o) : o_(std::move(o)) {
     require_keys(o_.keys, "Spacing");
-    if (o_.mode.empty()) o_.mode.assign(o_.keys.size(), "bilinear");
+    if (o_.mode.empty()) o_.mode.assign(o_.keys.size(), Interp::bilinear);
     if (o_.mode.size() != o_.keys.size()) {
       throw ValueError(str("Spacing: argument mode: ", o_.mode.size(), " modes for ", o_.keys.size(), " keys"));
-    }
-    for (const auto& m : o_.mode) {
-      if (m != "bilinear" && m != "nearest") {
-        throw ValueError(str("Spacing: argument mode: '", m, "' is not bilinear or nearest"));
-      }
     }
     for (double p : o_.pixdim) {
       if (!(p > 0)) throw ValueError(str("Spacing: argument pixdim: ", p, " is not a positive spacing"));
@@ -230,7 +225,7 @@ class Spacing final : public Transform {
                              "]): check the image's spacing (pixdim/srow) or the transform's pixdim"));
       }
     }
-    const bool nearest = o_.mode[i] == "nearest";
+    const bool nearest = o_.mode[i] == Interp::nearest;
     at::Tensor out;
     if (plan) {
       at::Tensor x = v.data;
@@ -450,7 +445,10 @@ TransformPtr crop_foreground(Args& a, const nlohmann::json&) {
 
 TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
   const auto o = read_options<ResizeWithPadOrCropOptions>(a);
-  a.text("mode", "constant");
+  // MONAI's mode: only its default, constant, is supported. Not an option (not in the
+  // cache key of earlier versions), but anything else is an error, not ignored.
+  const std::string mode = a.text("mode", "constant");
+  if (mode != "constant") a.fail("mode", str("'", mode, "' is not supported (only constant padding)"));
   return make_resize_with_pad_or_crop(o);
 }
 

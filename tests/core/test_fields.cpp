@@ -81,5 +81,58 @@ TEST(Fields, WrittenBackWholeAndTheKeyTableComesFromTheSameList) {
   EXPECT_EQ(field_keys<ToyOptions>(), (std::vector<std::string>{"size", "rate", "mode", "shape", "on"}));
 }
 
+enum class Blend { constant, gaussian };
+constexpr std::array<Choice<Blend>, 2> choices(Blend) { return {{{Blend::constant, "constant"}, {Blend::gaussian, "gaussian"}}}; }
+
+struct ChoiceOptions {
+  std::vector<std::string> keys;
+  Blend blend = Blend::gaussian;
+  std::vector<Blend> per_key;
+  static constexpr auto fields() {
+    using O = ChoiceOptions;
+    return std::make_tuple(field("keys", &O::keys, "sample keys").keys(), field("blend", &O::blend, "how windows blend"),
+                           field("per_key", &O::per_key, "one per key").each_key("constant"));
+  }
+};
+
+ChoiceOptions read_choices(const std::string& text) {
+  ConfigReader r(nlohmann::json::parse(text), "toy");
+  ChoiceOptions o;
+  read_fields(r, o);
+  r.finish();
+  return o;
+}
+
+// A closed set of names is an enum past the reader: names case-insensitive, anything
+// else an error listing them; written back and documented by name.
+TEST(Fields, ChoicesAreEnumsParsedAtTheEdge) {
+  EXPECT_EQ(name_of(Blend::gaussian), std::string("gaussian"));
+  EXPECT_EQ(parse_choice<Blend>("Constant"), Blend::constant);
+  EXPECT_FALSE(parse_choice<Blend>("const").has_value());
+  EXPECT_EQ(choice_list<Blend>(), "constant | gaussian");
+
+  const ChoiceOptions d = read_choices(R"({"keys": ["image", "label"]})");
+  EXPECT_EQ(d.blend, Blend::gaussian);
+  EXPECT_EQ(d.per_key, (std::vector<Blend>{Blend::constant, Blend::constant}));
+  const ChoiceOptions o = read_choices(R"({"keys": ["image", "label"], "blend": "CONSTANT", "per_key": ["gaussian", "constant"]})");
+  EXPECT_EQ(o.blend, Blend::constant);
+  EXPECT_EQ(o.per_key, (std::vector<Blend>{Blend::gaussian, Blend::constant}));
+  EXPECT_EQ(read_choices(R"({"keys": ["a", "b"], "per_key": "gaussian"})").per_key,
+            (std::vector<Blend>{Blend::gaussian, Blend::gaussian}));
+
+  EXPECT_VALUE_ERROR(read_choices(R"({"keys": "a", "blend": "box"})"), "toy.blend: 'box' is not one of constant | gaussian");
+  EXPECT_VALUE_ERROR(read_choices(R"({"keys": "a", "blend": 3})"), "toy.blend: expected");
+  EXPECT_VALUE_ERROR(read_choices(R"({"keys": "a", "per_key": ["box"]})"), "toy.per_key: 'box' is not one of constant | gaussian");
+  EXPECT_VALUE_ERROR(read_choices(R"({"keys": ["a", "b"], "per_key": ["gaussian"]})"), "one per key");
+
+  const nlohmann::json j = fields_json(o);
+  EXPECT_EQ(j, nlohmann::json::parse(R"({"keys": ["image", "label"], "blend": "constant", "per_key": ["gaussian", "constant"]})"));
+  EXPECT_EQ(fields_json(read_choices(j.dump())), j);
+  const auto rows = field_docs<ChoiceOptions>();
+  EXPECT_EQ(rows[1].default_value, "\"gaussian\"");
+  EXPECT_EQ(rows[1].help, "how windows blend: constant | gaussian");
+  EXPECT_EQ(rows[2].help, "one per key: constant | gaussian");
+}
+
 }  // namespace
 }  // namespace medfast

@@ -175,7 +175,12 @@ TEST(Loader, OptionsAreValidated) {
   o = LoaderOptions();
   o.rank = 2;
   EXPECT_THROW(o.validate(), ValueError);
-  EXPECT_THROW(Loader(0, item, chain(), LoaderOptions()), ValueError);
+  o = LoaderOptions();
+  EXPECT_EQ(o.threads, 0);  // the threads setting, which only load_pipeline knows
+  EXPECT_THROW(o.validate(), ValueError);
+  o.threads = 2;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_THROW(Loader(0, item, chain(), o), ValueError);
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ TEST(DicomLoad, CacheKeyCoversEveryFileOfTheSeries) {
     if (!uid.empty()) item.attrs["series_uid"] = uid;
     ds.items.push_back(item);
     data::CacheConfig cfg;
-    cfg.store.kind = "memory";
+    cfg.store.kind = cache::StoreKind::memory;
     const auto chain = transforms::make_chain(nlohmann::json::parse(
         R"([{"name": "LoadImage", "keys": ["image"]}, {"name": "EnsureChannelFirst", "keys": ["image"]}])"));
     return data::CachedDataset(ds, chain, cfg).key(0);
@@ -159,7 +159,7 @@ TEST(DicomLoad, PatientIdentifiersStayOutOfCacheEntriesAndLogs) {
   item.files["label"] = dicom_dir() + "/" + (*seg_case)["seg"].get<std::string>();
   ds.items.push_back(item);
   data::CacheConfig cfg;
-  cfg.store.kind = "disk";
+  cfg.store.kind = cache::StoreKind::disk;
   cfg.store.dir = dir / "cache";
   const auto chain = transforms::make_chain(nlohmann::json::parse(R"([
     {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""], "label_dict": [["GTV-1", 1]]},

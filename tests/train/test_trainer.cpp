@@ -538,7 +538,7 @@ TEST(Trainer, OneStepMatchesPythonTorch) {
   o.channels = {4, 8};
   o.strides = {2};
   o.num_res_units = 0;
-  o.norm = "instance";
+  o.norm = nn::UNetNorm::instance;
   nn::UNet net(o);
   const at::Tensor x = torch::rand({2, 1, 8, 8, 8});
   const at::Tensor y = (torch::rand({2, 1, 8, 8, 8}) > 0.6).to(at::kByte);

@@ -72,7 +72,7 @@ TEST(RandomTransforms, ArgumentsComeFromTheKeyTable) {
     EXPECT_NO_THROW(make_random(name, args)) << name << " " << args.dump();
     EXPECT_VALUE_ERROR(make_random(name, nlohmann::json::object()), "keys: is required");
   }
-  auto cfg = [](const char* name, const char* args) { return make_random(name, nlohmann::json::parse(args))->config(); };
+  auto cfg = [](const char* name, const char* args) { return make_random(name, nlohmann::json::parse(args))->steps(); };
   EXPECT_EQ(cfg("RandShiftIntensity", R"({"keys": "image", "offsets": 0.2})")["offsets"], nlohmann::json::parse("[-0.2, 0.2]"));
   EXPECT_EQ(cfg("RandScaleIntensity", R"({"keys": "image", "factors": [0.1, 0.3]})")["factors"],
             nlohmann::json::parse("[0.1, 0.3]"));
@@ -82,6 +82,31 @@ TEST(RandomTransforms, ArgumentsComeFromTheKeyTable) {
   EXPECT_EQ(cfg("RandAffine", R"({"keys": "image", "scale_range": 0.1})")["scale"][2], nlohmann::json::parse("[0.9, 1.1]"));
   EXPECT_VALUE_ERROR(make_random("RandAffine", nlohmann::json::parse(R"({"keys": "image", "rotate_rang": 1})")), "rotate_rang");
   EXPECT_THROW(random_argument_docs("RandBlur"), ValueError);
+}
+
+// A random chain's config() writes each transform's arguments with every default, by
+// MONAI's names, and they read back to the same.
+TEST(RandomTransforms, AChainWritesBackItsArgumentsWhole) {
+  const RandomChain chain = make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandAffine", "keys": "image", "scale_range": 0.1, "mode": "Nearest"},
+      {"name": "RandShiftIntensity", "keys": ["image"], "offsets": 0.2},
+      {"name": "ResizeWithPadOrCrop", "keys": "image", "spatial_size": 8}])"), 7);
+  const nlohmann::json c = chain.config();
+  EXPECT_EQ(c["seed"], 7);
+  ASSERT_EQ(c["transforms"].size(), 3u);
+  EXPECT_EQ(c["transforms"][0]["name"], "RandAffine");
+  EXPECT_EQ(c["transforms"][0]["args"], nlohmann::json::parse(R"({"keys": ["image"], "prob": 0.1,
+      "rotate_range": [0.0, 0.0, 0.0], "scale_range": [0.1, 0.1, 0.1], "translate_range": [0.0, 0.0, 0.0],
+      "mode": ["nearest"], "padding_mode": "zeros"})"));
+  EXPECT_EQ(c["transforms"][1]["args"], nlohmann::json::parse(R"({"keys": ["image"], "prob": 0.1, "offsets": [-0.2, 0.2]})"));
+  EXPECT_EQ(c["transforms"][2]["args"], nlohmann::json::parse(R"({"keys": ["image"], "spatial_size": [8, 8, 8], "value": 0.0})"));
+  nlohmann::json again = nlohmann::json::array();
+  for (const auto& t : c["transforms"]) {
+    nlohmann::json item = t["args"];
+    item["name"] = t["name"];
+    again.push_back(item);
+  }
+  EXPECT_EQ(make_random_chain(again, 7).config(), c);
 }
 
 TEST(RandomTransforms, FlipMatchesTorchFlipAndMovesTheAffine) {
@@ -389,8 +414,8 @@ TEST(RandomTransforms, SpatialCropAndAffineTranslation) {
   plan.active = true;
   plan.shape = {12, 10, 8};
   plan.box_hi = plan.shape;
-  plan.mode["image"] = "bilinear";
-  plan.padding = "zeros";
+  plan.mode["image"] = Interp::bilinear;
+  plan.padding = GridPadding::zeros;
   plan.out_to_in(0, 3) = -2;  // output x takes input x - 2
   apply_plan(shifted, plan);
   const at::Tensor y = shifted.volume("image").data;

@@ -263,7 +263,7 @@ TEST(Transforms, SpacingChecksItsOutputSizeBeforeAllocating) {
     s.volumes["image"] = v;
     return s;
   };
-  const auto spacing = make_spacing({{"image"}, {1.5, 1.5, 2.0}, {"bilinear"}});
+  const auto spacing = make_spacing({{"image"}, {1.5, 1.5, 2.0}, {Interp::bilinear}});
   Sample huge = sample_with_spacing(1e9);
   const std::string big = test::value_error_of([&] { spacing->apply(huge); });
   for (const char* part : {"Spacing", "key image", "input spacing (1e+09, 1e+09, 1e+09)", "output of shape",
@@ -312,6 +312,10 @@ TEST(Transforms, ResizeWithPadOrCropCentresLikeMonai) {
   EXPECT_EQ(out.data[0][0][1][0].item<float>(), v.data[0][2][0][0].item<float>());
   EXPECT_EQ(out.data[0][0][0][0].item<float>(), 0.0f);
   EXPECT_EQ(out.data[0][0][7][0].item<float>(), 0.0f);
+  // MONAI's mode: constant is what it does; another mode is an error, not ignored.
+  EXPECT_NO_THROW(make("ResizeWithPadOrCrop", nlohmann::json::parse(R"({"keys": "image", "spatial_size": 4, "mode": "constant"})")));
+  EXPECT_VALUE_ERROR(make("ResizeWithPadOrCrop", nlohmann::json::parse(R"({"keys": "image", "spatial_size": 4, "mode": "edge"})")),
+                     "mode: 'edge' is not supported");
 }
 
 TEST(Transforms, NormalizeIntensityMatchesTheFormula) {

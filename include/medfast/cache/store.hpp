@@ -9,6 +9,7 @@
 /// counted, and get() treats it as a miss, so the caller recomputes and the
 /// atomic rewrite replaces it.
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -18,16 +19,30 @@
 #include <string>
 
 #include "medfast/cache/entry.hpp"
+#include "medfast/core/choices.hpp"
 
 namespace medfast::cache {
 
+/// The cache kinds (above); each is one row of make_store's table (store.cpp).
+enum class StoreKind { memory, device, disk, disk_device };
+constexpr std::array<Choice<StoreKind>, 4> choices(StoreKind) {
+  return {{{StoreKind::memory, "memory"},
+           {StoreKind::device, "device"},
+           {StoreKind::disk, "disk"},
+           {StoreKind::disk_device, "disk_device"}}};
+}
+/// Whether the kind keeps entry files in a folder (disk, disk_device).
+constexpr bool on_disk(StoreKind k) { return k == StoreKind::disk || k == StoreKind::disk_device; }
+
 struct StoreOptions {
-  std::string kind = "memory";  ///< memory | device | disk | disk_device
+  StoreKind kind = StoreKind::memory;
   std::string dir;              ///< for disk kinds
   io::IoOptions io;             ///< how disk entries are read
   std::string device = "cuda";  ///< for device kinds
 
-  StoreOptions& set_kind(const std::string& v);
+  StoreOptions& set_kind(StoreKind v) { kind = v; return *this; }
+  /// By name; ValueError "cache kind 'x' is not one of memory | device | ..." otherwise.
+  StoreOptions& set_kind(const std::string& name);
   StoreOptions& set_dir(const std::string& v) { dir = v; return *this; }
   StoreOptions& set_io(const io::IoOptions& v) { io = v; return *this; }
 };

@@ -16,7 +16,12 @@
 /// mark a field with the kinds it belongs to, `.in("Adam,AdamW")`; the kind-taking
 /// overloads below read, write and document only the fields of that kind.
 ///
-/// and reading a mapping (read_fields: with ConfigReader's typed reads and messages),
+/// A field whose member is an enum with a `choices` list (core/choices.hpp) reads its
+/// name (case-insensitive; anything else is an error listing the names), writes it
+/// back, and its key table row ends with the names; a list of them per sample key with
+/// each_key() likewise.
+///
+/// Reading a mapping (read_fields: with ConfigReader's typed reads and messages),
 /// writing the options back with every default filled in (fields_json) and the key
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
@@ -30,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "medfast/core/choices.hpp"
 #include "medfast/core/config.hpp"
 
 namespace medfast {
@@ -111,6 +117,30 @@ constexpr Field<T, M> field(const char* key, M T::*member, const char* help) {
 }
 
 namespace detail {
+/// A list of enum names (each_key() with a choices enum).
+template <typename M>
+struct is_choice_list : std::false_type {};
+template <typename V, typename A>
+struct is_choice_list<std::vector<V, A>> : std::bool_constant<is_choice_v<V>> {};
+
+}  // namespace detail
+
+/// A member as JSON: enums (and lists of them) by name (nlohmann would write an enum
+/// as its number).
+template <typename M>
+nlohmann::json as_json(const M& value) {
+  if constexpr (is_choice_v<M>) {
+    return name_of(value);
+  } else if constexpr (detail::is_choice_list<M>::value) {
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& v : value) names.push_back(name_of(v));
+    return names;
+  } else {
+    return nlohmann::json(value);
+  }
+}
+
+namespace detail {
 
 /// A list of numbers (what repeats() applies to).
 template <typename M>
@@ -123,13 +153,52 @@ struct is_number_array : std::false_type {};
 template <typename V, std::size_t N>
 struct is_number_array<std::array<V, N>> : std::is_arithmetic<V> {};
 
+/// The enum named `text`, or the error "key: 'text' is not one of a | b".
+template <typename E>
+E choice_or_fail(ConfigReader& r, const char* key, const std::string& text) {
+  if (const auto v = parse_choice<E>(text)) return *v;
+  r.fail(key, str("'", text, "' is not one of ", choice_list<E>()));
+}
+
+/// The help of a key table row: an enum's names follow its help line.
+template <typename M>
+std::string help_of(const char* help) {
+  if constexpr (is_choice_v<M>) {
+    return str(help, ": ", choice_list<M>());
+  } else if constexpr (is_choice_list<M>::value) {
+    return str(help, ": ", choice_list<typename M::value_type>());
+  } else {
+    return help;
+  }
+}
+
 template <typename T, typename = void>
 struct has_keys_member : std::false_type {};
 template <typename T>
 struct has_keys_member<T, std::void_t<decltype(std::declval<T&>().keys.size())>> : std::true_type {};
 
+// An enum (one name), or a list of them, one per sample key (each_key()).
 template <typename T, typename M>
-void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
+void read_choice_field(ConfigReader& r, T& options, const Field<T, M>& f) {
+  M& value = options.*(f.member);
+  if constexpr (is_choice_v<M>) {
+    if (f.required && !r.has(f.key)) r.fail(f.key, "is required");
+    std::string text = name_of(value);
+    r.read(f.key, text);
+    value = choice_or_fail<M>(r, f.key, text);
+  } else {
+    static_assert(has_keys_member<T>::value, "a list of choices is read per sample key (each_key), beside keys");
+    if (!f.per_key) throw Error(str("options field ", f.key, ": a list of choices needs each_key()"));
+    value.clear();
+    for (const auto& text : r.per_key(f.key, f.per_key, options.keys.size())) {
+      value.push_back(choice_or_fail<typename M::value_type>(r, f.key, text));
+    }
+  }
+}
+
+// Any other field: numbers, text, flags and lists of them.
+template <typename T, typename M>
+void read_plain_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   M& value = options.*(f.member);
   if (f.sample_keys || f.per_key) {
     if constexpr (std::is_same_v<M, std::vector<std::string>>) {
@@ -194,6 +263,15 @@ void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   }
 }
 
+template <typename T, typename M>
+void read_field(ConfigReader& r, T& options, const Field<T, M>& f) {
+  if constexpr (is_choice_v<M> || is_choice_list<M>::value) {
+    read_choice_field(r, options, f);
+  } else {
+    read_plain_field(r, options, f);
+  }
+}
+
 }  // namespace detail
 
 /// Fills every field of `options` that `r`'s mapping sets (absent keys keep their
@@ -211,7 +289,7 @@ void read_fields(ConfigReader& r, T& options, const std::string& kind = "") {
 template <typename T>
 nlohmann::json fields_json(const T& options, const std::string& kind = "") {
   nlohmann::json j = nlohmann::json::object();
-  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? void(j[f.key] = options.*(f.member)) : void()), ...); },
+  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? void(j[f.key] = as_json(options.*(f.member))) : void()), ...); },
              T::fields());
   return j;
 }
@@ -244,8 +322,9 @@ std::vector<FieldDoc> field_docs(const T& defaults = T{}, const std::string& kin
               ? rows.push_back({f.key,
                                 f.required  ? std::string("null")
                                 : f.per_key ? nlohmann::json(std::string(f.per_key)).dump()  // for every key
-                                            : nlohmann::json(defaults.*(f.member)).dump(),
-                                f.help, f.kinds, f.required})
+                                            : as_json(defaults.*(f.member)).dump(),
+                                detail::help_of<std::decay_t<decltype(defaults.*(f.member))>>(f.help), f.kinds,
+                                f.required})
               : void()),
          ...);
       },

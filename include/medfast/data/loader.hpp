@@ -36,7 +36,7 @@ namespace medfast::data {
 
 struct LoaderOptions {
   int batch_size = 2;
-  int threads = 2;
+  int threads = 0;  ///< 0: the threads setting (load_pipeline resolves it); a Loader needs >= 1
   int prefetch = 4;  ///< batches built ahead of the consumer
   bool shuffle = true;
   bool drop_last = false;
@@ -49,7 +49,7 @@ struct LoaderOptions {
   static constexpr auto fields() {
     using O = LoaderOptions;
     return std::make_tuple(field("batch_size", &O::batch_size, "items per batch (samples: items x the crops per item)"),
-                           field("threads", &O::threads, "threads running the random chain (absent: the threads setting)"),
+                           field("threads", &O::threads, "threads running the random chain (0: the threads setting)"),
                            field("shuffle", &O::shuffle, "a new item order every epoch (seeded by data.seed)"),
                            field("drop_last", &O::drop_last, "drop the last, smaller batch"),
                            field("repeats", &O::repeats, "times each batch is yielded (MONAI's ThreadDataLoader)"),

@@ -24,6 +24,7 @@
 ///
 /// Relative paths are relative to the config file's folder.
 
+#include <array>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -34,9 +35,19 @@
 
 namespace medfast::data {
 
+/// data.cache.kind: a store kind (cache/store.hpp), or smart (a rotating memory cache).
+enum class CacheKind { memory, device, disk, disk_device, smart };
+constexpr std::array<Choice<CacheKind>, 5> choices(CacheKind) {
+  return {{{CacheKind::memory, "memory"},
+           {CacheKind::device, "device"},
+           {CacheKind::disk, "disk"},
+           {CacheKind::disk_device, "disk_device"},
+           {CacheKind::smart, "smart"}}};
+}
+
 /// data.cache as written (PipelineConfig::cache and smart_options are what it resolves to).
 struct CacheSectionOptions {
-  std::string kind = "memory";  ///< memory | device | disk | disk_device | smart
+  CacheKind kind = CacheKind::memory;
   std::string dir;              ///< disk kinds: the cache folder (relative: to the config's folder)
   double cache_rate = 1.0;
   bool content_hash = false;
@@ -45,7 +56,7 @@ struct CacheSectionOptions {
   static constexpr auto fields() {
     using O = CacheSectionOptions;
     return std::make_tuple(
-        field("kind", &O::kind, "memory | device | disk | disk_device | smart"),
+        field("kind", &O::kind, "where cached items are kept"),
         field("dir", &O::dir, "disk kinds: the cache folder (relative: to the config's folder)"),
         field("cache_rate", &O::cache_rate, "share of the items cached, in 0..1 (MONAI's cache_rate)"),
         field("content_hash", &O::content_hash, "key entries by the files' contents, not their names, sizes and times"),

@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,18 +25,31 @@
 
 namespace medfast::nn {
 
+enum class SegResNetAct { relu, leakyrelu };
+constexpr std::array<Choice<SegResNetAct>, 2> choices(SegResNetAct) {
+  return {{{SegResNetAct::relu, "relu"}, {SegResNetAct::leakyrelu, "leakyrelu"}}};
+}
+enum class SegResNetNorm { group, batch, instance };
+constexpr std::array<Choice<SegResNetNorm>, 3> choices(SegResNetNorm) {
+  return {{{SegResNetNorm::group, "group"}, {SegResNetNorm::batch, "batch"}, {SegResNetNorm::instance, "instance"}}};
+}
+enum class UpsampleMode { nontrainable, deconv };
+constexpr std::array<Choice<UpsampleMode>, 2> choices(UpsampleMode) {
+  return {{{UpsampleMode::nontrainable, "nontrainable"}, {UpsampleMode::deconv, "deconv"}}};
+}
+
 struct SegResNetOptions {
   int spatial_dims = 3;  ///< only 3 is supported
   std::int64_t init_filters = 8;
   std::int64_t in_channels = 1;
   std::int64_t out_channels = 2;
   double dropout_prob = 0.0;    ///< 0 = no dropout (MONAI's None); Dropout3d after convInit
-  std::string act = "relu";     ///< relu | leakyrelu (negative slope 0.01)
-  std::string norm = "group";   ///< group | batch | instance
+  SegResNetAct act = SegResNetAct::relu;
+  SegResNetNorm norm = SegResNetNorm::group;
   std::int64_t num_groups = 8;  ///< for norm == group
   std::vector<std::int64_t> blocks_down{1, 2, 2, 4};
   std::vector<std::int64_t> blocks_up{1, 1, 1};
-  std::string upsample_mode = "nontrainable";  ///< nontrainable (trilinear) | deconv
+  UpsampleMode upsample_mode = UpsampleMode::nontrainable;
 
   /// Throws ValueError naming the bad argument and its value.
   void validate() const;
@@ -48,12 +62,12 @@ struct SegResNetOptions {
         field("in_channels", &O::in_channels, "input channels"),
         field("out_channels", &O::out_channels, "output channels (classes)"),
         field("dropout_prob", &O::dropout_prob, "dropout after the first convolution (null or 0: none)"),
-        field("act", &O::act, "relu | leakyrelu").lowercase(),
-        field("norm", &O::norm, "group | batch | instance").lowercase(),
+        field("act", &O::act, "activation (leakyrelu: negative slope 0.01)"),
+        field("norm", &O::norm, "normalisation"),
         field("num_groups", &O::num_groups, "groups of the group norm"),
         field("blocks_down", &O::blocks_down, "residual blocks per encoder level"),
         field("blocks_up", &O::blocks_up, "residual blocks per decoder level"),
-        field("upsample_mode", &O::upsample_mode, "nontrainable (trilinear) | deconv").lowercase());
+        field("upsample_mode", &O::upsample_mode, "decoder upsampling (nontrainable: trilinear)"));
   }
 };
 

@@ -38,6 +38,15 @@
 
 namespace medfast::nn {
 
+enum class SwinNorm { instance, batch };
+constexpr std::array<Choice<SwinNorm>, 2> choices(SwinNorm) {
+  return {{{SwinNorm::instance, "instance"}, {SwinNorm::batch, "batch"}}};
+}
+enum class SwinDownsample { merging, mergingv2 };
+constexpr std::array<Choice<SwinDownsample>, 2> choices(SwinDownsample) {
+  return {{{SwinDownsample::merging, "merging"}, {SwinDownsample::mergingv2, "mergingv2"}}};
+}
+
 struct SwinUNETROptions {
   /// The size the network is configured for; each entry must be divisible by 32 (2^5:
   /// the patch embedding and four mergings). forward() accepts any such size.
@@ -47,13 +56,13 @@ struct SwinUNETROptions {
   std::vector<std::int64_t> depths{2, 2, 2, 2};
   std::vector<std::int64_t> num_heads{3, 6, 12, 24};
   std::int64_t feature_size = 48;      ///< divisible by 12
-  std::string norm_name = "instance";  ///< instance | batch (decoder conv blocks)
+  SwinNorm norm_name = SwinNorm::instance;  ///< of the decoder conv blocks
   double drop_rate = 0.0;
   double attn_drop_rate = 0.0;
   double dropout_path_rate = 0.0;
   bool normalize = true;
   int spatial_dims = 3;                ///< only 3 is supported
-  std::string downsample = "merging";  ///< merging | mergingv2
+  SwinDownsample downsample = SwinDownsample::merging;
   bool use_v2 = false;
 
   static constexpr std::int64_t kWindowSize = 7;  ///< MONAI's window
@@ -72,13 +81,13 @@ struct SwinUNETROptions {
         field("depths", &O::depths, "Swin blocks per stage"),
         field("num_heads", &O::num_heads, "attention heads per stage"),
         field("feature_size", &O::feature_size, "embedding size (divisible by 12)"),
-        field("norm_name", &O::norm_name, "instance | batch (decoder blocks)").lowercase(),
+        field("norm_name", &O::norm_name, "normalisation of the convolution blocks"),
         field("drop_rate", &O::drop_rate, "dropout"),
         field("attn_drop_rate", &O::attn_drop_rate, "attention dropout"),
         field("dropout_path_rate", &O::dropout_path_rate, "stochastic depth"),
         field("normalize", &O::normalize, "layer-normalise the stage outputs"),
         field("spatial_dims", &O::spatial_dims, "spatial dimensions (3)"),
-        field("downsample", &O::downsample, "merging | mergingv2").lowercase(),
+        field("downsample", &O::downsample, "patch merging between stages"),
         field("use_v2", &O::use_v2, "SwinUNETR v2 (a residual convolution block per stage)"));
   }
 };

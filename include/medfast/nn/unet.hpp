@@ -9,6 +9,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +17,12 @@
 #include "medfast/core/fields.hpp"
 
 namespace medfast::nn {
+
+/// UNet's normalisation after each convolution (MONAI's norm: INSTANCE, BATCH or None).
+enum class UNetNorm { instance, batch, none };
+constexpr std::array<Choice<UNetNorm>, 3> choices(UNetNorm) {
+  return {{{UNetNorm::instance, "instance"}, {UNetNorm::batch, "batch"}, {UNetNorm::none, "none"}}};
+}
 
 struct UNetOptions {
   int spatial_dims = 3;
@@ -26,7 +33,7 @@ struct UNetOptions {
   std::int64_t kernel_size = 3;
   std::int64_t up_kernel_size = 3;
   int num_res_units = 0;
-  std::string norm = "instance";  ///< instance | batch | none
+  UNetNorm norm = UNetNorm::instance;
   double dropout = 0.0;
 
   /// Throws ValueError naming the bad argument (channels/strides lengths...).
@@ -43,7 +50,7 @@ struct UNetOptions {
         field("kernel_size", &O::kernel_size, "convolution kernel size"),
         field("up_kernel_size", &O::up_kernel_size, "transposed-convolution kernel size"),
         field("num_res_units", &O::num_res_units, "residual units per level (0: plain convolutions)"),
-        field("norm", &O::norm, "instance | batch | none").lowercase(),
+        field("norm", &O::norm, "normalisation after each convolution"),
         field("dropout", &O::dropout, "dropout probability"));
   }
 };

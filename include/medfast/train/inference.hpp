@@ -23,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -33,13 +34,24 @@
 
 namespace medfast::train {
 
+/// How overlapping windows are weighted (MONAI's BlendMode).
+enum class BlendMode { constant, gaussian };
+constexpr std::array<Choice<BlendMode>, 2> choices(BlendMode) {
+  return {{{BlendMode::constant, "constant"}, {BlendMode::gaussian, "gaussian"}}};
+}
+/// How an input smaller than the window is padded (MONAI's PytorchPadMode less circular).
+enum class PadMode { constant, reflect, replicate };
+constexpr std::array<Choice<PadMode>, 3> choices(PadMode) {
+  return {{{PadMode::constant, "constant"}, {PadMode::reflect, "reflect"}, {PadMode::replicate, "replicate"}}};
+}
+
 struct SlidingWindowOptions {
   std::vector<std::int64_t> roi_size{96, 96, 96};  ///< entries <= 0 mean "the input's size" (MONAI)
   std::int64_t sw_batch_size = 4;                  ///< windows per predictor call
   double overlap = 0.25;                           ///< [0, 1)
-  std::string mode = "constant";                   ///< constant | gaussian
+  BlendMode mode = BlendMode::constant;
   double sigma_scale = 0.125;                      ///< gaussian sigma = sigma_scale * roi (per axis)
-  std::string padding_mode = "constant";           ///< constant | reflect | replicate
+  PadMode padding_mode = PadMode::constant;
   double cval = 0.0;                               ///< fill value of constant padding
   std::string device;                              ///< where the output is accumulated ("" = the input's device)
 
@@ -49,9 +61,9 @@ struct SlidingWindowOptions {
         field("roi_size", &O::roi_size, "window size (one number: every axis; <= 0: the input's size)").repeats(3),
         field("sw_batch_size", &O::sw_batch_size, "windows per network call"),
         field("overlap", &O::overlap, "overlap of neighbouring windows, in [0, 1)"),
-        field("mode", &O::mode, "blending of overlaps: constant | gaussian"),
+        field("mode", &O::mode, "blending of overlaps"),
         field("sigma_scale", &O::sigma_scale, "gaussian: sigma as a fraction of the window"),
-        field("padding_mode", &O::padding_mode, "padding of small inputs: constant | reflect | replicate"),
+        field("padding_mode", &O::padding_mode, "padding of small inputs"),
         field("cval", &O::cval, "fill value of constant padding"),
         field("device", &O::device, "where the output is accumulated (empty: the input's device)"));
   }
@@ -79,7 +91,7 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
 /// exp(-x^2 / (2 sigma^2)) with x centred on the window and sigma = sigma_scale * roi
 /// (not normalised: the peak is 1 for odd sizes, a little less for even ones),
 /// raised to at least max(its minimum, 1e-3). float32 on `device`.
-at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, const std::string& mode, double sigma_scale,
+at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, BlendMode mode, double sigma_scale,
                           c10::Device device);
 
 }  // namespace medfast::train

@@ -33,8 +33,8 @@ struct SpatialPlan {
   bool active = false;
   Affine out_to_in;  ///< output index -> input index
   Shape3 shape{};    ///< output spatial shape
-  std::map<std::string, std::string> mode;  ///< per key: bilinear | nearest
-  std::string padding = "border";           ///< outside the input: border | zeros
+  std::map<std::string, Interp> mode;       ///< per key
+  GridPadding padding = GridPadding::border;  ///< outside the input
   /// Output voxels outside [box_lo, box_hi) are 0 (the padding of a folded-in
   /// ResizeWithPadOrCrop); inside, `padding` applies.
   Shape3 box_lo{}, box_hi{};
@@ -86,7 +86,9 @@ class RandomTransform {
  public:
   virtual ~RandomTransform() = default;
   virtual std::string name() const = 0;
-  virtual nlohmann::json config() const = 0;
+  /// What it draws from, resolved (radians, zoom factors, axes), for tests and
+  /// debugging; a chain's config() writes the arguments instead.
+  virtual nlohmann::json steps() const = 0;
   /// Transforms one sample in place with the sample's generator.
   virtual void apply(Sample& sample, Rng& rng) const = 0;
   /// How many samples come out per input sample (crops with num_samples > 1).
@@ -114,8 +116,11 @@ using RandomTransformPtr = std::shared_ptr<const RandomTransform>;
 class RandomChain {
  public:
   RandomChain() = default;
-  RandomChain(std::vector<RandomTransformPtr> transforms, std::uint64_t seed)
-      : transforms_(std::move(transforms)), seed_(seed) {}
+  /// `arguments`: each transform's arguments as read (make_random_chain fills them in);
+  /// without them config() writes the transforms' steps().
+  RandomChain(std::vector<RandomTransformPtr> transforms, std::uint64_t seed,
+              std::vector<nlohmann::json> arguments = {})
+      : transforms_(std::move(transforms)), arguments_(std::move(arguments)), seed_(seed) {}
   /// The output samples of item `item` in epoch `epoch`. `input` is not modified.
   std::vector<Sample> run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const;
   /// The same, leaving each sample's last composed steps (flips, turns, intensity
@@ -125,6 +130,8 @@ class RandomChain {
                           std::vector<PendingSteps>& pending) const;
   /// Output samples per item.
   std::size_t samples_per_item() const;
+  /// {"seed", "transforms": [{"name", "args"}]}: each transform's arguments with every
+  /// default written out (not a cache key: random steps are never cached).
   nlohmann::json config() const;
   std::uint64_t seed() const { return seed_; }
   std::size_t size() const { return transforms_.size(); }
@@ -137,6 +144,7 @@ class RandomChain {
 
  private:
   std::vector<RandomTransformPtr> transforms_;
+  std::vector<nlohmann::json> arguments_;
   std::uint64_t seed_ = 0;
   bool fuse_index_ = true;
   std::optional<std::uint64_t> max_output_bytes_;
@@ -145,8 +153,10 @@ class RandomChain {
 /// Builds a random chain from [{"name": ..., args}, ...]; deterministic
 /// transforms (e.g. ResizeWithPadOrCrop) may appear in it too.
 RandomChain make_random_chain(const nlohmann::json& list, std::uint64_t seed);
-/// Builds one random transform; throws ValueError naming it and the argument.
-RandomTransformPtr make_random(const std::string& name, const nlohmann::json& args);
+/// Builds one random transform; throws ValueError naming it and the argument. With
+/// `arguments`, stores there its arguments as read, every default written out.
+RandomTransformPtr make_random(const std::string& name, const nlohmann::json& args,
+                               nlohmann::json* arguments = nullptr);
 std::vector<std::string> random_names();
 /// The key table of random transform `name`'s arguments (MONAI's names and defaults, from
 /// its options' field list); ValueError for an unknown name.

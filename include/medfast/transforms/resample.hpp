@@ -12,11 +12,25 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "medfast/core/choices.hpp"
 #include "medfast/image/affine.hpp"
 
 namespace medfast::transforms {
 
 using Shape3 = std::array<std::int64_t, 3>;
+
+/// How a resampled voxel is computed (MONAI's mode): trilinear ("bilinear", MONAI's name
+/// in every dimension) or the nearest input voxel.
+enum class Interp { bilinear, nearest };
+constexpr std::array<Choice<Interp>, 2> choices(Interp) {
+  return {{{Interp::bilinear, "bilinear"}, {Interp::nearest, "nearest"}}};
+}
+/// What a resampling reads outside its input (MONAI's padding_mode for grids): the
+/// nearest border voxel, or zeros.
+enum class GridPadding { border, zeros };
+constexpr std::array<Choice<GridPadding>, 2> choices(GridPadding) {
+  return {{{GridPadding::border, "border"}, {GridPadding::zeros, "zeros"}}};
+}
 
 /// A spatial grid: shape and voxel-to-world affine.
 struct Geometry {

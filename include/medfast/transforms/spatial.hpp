@@ -37,12 +37,12 @@ struct OrientationOptions {
 struct SpacingOptions {
   std::vector<std::string> keys;
   std::array<double, 3> pixdim{1, 1, 1};
-  std::vector<std::string> mode;  ///< per key: bilinear | nearest
+  std::vector<Interp> mode;  ///< per key
   static constexpr auto fields() {
     using O = SpacingOptions;
     return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
                            field("pixdim", &O::pixdim, "output voxel size in mm: one number or three").repeats(3).must(),
-                           field("mode", &O::mode, "interpolation per key: bilinear | nearest").each_key("bilinear"));
+                           field("mode", &O::mode, "interpolation per key").each_key("bilinear"));
   }
 };
 struct CropForegroundOptions {

@@ -72,8 +72,9 @@ class Compose {
 };
 
 /// Builds a transform from its name and JSON arguments. Throws ValueError
-/// naming the transform and the argument on unknown names or bad values.
-TransformPtr make(const std::string& name, const nlohmann::json& args);
+/// naming the transform and the argument on unknown names or bad values. With
+/// `arguments`, stores there its options as read, every default written out.
+TransformPtr make(const std::string& name, const nlohmann::json& args, nlohmann::json* arguments = nullptr);
 /// Builds a chain from [{"name": N, ...args}, ...].
 Compose make_chain(const nlohmann::json& list);
 
@@ -133,9 +134,14 @@ class Args : public ConfigReader {
     return a;
   }
   bool describing() const { return describing_; }
+  /// The options read_options read, written back whole (every default filled in): what
+  /// a random chain's config() says of the transform.
+  const nlohmann::json& resolved() const { return resolved_; }
+  void set_resolved(nlohmann::json options) { resolved_ = std::move(options); }
 
  private:
   bool describing_ = false;
+  nlohmann::json resolved_ = nlohmann::json::object();
 };
 
 /// What read_options throws for Args::describing(): the options' key table. The tables'
@@ -151,6 +157,7 @@ Options read_options(Args& a) {
   if (a.describing()) throw KeyTableOnly{field_docs<Options>(Options{}, a.where())};
   Options o;
   read_fields(a, o, a.where());
+  a.set_resolved(fields_json(o, a.where()));
   return o;
 }
 
