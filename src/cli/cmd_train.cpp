@@ -289,9 +289,16 @@ int run_infer(const InferArgs& a, Context& ctx) {
     };
     o.on_progress = [progress](std::size_t done, std::size_t total) { progress->update("infer", done, total, "files"); };
   }
-  const auto files = train::infer(a.checkpoint, a.inputs, a.output, o, ctx.settings, say);
+  const auto cases = train::infer(a.checkpoint, a.inputs, a.output, o, ctx.settings, say);
   progress->end();
-  if (a.json) print_json(nlohmann::json{{"written", files}}.dump());
+  if (a.json) {
+    nlohmann::json written = nlohmann::json::array(), each = nlohmann::json::array();
+    for (const auto& c : cases) {
+      written.push_back(c.output);
+      each.push_back(c.to_json());
+    }
+    print_json(nlohmann::json{{"written", written}, {"cases", each}}.dump());
+  }
   return 0;
 }
 

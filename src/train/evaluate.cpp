@@ -6,6 +6,8 @@
 #include "detail.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <filesystem>
 
@@ -17,6 +19,7 @@
 #include "medfast/image/nifti.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/inference.hpp"
@@ -235,8 +238,17 @@ std::string output_name(const std::string& input, const std::string& suffix) {
 
 }  // namespace
 
-std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
-                               const std::string& output_dir, const InferOptions& o, const Settings& settings,
+nlohmann::json InferCase::to_json() const {
+  return {{"input", input},
+          {"output", output},
+          {"read_seconds", read_seconds},
+          {"infer_seconds", infer_seconds},
+          {"write_seconds", write_seconds},
+          {"peak_rss_bytes", peak_rss_bytes}};
+}
+
+std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
+                             const std::string& output_dir, const InferOptions& o, const Settings& settings,
                                const std::function<void(const std::string&)>& message) {
   const std::vector<std::string> files = expand_inputs(inputs);
   const c10::Device device = detail::usable_device(o.device, "--device");
@@ -262,27 +274,44 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
     AutocastGuard autocast(device.type(), precision);
     return net.any.forward<at::Tensor>(x);
   };
-  std::vector<std::string> written;
+  std::vector<InferCase> written;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto format_seconds = [](double s) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f s", s);
+    return std::string(text);
+  };
   for (const auto& file : files) {
     try {
+      InferCase c;
+      c.input = file;
+      auto started = Clock::now();
       Sample s;
       s.meta = {{image_key, file}};
       chain.apply(s);
       const Volume& img = s.volume(image_key);
+      c.read_seconds = seconds_since(started);
+      started = Clock::now();
       const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
       if (const std::int64_t bad = (~at::isfinite(logits)).sum().item<std::int64_t>(); bad > 0) {
         throw Error(str("the network's output holds NaN or infinity at ", bad, " of ", logits.numel(),
                         " values: no labels written (check the checkpoint's weights and the image's voxels)"));
       }
       const at::Tensor labels = predicted_labels(logits, sigmoid)[0].cpu();  // [C, X, Y, Z]: channel-first
+      c.infer_seconds = seconds_since(started);
+      started = Clock::now();
       // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
       const Volume original = read_image(file);
       const auto shape = original.shape();
       if (shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
       const std::array<std::int64_t, 3> grid{shape[0], shape[1], shape[2]};
+      const bool same_grid = img.affine == original.affine && labels.size(1) == grid[0] && labels.size(2) == grid[1] &&
+                             labels.size(3) == grid[2];
       const Affine out_to_in = img.affine.inverse() * original.affine;
-      const at::Tensor back =
-          transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true, /*zeros_outside=*/true, {0, 0, 0}, grid);
+      const at::Tensor back = same_grid ? labels  // no spatial step in the chain: the grid is the input's
+                                        : transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true,
+                                                                            /*zeros_outside=*/true, {0, 0, 0}, grid);
       Volume out;
       out.data = back.size(0) == 1 ? back[0] : back.permute({1, 2, 3, 0}).contiguous();  // masks: X, Y, Z, C
       out.affine = original.affine;
@@ -295,8 +324,15 @@ std::vector<std::string> infer(const std::string& checkpoint, const std::vector<
       NiftiWriteOptions wo;
       wo.threads = settings.threads();
       write_nifti(path, out, wo);
-      written.push_back(path);
-      if (message) message(str(file, " -> ", path));
+      c.output = path;
+      c.write_seconds = seconds_since(started);
+      c.peak_rss_bytes = os::peak_rss_bytes();
+      if (message) {
+        message(str(file, " -> ", path, " (read ", format_seconds(c.read_seconds), ", inference ",
+                    format_seconds(c.infer_seconds), ", write ", format_seconds(c.write_seconds), "; peak RSS ",
+                    format_bytes(c.peak_rss_bytes), ")"));
+      }
+      written.push_back(std::move(c));
       if (o.on_progress) o.on_progress(written.size(), files.size());
     } catch (Error& e) {
       e.add_context(str("infer ", file));

@@ -712,6 +712,23 @@ TEST(TrainCli, PretrainedMonaiWeightsFineTuneEvalAndInfer) {
   const Volume a = read_nifti(dir / "a/spleen_5_seg.nii.gz"), b = read_nifti(dir / "b/spleen_5_seg.nii.gz");
   EXPECT_TRUE(torch::equal(a.data, b.data));
   EXPECT_EQ(a.affine.max_abs_diff(b.affine), 0.0);
+  // A chain without spatial steps predicts on the input's grid itself (no resampling back);
+  // --json reports each case's seconds and memory.
+  nlohmann::json plain = c;
+  plain["data"]["deterministic"] = nlohmann::json::parse(
+      R"([{"name": "LoadImage", "keys": ["image"]}, {"name": "EnsureChannelFirst", "keys": ["image"]}])");
+  test::write_file(dir / "plain.json", plain.dump());
+  r = test::run(bin + "infer --config " + dir / "plain.json" + " --input " + input + " --output " + dir / "p --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto report = nlohmann::json::parse(r.out);
+  ASSERT_EQ(report["cases"].size(), 1u);
+  EXPECT_EQ(report["written"][0], dir / "p/spleen_5_seg.nii.gz");
+  EXPECT_EQ(report["cases"][0]["output"], report["written"][0]);
+  EXPECT_GT(report["cases"][0]["infer_seconds"].get<double>(), 0);
+  EXPECT_GT(report["cases"][0]["peak_rss_bytes"].get<std::uint64_t>(), 0u);
+  const Volume in_volume = read_nifti(input), p = read_nifti(dir / "p/spleen_5_seg.nii.gz");
+  EXPECT_EQ(p.shape(), in_volume.shape());
+  EXPECT_EQ(p.affine.max_abs_diff(in_volume.affine), 0.0);
   // Errors name the file and the key; nothing is trained.
   r = test::run(bin + "train --config " + dir / "run.json" + " --set train.run_dir=run2 --set model.channels=[4,8,32]");
   EXPECT_NE(r.exit_code, 0);
@@ -770,10 +787,17 @@ TEST(Trainer, SigmoidModelsAreScoredAndInferredPerChannel) {
   EXPECT_TRUE(std::isfinite(*r.history[0].dice));
   EXPECT_EQ(r.history[0].dice_per_class.size(), 1u);
   InferOptions o;
-  const auto files = infer(dir / "run/last.ckpt", {dir / "data/imagesTr/spleen_5.nii.gz"}, dir / "pred", o, one_thread());
-  ASSERT_EQ(files.size(), 1u);
+  const auto cases = infer(dir / "run/last.ckpt", {dir / "data/imagesTr/spleen_5.nii.gz"}, dir / "pred", o, one_thread());
+  ASSERT_EQ(cases.size(), 1u);
+  EXPECT_EQ(cases[0].input, dir / "data/imagesTr/spleen_5.nii.gz");
+  EXPECT_EQ(cases[0].output, dir / "pred/spleen_5_seg.nii.gz");
+  EXPECT_GT(cases[0].infer_seconds, 0);  // each case says where its time and memory went
+  EXPECT_GT(cases[0].read_seconds, 0);
+  EXPECT_GT(cases[0].write_seconds, 0);
+  EXPECT_GT(cases[0].peak_rss_bytes, 0u);
+  EXPECT_EQ(cases[0].to_json()["output"], cases[0].output);
   const Volume in = read_nifti(dir / "data/imagesTr/spleen_5.nii.gz");
-  const Volume out = read_nifti(files[0]);
+  const Volume out = read_nifti(cases[0].output);
   EXPECT_EQ(out.shape(), in.shape());
   EXPECT_LE(out.data.max().item<int>(), 1);
 }

@@ -58,7 +58,16 @@ struct InferOptions {
   /// After each file: files done, files in all.
   std::function<void(std::size_t done, std::size_t total)> on_progress;
 };
-std::vector<std::string> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
+/// One input's outcome: where the labels went, and the seconds and memory it took.
+struct InferCase {
+  std::string input, output;
+  double read_seconds = 0;   ///< the deterministic chain (reading and preprocessing)
+  double infer_seconds = 0;  ///< sliding-window inference and the labels (argmax)
+  double write_seconds = 0;  ///< back onto the input's grid and written
+  std::uint64_t peak_rss_bytes = 0;  ///< the process's peak resident memory after the case
+  nlohmann::json to_json() const;
+};
+std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
                                const std::string& output_dir, const InferOptions& options, const Settings& settings,
                                const std::function<void(const std::string&)>& message = {});
 

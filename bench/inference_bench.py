@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Sliding-window inference, medfast beside MONAI 1.3.2, on the same network, weights and input (issue 26).
+
+Usage: /usr/bin/python3 bench/inference_bench.py [--cells a,b] [--rounds 3] [--threads 2]
+           [--medfast build/medfast] [--monai ../shared/peers/monai-1.3.2] [--work DIR] [--full]
+
+Cells (each a synthetic CT-like float32 volume, written once as an uncompressed NIfTI):
+  quick  128x128x64, roi 64^3, overlap 0.5, gaussian, sw_batch_size 2, 2 classes (a check, seconds)
+  a      250x250x120 (a spleen CT after the recipe's spacing), roi 96^3, overlap 0.5, gaussian,
+         sw_batch_size 4, 2 classes
+  b      512x512x300 (a large CT at 1 mm), roi 96^3, overlap 0.25, gaussian, sw_batch_size 4,
+         14 classes
+  --full adds a160 (cell a with roi 160^3), a_const (constant blending) and a_sw1
+  (sw_batch_size 1).
+
+The network is the spleen recipe's UNet (channels 16-256, strides 2, 2 residual units, batch
+norm; out_channels = the cell's classes), built by MONAI with torch.manual_seed(0), its batch
+norms given random running statistics and affine weights (so that anything medfast does to
+them shows), saved with torch.save and given to medfast as model.pretrained.
+
+Each side runs in its own process, one after the other, alternating, for --rounds rounds:
+  medfast  `medfast infer --config CFG --input IMAGE --output DIR --json` (the config: LoadImage +
+           EnsureChannelFirst, the model, validation.sliding_window, settings.threads);
+  MONAI    this file's --worker: the image read with nibabel, the same UNet with the same
+           state_dict, eval(), torch.inference_mode(), monai.inferers.sliding_window_inference
+           with the same arguments, argmax to uint8, written with nibabel; threads by
+           torch.set_num_threads.
+Both write a uint8 label volume on the input's grid. Before any figure is reported the labels
+are compared: they must be equal (the number of differing voxels is printed either way and a
+difference fails the run). Figures per side: the process's wall time (start to exit: reading,
+inference, writing), the inference seconds each side reports for itself (MONAI: around
+sliding_window_inference and argmax; medfast: the case's `infer_seconds` from --json), and the
+process's peak RSS (wait4's ru_maxrss). Medians over rounds, then medfast / MONAI ratios.
+Prints a table and one JSON line. Without the MONAI copy, says so and times medfast alone.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+CELLS = {
+    "quick": dict(shape=(128, 128, 64), roi=64, overlap=0.5, mode="gaussian", sw=2, classes=2),
+    "a": dict(shape=(250, 250, 120), roi=96, overlap=0.5, mode="gaussian", sw=4, classes=2),
+    "b": dict(shape=(512, 512, 300), roi=96, overlap=0.25, mode="gaussian", sw=4, classes=14),
+    "a160": dict(shape=(250, 250, 120), roi=160, overlap=0.5, mode="gaussian", sw=4, classes=2),
+    "a_const": dict(shape=(250, 250, 120), roi=96, overlap=0.5, mode="constant", sw=4, classes=2),
+    "a_sw1": dict(shape=(250, 250, 120), roi=96, overlap=0.5, mode="gaussian", sw=1, classes=2),
+}
+
+UNET = dict(spatial_dims=3, in_channels=1, channels=[16, 32, 64, 128, 256], strides=[2, 2, 2, 2],
+            num_res_units=2, norm="batch")
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+def make_image(path, shape):
+    """A CT-like volume: smooth blobs of different intensity over a background, plus noise."""
+    import nibabel as nib
+    import numpy as np
+    rng = np.random.default_rng(0)
+    x, y, z = np.meshgrid(*[np.linspace(-1, 1, n, dtype=np.float32) for n in shape], indexing="ij")
+    vol = np.full(shape, -0.8, np.float32)
+    for _ in range(12):
+        c = rng.uniform(-0.7, 0.7, 3).astype(np.float32)
+        r = np.float32(rng.uniform(0.1, 0.35))
+        inside = (x - c[0]) ** 2 + (y - c[1]) ** 2 + (z - c[2]) ** 2 < r * r
+        vol[inside] = np.float32(rng.uniform(-0.2, 1.0))
+    vol += rng.normal(0, 0.05, shape).astype(np.float32)
+    affine = np.diag([0.8, 0.8, 2.5, 1.0])
+    nib.save(nib.Nifti1Image(vol, affine), path)
+
+
+def make_weights(path, classes):
+    import torch
+    from monai.networks.nets import UNet
+    torch.manual_seed(0)
+    net = UNet(out_channels=classes, **{**UNET, "norm": "BATCH"})
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm3d):
+                n = m.num_features
+                m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+    torch.save(net.state_dict(), path)
+
+
+def medfast_config(path, cell, weights, threads):
+    config = {
+        "data": {"deterministic": [{"name": "LoadImage", "keys": ["image"]},
+                                   {"name": "EnsureChannelFirst", "keys": ["image"]}]},
+        "model": {"name": "UNet", **UNET, "out_channels": cell["classes"], "pretrained": weights},
+        "validation": {"sliding_window": {"roi_size": cell["roi"], "overlap": cell["overlap"], "mode": cell["mode"],
+                                          "sw_batch_size": cell["sw"]}},
+        "settings": {"threads": threads},
+    }
+    with open(path, "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def side(cmd, out_json):
+    """One side's process: stdout into out_json (a file), wall and peak RSS from wait4."""
+    fd = os.open(out_json, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(fd, 1)
+        try:
+            os.execvp(cmd[0], cmd)
+        finally:
+            os._exit(127)
+    os.close(fd)
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{cmd[0]} exited with {code}: {' '.join(cmd)}")
+    with open(out_json) as f:
+        text = f.read()
+    return json.loads(text[text.index("{"):]), wall, usage.ru_maxrss * 1024
+
+
+def worker(args):
+    """MONAI's side, in its own process."""
+    import monai_peer
+    monai = monai_peer.load(args.monai)
+    import nibabel as nib
+    import numpy as np
+    import torch
+    from monai.inferers import sliding_window_inference
+    from monai.networks.nets import UNet
+    p = json.loads(args.worker)
+    torch.set_num_threads(p["threads"])
+    start = time.perf_counter()
+    img = nib.load(p["image"])
+    x = torch.from_numpy(np.asarray(img.dataobj, dtype=np.float32))[None, None]
+    net = UNet(out_channels=p["classes"], **{**UNET, "norm": "BATCH"})
+    net.load_state_dict(torch.load(p["weights"]))
+    net.eval()
+    read = time.perf_counter()
+    with torch.inference_mode():
+        logits = sliding_window_inference(x, p["roi"], p["sw"], net, overlap=p["overlap"], mode=p["mode"])
+        labels = torch.argmax(logits, dim=1)[0].to(torch.uint8)
+    infer = time.perf_counter()
+    del logits
+    nib.save(nib.Nifti1Image(labels.numpy(), img.affine), p["output"])
+    done = time.perf_counter()
+    print(json.dumps({"read_seconds": read - start, "infer_seconds": infer - read, "write_seconds": done - infer,
+                      "monai": monai.__version__, "torch": torch.__version__}))
+
+
+def compare_labels(a, b):
+    import nibabel as nib
+    import numpy as np
+    x = np.asarray(nib.load(a).dataobj)
+    y = np.asarray(nib.load(b).dataobj)
+    if x.shape != y.shape:
+        raise SystemExit(f"label volumes differ in shape: medfast {x.shape}, MONAI {y.shape}")
+    return int((x != y).sum()), int(x.size), sorted(int(v) for v in np.unique(x))
+
+
+def bench_cell(name, cell, a, monai_ok, work):
+    cdir = os.path.join(work, name)
+    os.makedirs(cdir, exist_ok=True)
+    image = os.path.join(cdir, "image.nii")
+    weights = os.path.join(cdir, "weights.pt")
+    config = os.path.join(cdir, "config.json")
+    if not os.path.exists(image):
+        make_image(image, cell["shape"])
+    if not os.path.exists(weights):
+        make_weights(weights, cell["classes"])
+    medfast_config(config, cell, weights, a.threads)
+    m_out, p_out = os.path.join(cdir, "medfast"), os.path.join(cdir, "monai_seg.nii")
+    rows = {"medfast": [], "monai": []}
+    for r in range(a.rounds):
+        shutil.rmtree(m_out, ignore_errors=True)
+        j, wall, rss = side([a.medfast, "--progress", "off", "infer", "--config", config, "--input", image,
+                             "--output", m_out, "--json"], os.path.join(cdir, "medfast.json"))
+        case = j.get("cases", [{}])[0]
+        rows["medfast"].append({"wall": wall, "rss": rss, "infer": case.get("infer_seconds")})
+        if monai_ok:
+            params = dict(image=image, weights=weights, output=p_out, threads=a.threads, classes=cell["classes"],
+                          roi=[cell["roi"]] * 3, sw=cell["sw"], overlap=cell["overlap"], mode=cell["mode"])
+            j, wall, rss = side([sys.executable, os.path.abspath(__file__), "--monai", a.monai,
+                                 "--worker", json.dumps(params)], os.path.join(cdir, "monai.json"))
+            rows["monai"].append({"wall": wall, "rss": rss, "infer": j["infer_seconds"], "versions": [j["monai"], j["torch"]]})
+        if r == 0 and monai_ok:  # verify before any figure counts
+            differ, total, labels = compare_labels(os.path.join(m_out, "image_seg.nii"), p_out)
+            print(f"cell {name}: labels {labels}, {differ} of {total} voxels differ", flush=True)
+            if differ:
+                raise SystemExit(f"cell {name}: medfast's and MONAI's labels differ at {differ} voxels")
+    med = lambda side_, k: statistics.median(x[k] for x in rows[side_]) if rows[side_] and rows[side_][0][k] is not None else None
+    out = {"cell": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cell.items()}, "rounds": a.rounds,
+           "medfast": {k: med("medfast", k) for k in ("wall", "infer", "rss")}}
+    if monai_ok:
+        out["monai"] = {k: med("monai", k) for k in ("wall", "infer", "rss")}
+        out["ratio"] = {k: (out["medfast"][k] / out["monai"][k] if out["medfast"][k] else None) for k in ("wall", "infer", "rss")}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cells", default="a,b")
+    ap.add_argument("--full", action="store_true", help="also the cells a160, a_const, a_sw1")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--medfast", default=os.path.join(REPO, "build", "medfast"))
+    ap.add_argument("--work", default=None, help="folder for the inputs and outputs (default: a temporary one)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    import monai_peer
+    monai_peer.add_argument(ap)
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    names = [c for c in a.cells.split(",") if c]
+    if a.full:
+        names += [c for c in ("a160", "a_const", "a_sw1") if c not in names]
+    for n in names:
+        if n not in CELLS:
+            raise SystemExit(f"--cells: unknown cell '{n}' (known: {', '.join(CELLS)})")
+    monai = monai_peer.load(a.monai)  # prints why when absent
+    if monai is None:  # the weights come from MONAI's UNet: without it nothing is compared
+        print("inference_bench: skipped (no MONAI peer)")
+        return
+    work = a.work or tempfile.mkdtemp(prefix="medfast-infer-bench-")
+    results = []
+    try:
+        for n in names:
+            r = bench_cell(n, CELLS[n], a, True, work)
+            results.append(r)
+            m, p = r["medfast"], r["monai"]
+            print(f"cell {n}: medfast wall {m['wall']:.2f} s (inference {m['infer'] or float('nan'):.2f} s, "
+                  f"peak RSS {m['rss'] / 2**20:.0f} MiB); MONAI wall {p['wall']:.2f} s (inference {p['infer']:.2f} s, "
+                  f"peak RSS {p['rss'] / 2**20:.0f} MiB); ratios wall {r['ratio']['wall']:.2f}x, "
+                  f"inference {r['ratio']['infer'] or float('nan'):.2f}x, RSS {r['ratio']['rss']:.2f}x", flush=True)
+    finally:
+        if a.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"bench": "inference", "threads": a.threads, "machine": machine(), "cells": results}))
+
+
+if __name__ == "__main__":
+    main()
