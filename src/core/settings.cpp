@@ -72,6 +72,9 @@ std::vector<SettingDef> make_defs() {
       integer("io_threads", kDefaultIoThreads, 0, 1024, "posix backend worker threads (0: the threads setting)"),
       choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
       bytes("io_alignment", kDefaultIoAlignment, "O_DIRECT buffer/offset/length alignment"),
+      choice("host_memory_reuse", "on", {"on", "off"},
+             "train, eval and infer keep freed host memory for reuse (glibc: large blocks from the heap, never "
+             "returned): no page faults for each forward's tensors; the resident size stays at its peak"),
       bytes("buffer_pool_bytes", kDefaultBufferPoolBytes,
             "freed large host buffers kept for reuse, so decoding skips the kernel's zero-fill (0: off)"),
       choice("dist_backend", "auto", {"auto", "gloo", "nccl"},

@@ -3,6 +3,9 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <limits.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
@@ -253,6 +256,14 @@ double process_seconds() {
   const long ticks = ::sysconf(_SC_CLK_TCK);
   if (!fields || ticks <= 0) return -1;
   return now - std::strtod(field.c_str(), nullptr) / static_cast<double>(ticks);
+}
+
+bool keep_freed_memory() {
+#if defined(__GLIBC__)
+  return mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1;
+#else
+  return false;
+#endif
 }
 
 std::uint64_t peak_rss_bytes() {

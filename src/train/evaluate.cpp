@@ -130,6 +130,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     throw ValueError(str(c.path, ": model differs from the one ", checkpoint, " was trained with"));
   }
   apply_network_threads(c.train.threads, settings);
+  apply_host_memory_reuse(settings);
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   data::PipelineConfig p = c.data;
@@ -267,6 +268,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;
   apply_network_threads(0, settings);
+  apply_host_memory_reuse(settings);
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
@@ -293,12 +295,14 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
       const Volume& img = s.volume(image_key);
       c.read_seconds = seconds_since(started);
       started = Clock::now();
-      const at::Tensor logits = sliding_window_inference(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo);
-      if (const std::int64_t bad = (~at::isfinite(logits)).sum().item<std::int64_t>(); bad > 0) {
-        throw Error(str("the network's output holds NaN or infinity at ", bad, " of ", logits.numel(),
+      // The labels slab by slab: the whole output (classes x the volume, float32) is never held.
+      const SlidingWindowLabels result =
+          sliding_window_labels(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo, sigmoid);
+      if (result.nonfinite > 0) {
+        throw Error(str("the network's output holds NaN or infinity at ", result.nonfinite,
                         " values: no labels written (check the checkpoint's weights and the image's voxels)"));
       }
-      const at::Tensor labels = predicted_labels(logits, sigmoid)[0].cpu();  // [C, X, Y, Z]: channel-first
+      const at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
       c.infer_seconds = seconds_since(started);
       started = Clock::now();
       // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.

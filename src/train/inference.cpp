@@ -119,15 +119,30 @@ at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, BlendMode m
   return map.clamp_min_(floor);
 }
 
-at::Tensor sliding_window_inference(const at::Tensor& input_, const Predictor& predictor,
-                                    const SlidingWindowOptions& o) {
+namespace {
+
+// What both sliding-window functions share: the checked options, the padded input and
+// every window's start, in MONAI's order (image-major, first axis slowest).
+struct WindowPlan {
+  std::int64_t spatial = 0, batch = 0, num_windows = 0;
+  std::vector<std::int64_t> size, roi, padded, before;
+  bool any_pad = false;
+  std::vector<std::vector<std::int64_t>> windows;  // starts within one image
+  at::Tensor x;                                     // the padded input
+  at::Device out_device{at::kCPU};
+  at::Tensor weight;      // importance map, on the input's device
+  at::Tensor weight_out;  // the same on the output's device
+};
+
+WindowPlan plan_windows(const at::Tensor& input_, const Predictor& predictor, const SlidingWindowOptions& o) {
   o.validate();
   if (!predictor) throw ValueError("sliding window: no predictor");
   if (!input_.defined() || input_.dim() < 3) {
     throw ValueError(str("sliding window: input must be [batch, channels, spatial...], got ",
                          input_.defined() ? shape_string(input_.sizes()) : std::string("an undefined tensor")));
   }
-  const std::int64_t spatial = input_.dim() - 2;
+  WindowPlan p;
+  const std::int64_t spatial = p.spatial = input_.dim() - 2;
   if (static_cast<std::int64_t>(o.roi_size.size()) != spatial) {
     throw ValueError(str("sliding window: roi_size ", shape_string(o.roi_size), " has ", o.roi_size.size(),
                          " entries; the input ", shape_string(input_.sizes()), " has ", spatial, " spatial axes"));
@@ -136,36 +151,33 @@ at::Tensor sliding_window_inference(const at::Tensor& input_, const Predictor& p
     throw ValueError(str("sliding window: the input ", shape_string(input_.sizes()), " is empty"));
   }
   const at::Tensor input = input_.detach();
-  const std::int64_t batch = input.size(0);
-  const at::Device out_device = o.device.empty() ? input.device() : at::Device(o.device);
+  p.batch = input.size(0);
+  p.out_device = o.device.empty() ? input.device() : at::Device(o.device);
 
-  std::vector<std::int64_t> size(spatial), roi(spatial), padded(spatial), before(spatial), intervals(spatial);
-  std::vector<std::int64_t> pad(2 * spatial);  // F.pad order: last axis first
-  bool any_pad = false;
+  p.size.resize(spatial), p.roi.resize(spatial), p.padded.resize(spatial), p.before.resize(spatial);
+  std::vector<std::int64_t> intervals(spatial), pad(2 * spatial);  // pad: F.pad order, last axis first
   for (std::int64_t d = 0; d < spatial; ++d) {
-    size[d] = input.size(2 + d);
-    roi[d] = o.roi_size[d] > 0 ? o.roi_size[d] : size[d];
-    padded[d] = std::max(size[d], roi[d]);
-    before[d] = (padded[d] - size[d]) / 2;
-    pad[2 * (spatial - 1 - d)] = before[d];
-    pad[2 * (spatial - 1 - d) + 1] = padded[d] - size[d] - before[d];
-    any_pad = any_pad || padded[d] != size[d];
+    p.size[d] = input.size(2 + d);
+    p.roi[d] = o.roi_size[d] > 0 ? o.roi_size[d] : p.size[d];
+    p.padded[d] = std::max(p.size[d], p.roi[d]);
+    p.before[d] = (p.padded[d] - p.size[d]) / 2;
+    pad[2 * (spatial - 1 - d)] = p.before[d];
+    pad[2 * (spatial - 1 - d) + 1] = p.padded[d] - p.size[d] - p.before[d];
+    p.any_pad = p.any_pad || p.padded[d] != p.size[d];
     // int() truncation of the double product, as MONAI's _get_scan_interval.
-    const auto step = static_cast<std::int64_t>(static_cast<double>(roi[d]) * (1.0 - o.overlap));
-    intervals[d] = roi[d] == padded[d] ? roi[d] : std::max<std::int64_t>(step, 1);
+    const auto step = static_cast<std::int64_t>(static_cast<double>(p.roi[d]) * (1.0 - o.overlap));
+    intervals[d] = p.roi[d] == p.padded[d] ? p.roi[d] : std::max<std::int64_t>(step, 1);
   }
-  const at::Tensor x = any_pad ? pad_input(input, pad, o.padding_mode, o.cval) : input;
+  p.x = p.any_pad ? pad_input(input, pad, o.padding_mode, o.cval) : input;
 
-  // All window starts of one image, first axis slowest.
   std::vector<std::vector<std::int64_t>> axes(spatial);
-  std::int64_t num_windows = 1;
+  p.num_windows = 1;
   for (std::int64_t d = 0; d < spatial; ++d) {
-    axes[d] = axis_starts(padded[d], roi[d], intervals[d]);
-    num_windows *= static_cast<std::int64_t>(axes[d].size());
+    axes[d] = axis_starts(p.padded[d], p.roi[d], intervals[d]);
+    p.num_windows *= static_cast<std::int64_t>(axes[d].size());
   }
-  std::vector<std::vector<std::int64_t>> windows;
-  windows.reserve(static_cast<std::size_t>(num_windows));
-  for (std::int64_t w = 0; w < num_windows; ++w) {
+  p.windows.reserve(static_cast<std::size_t>(p.num_windows));
+  for (std::int64_t w = 0; w < p.num_windows; ++w) {
     std::vector<std::int64_t> start(spatial);
     std::int64_t rest = w;
     for (std::int64_t d = spatial - 1; d >= 0; --d) {
@@ -173,52 +185,131 @@ at::Tensor sliding_window_inference(const at::Tensor& input_, const Predictor& p
       start[d] = axes[d][rest % n];
       rest /= n;
     }
-    windows.push_back(std::move(start));
+    p.windows.push_back(std::move(start));
   }
+  p.weight = importance_map(p.roi, o.mode, o.sigma_scale, p.x.device());
+  p.weight_out = p.weight.to(p.out_device);
+  return p;
+}
 
-  const at::Tensor weight = importance_map(roi, o.mode, o.sigma_scale, x.device());
-  const at::Tensor weight_out = weight.to(out_device);
+// Windows first .. first + n - 1 (numbered image-major) through the predictor, weighted by
+// the importance map in float32 and moved to the output device: [n, C, roi...].
+// `channels`: the channels of earlier batches (-1 for the first).
+at::Tensor weighted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
+                          std::int64_t channels) {
+  trace::Range range("window_batch", "validation");
+  range.arg("first", static_cast<double>(first)).arg("windows", static_cast<double>(n));
+  std::vector<at::Tensor> crops;
+  crops.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = first; i < first + n; ++i) {
+    crops.push_back(window_of(p.x.narrow(0, i / p.num_windows, 1), p.windows[i % p.num_windows], p.roi, 2));
+  }
+  const at::Tensor pred = predictor(at::cat(crops));
+  if (!pred.defined() || pred.dim() != p.spatial + 2 || pred.size(0) != n || !pred.sizes().slice(2).equals(p.roi) ||
+      (channels >= 0 && pred.size(1) != channels)) {
+    throw ValueError(str("sliding window: the predictor returned ",
+                         pred.defined() ? shape_string(pred.sizes()) : std::string("an undefined tensor"), " for ", n,
+                         " windows of ", shape_string(p.roi), "; expected [", n, ", ",
+                         channels >= 0 ? std::to_string(channels) : std::string("channels"), ", ",
+                         shape_string(p.roi).substr(1)));
+  }
+  // Weighted in float32 on the window device, then moved (MONAI weights in the prediction's dtype).
+  return (pred.detach().to(at::kFloat) * p.weight).to(p.out_device);
+}
+
+}  // namespace
+
+at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& predictor,
+                                    const SlidingWindowOptions& o) {
+  const WindowPlan p = plan_windows(input, predictor, o);
   std::vector<std::int64_t> count_shape{1, 1};
-  count_shape.insert(count_shape.end(), padded.begin(), padded.end());
-  at::Tensor count = at::zeros(count_shape, at::TensorOptions().dtype(at::kFloat).device(out_device));
-  for (const auto& start : windows) window_of(count[0][0], start, roi, 0).add_(weight_out);
+  count_shape.insert(count_shape.end(), p.padded.begin(), p.padded.end());
+  at::Tensor count = at::zeros(count_shape, at::TensorOptions().dtype(at::kFloat).device(p.out_device));
+  for (const auto& start : p.windows) window_of(count[0][0], start, p.roi, 0).add_(p.weight_out);
 
   at::Tensor output;
-  const std::int64_t total = batch * num_windows;
+  const std::int64_t total = p.batch * p.num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
-    trace::Range range("window_batch", "validation");
-    range.arg("first", static_cast<double>(first)).arg("windows", static_cast<double>(n));
-    std::vector<at::Tensor> crops;
-    crops.reserve(static_cast<std::size_t>(n));
-    for (std::int64_t i = first; i < first + n; ++i) {
-      crops.push_back(window_of(x.narrow(0, i / num_windows, 1), windows[i % num_windows], roi, 2));
-    }
-    const at::Tensor pred = predictor(at::cat(crops));
-    if (!pred.defined() || pred.dim() != spatial + 2 || pred.size(0) != n || !pred.sizes().slice(2).equals(roi) ||
-        (output.defined() && pred.size(1) != output.size(1))) {
-      throw ValueError(str("sliding window: the predictor returned ",
-                           pred.defined() ? shape_string(pred.sizes()) : std::string("an undefined tensor"), " for ", n,
-                           " windows of ", shape_string(roi), "; expected [", n, ", ",
-                           output.defined() ? std::to_string(output.size(1)) : std::string("channels"), ", ",
-                           shape_string(roi).substr(1)));
-    }
-    // Weighted in float32 on the window device, then moved (MONAI weights in the prediction's dtype).
-    const at::Tensor weighted = (pred.detach().to(at::kFloat) * weight).to(out_device);
+    const at::Tensor weighted = weighted_batch(p, predictor, first, n, output.defined() ? output.size(1) : -1);
     if (!output.defined()) {
-      std::vector<std::int64_t> shape{batch, pred.size(1)};
-      shape.insert(shape.end(), padded.begin(), padded.end());
-      output = at::zeros(shape, at::TensorOptions().dtype(at::kFloat).device(out_device));
+      std::vector<std::int64_t> shape{p.batch, weighted.size(1)};
+      shape.insert(shape.end(), p.padded.begin(), p.padded.end());
+      output = at::zeros(shape, at::TensorOptions().dtype(at::kFloat).device(p.out_device));
     }
     for (std::int64_t i = first; i < first + n; ++i) {
-      window_of(output[i / num_windows], windows[i % num_windows], roi, 1).add_(weighted[i - first]);
+      window_of(output[i / p.num_windows], p.windows[i % p.num_windows], p.roi, 1).add_(weighted[i - first]);
     }
   }
   output.div_(count);
-  if (!any_pad) return output;
+  if (!p.any_pad) return output;
   at::Tensor cropped = output;
-  for (std::int64_t d = 0; d < spatial; ++d) cropped = cropped.narrow(2 + d, before[d], size[d]);
+  for (std::int64_t d = 0; d < p.spatial; ++d) cropped = cropped.narrow(2 + d, p.before[d], p.size[d]);
   return cropped.contiguous();
+}
+
+SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predictor& predictor,
+                                          const SlidingWindowOptions& o, bool sigmoid) {
+  const WindowPlan p = plan_windows(input, predictor, o);
+  const std::int64_t width = p.roi[0];  // rows of the first axis held: [done, done + width)
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(p.out_device);
+  SlidingWindowLabels out;
+  at::Tensor sums, counts;  // [C, width, padded...], [width, padded...]
+  std::int64_t image = -1, done = 0;
+
+  // Rows [done, upto) of the current image are final: divided by their weights, turned
+  // into labels (cropped to the unpadded input) and dropped; the rest moves to the front.
+  const auto finish_rows = [&](std::int64_t upto) {
+    if (upto <= done) return;
+    const std::int64_t rows = upto - done;
+    const at::Tensor mean = sums.narrow(1, 0, rows) / counts.narrow(0, 0, rows);
+    out.nonfinite += (~at::isfinite(mean)).sum().item<std::int64_t>();
+    at::Tensor labels = sigmoid ? (mean > 0).to(at::kByte) : mean.argmax(0, /*keepdim=*/true).to(at::kByte);
+    // Rows inside the unpadded input: padded rows [before, before + size).
+    const std::int64_t lo = std::max(done, p.before[0]), hi = std::min(upto, p.before[0] + p.size[0]);
+    if (hi > lo) {
+      at::Tensor kept = labels.narrow(1, lo - done, hi - lo);
+      for (std::int64_t d = 1; d < p.spatial; ++d) kept = kept.narrow(1 + d, p.before[d], p.size[d]);
+      out.labels[image].narrow(1, lo - p.before[0], hi - lo).copy_(kept);
+    }
+    const std::int64_t keep = width - rows;  // rows still collecting windows
+    if (keep > 0) {
+      sums.narrow(1, 0, keep).copy_(sums.narrow(1, rows, keep).clone());
+      counts.narrow(0, 0, keep).copy_(counts.narrow(0, rows, keep).clone());
+    }
+    sums.narrow(1, std::max<std::int64_t>(keep, 0), std::min(rows, width)).zero_();
+    counts.narrow(0, std::max<std::int64_t>(keep, 0), std::min(rows, width)).zero_();
+    done = upto;
+  };
+
+  const std::int64_t total = p.batch * p.num_windows;
+  for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
+    const std::int64_t n = std::min(o.sw_batch_size, total - first);
+    const at::Tensor weighted = weighted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
+    if (!sums.defined()) {
+      const std::int64_t channels = weighted.size(1);
+      std::vector<std::int64_t> shape{channels, width}, labels_shape{p.batch, sigmoid ? channels : 1};
+      shape.insert(shape.end(), p.padded.begin() + 1, p.padded.end());
+      labels_shape.insert(labels_shape.end(), p.size.begin(), p.size.end());
+      sums = at::zeros(shape, f32);
+      counts = at::zeros(at::IntArrayRef(shape).slice(1), f32);
+      out.labels = at::empty(labels_shape, at::TensorOptions().dtype(at::kByte).device(p.out_device));
+    }
+    for (std::int64_t i = first; i < first + n; ++i) {
+      if (i / p.num_windows != image) {  // a new image: the last one's rows are all final
+        if (image >= 0) finish_rows(p.padded[0]);
+        image = i / p.num_windows;
+        done = 0;
+      }
+      std::vector<std::int64_t> start = p.windows[i % p.num_windows];
+      finish_rows(start[0]);  // later windows of this image start at start[0] or after
+      start[0] -= done;
+      window_of(sums, start, p.roi, 1).add_(weighted[i - first]);
+      window_of(counts, start, p.roi, 0).add_(p.weight_out);
+    }
+  }
+  finish_rows(p.padded[0]);
+  return out;
 }
 
 }  // namespace medfast::train

@@ -12,6 +12,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
 
 namespace medfast::train {
@@ -123,6 +124,10 @@ int apply_network_threads(int train_threads, const Settings& settings) {
   const int n = train_threads > 0 ? train_threads : settings.threads();
   at::set_num_threads(n);
   return n;
+}
+
+bool apply_host_memory_reuse(const Settings& settings) {
+  return settings.get_bool("host_memory_reuse") && os::keep_freed_memory();
 }
 
 namespace {

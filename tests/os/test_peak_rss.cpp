@@ -1,8 +1,10 @@
 // os::peak_rss_bytes / reset_peak_rss: the per-epoch peak memory in metrics.jsonl.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -25,6 +27,34 @@ TEST(OsPeakRss, GrowsWithTouchedMemoryAndResets) {
   ::munmap(p, kBytes);
   if (!reset_peak_rss()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here: the peak stays the lifetime one";
   EXPECT_LT(peak_rss_bytes(), high - kBytes / 2) << "after a reset the peak is today's resident set";
+}
+
+long minor_faults() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// After keep_freed_memory(), a large block freed and allocated again reuses its pages
+// (without it, glibc unmaps it at free and the next one faults every page in again).
+TEST(OsMemory, KeepFreedMemoryReusesALargeFreedBlock) {
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator stands in for glibc's malloc here: mallopt does not reach it";
+#endif
+  ASSERT_TRUE(keep_freed_memory()) << "mallopt refused on glibc";
+  char* a = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(a, nullptr);
+  std::memset(a, 1, kBytes);
+  asm volatile("" : : "r"(a) : "memory");  // the pages are touched: no dead-store elimination before free
+  std::free(a);
+  const long before = minor_faults();
+  char* b = static_cast<char*>(std::malloc(kBytes));
+  ASSERT_NE(b, nullptr);
+  std::memset(b, 2, kBytes);
+  const long faults = minor_faults() - before;
+  std::free(b);
+  EXPECT_LT(faults, static_cast<long>(kBytes / 4096 / 10)) << "the second block faulted its pages in again";
 }
 
 }  // namespace

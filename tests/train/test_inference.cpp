@@ -6,11 +6,13 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/train/inference.hpp"
+#include "medfast/train/metrics.hpp"
 #include "golden_set.hpp"
 #include "test_util.hpp"
 
@@ -156,6 +158,63 @@ TEST(SlidingWindow, RoiEntriesBelowOneTakeTheInputSize) {
   EXPECT_EQ(window_shape, (std::vector<std::int64_t>{3, 1, 4, 8, 6}));  // starts 0, 3, 6
   EXPECT_TRUE(out.device().is_cpu());
   EXPECT_LT((out - 2 * input).abs().max().item<double>(), 1e-5);
+}
+
+// The labels computed slab by slab equal those of the whole output: padding on some axes,
+// batches of windows that cross rows and images, gaussian and constant blending, argmax and
+// sigmoid, 2 and 3 spatial axes, a window as long as the first axis; NaN counted.
+TEST(SlidingWindow, LabelsSlabBySlabEqualThoseOfTheWholeOutput) {
+  at::manual_seed(7);
+  const at::Tensor w3 = at::randn({3, 1, 3, 3, 3}), b3 = at::randn({3});
+  const Predictor conv = [&](const at::Tensor& t) { return at::conv3d(t, w3, b3, 1, 1); };
+  const Predictor any_dims = [](const at::Tensor& t) { return at::cat({t, t * t - 0.5, -t}, 1); };
+  struct Case {
+    std::vector<std::int64_t> shape, roi;
+    double overlap;
+    BlendMode mode;
+    PadMode padding;
+    std::int64_t sw;
+    bool sigmoid;
+  };
+  const std::vector<Case> cases{
+      {{2, 1, 23, 17, 11}, {8, 6, 5}, 0.5, BlendMode::gaussian, PadMode::constant, 3, false},
+      {{1, 1, 5, 30, 9}, {8, 8, 8}, 0.25, BlendMode::constant, PadMode::replicate, 1, false},
+      {{2, 1, 19, 9, 7}, {-1, 4, 4}, 0.5, BlendMode::gaussian, PadMode::constant, 5, true},
+      {{1, 1, 31, 12, 6}, {7, 12, 6}, 0.0, BlendMode::gaussian, PadMode::constant, 2, false},
+      {{1, 1, 26, 13}, {8, 8}, 0.6, BlendMode::gaussian, PadMode::reflect, 4, false},
+  };
+  for (const Case& c : cases) {
+    SlidingWindowOptions o;
+    o.roi_size = c.roi;
+    o.overlap = c.overlap;
+    o.mode = c.mode;
+    o.padding_mode = c.padding;
+    o.sw_batch_size = c.sw;
+    const at::Tensor input = at::randn(c.shape);
+    const Predictor& predict = c.shape.size() == 5 && !c.sigmoid ? conv : any_dims;
+    SCOPED_TRACE(str("shape ", at::IntArrayRef(c.shape), " roi ", at::IntArrayRef(c.roi)));
+    const at::Tensor want = predicted_labels(sliding_window_inference(input, predict, o), c.sigmoid);
+    const SlidingWindowLabels got = sliding_window_labels(input, predict, o, c.sigmoid);
+    EXPECT_EQ(got.labels.scalar_type(), at::kByte);
+    ASSERT_EQ(got.labels.sizes(), want.sizes());
+    EXPECT_TRUE(at::equal(got.labels, want));
+    EXPECT_EQ(got.nonfinite, 0);
+  }
+  // A window that returns NaN: every value it touched counts, as in the whole output.
+  SlidingWindowOptions o;
+  o.roi_size = {4, 4, 4};
+  o.overlap = 0.5;
+  int calls = 0;
+  const Predictor nan_once = [&](const at::Tensor& t) {
+    at::Tensor y = at::cat({t, -t}, 1);
+    if (calls++ == 2) y[0][1][1][1][1] = std::numeric_limits<float>::quiet_NaN();
+    return y;
+  };
+  const at::Tensor input = at::randn({1, 1, 10, 8, 6});
+  const std::int64_t whole = (~at::isfinite(sliding_window_inference(input, nan_once, o))).sum().item<std::int64_t>();
+  calls = 0;
+  EXPECT_GT(whole, 0);
+  EXPECT_EQ(sliding_window_labels(input, nan_once, o, false).nonfinite, whole);
 }
 
 TEST(SlidingWindow, BadOptionsThrowValueErrorNamingTheArgumentAndValue) {

@@ -98,4 +98,12 @@ std::uint64_t peak_rss_bytes();
 /// does not allow it, and peak_rss_bytes() then stays the lifetime peak.
 bool reset_peak_rss();
 
+/// From now on the C library keeps freed memory in the process for reuse: large blocks
+/// come from the heap instead of their own mappings, and the heap is never trimmed
+/// (glibc: mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD -1). A network's tensors, allocated
+/// and freed every forward, then reuse pages already mapped instead of faulting fresh
+/// zeroed ones in each time; the resident size stays at its peak. False where the C
+/// library is not glibc or refuses (nothing changed then).
+bool keep_freed_memory();
+
 }  // namespace medfast::os

@@ -87,6 +87,21 @@ using Predictor = std::function<at::Tensor(const at::Tensor&)>;
 at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& predictor,
                                     const SlidingWindowOptions& options);
 
+/// The labels of sliding_window_inference's output without holding that output:
+/// argmax over the channels (uint8 [B, 1, X, Y, Z]) or, with `sigmoid`, each channel > 0
+/// (uint8 [B, C, X, Y, Z]), equal to predicted labels of the whole output (tested). The
+/// weighted sums are kept for roi_size[0] rows of the first spatial axis only: windows
+/// come first axis slowest, so rows before the next window's start are final; they are
+/// divided by their weights (the same float32 operations, in the same order, as the whole
+/// output), labelled and dropped. Peak memory: C x roi_x x Y x Z floats instead of
+/// C x X x Y x Z. `nonfinite`: values of the divided output that were NaN or infinite.
+struct SlidingWindowLabels {
+  at::Tensor labels;
+  std::int64_t nonfinite = 0;
+};
+SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predictor& predictor,
+                                          const SlidingWindowOptions& options, bool sigmoid);
+
 /// The importance map MONAI uses for a window: ones, or the product over axes of
 /// exp(-x^2 / (2 sigma^2)) with x centred on the window and sigma = sigma_scale * roi
 /// (not normalised: the peak is 1 for odd sizes, a little less for even ones),

@@ -99,6 +99,10 @@ struct RunConfig {
 /// the one place training, eval and infer decide it (the CLI sets the threads
 /// setting at start-up for everything else).
 int apply_network_threads(int train_threads, const Settings& settings);
+/// With the host_memory_reuse setting on (the default), has the C library keep freed
+/// memory for reuse (os::keep_freed_memory): a process-wide step, taken by train, eval
+/// and infer before their first forward. Returns whether it took effect.
+bool apply_host_memory_reuse(const Settings& settings);
 
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
 /// working directory). Pure: it writes nothing and changes no process state; the
