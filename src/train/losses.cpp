@@ -14,8 +14,6 @@ namespace medfast::train {
 
 namespace {
 
-constexpr const char* kLossNames = "Dice, DiceCE or DiceFocal";
-
 /// MONAI's one_hot without the range check, for indices known to be valid.
 at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes) {
   std::vector<std::int64_t> shape = indices.sizes().vec();
@@ -47,8 +45,6 @@ at::Tensor sigmoid_focal_term(const at::Tensor& x, const at::Tensor& t, double g
 }  // namespace
 
 void LossOptions::validate() const {
-  MEDFAST_CHECK_T(ValueError, name == "Dice" || name == "DiceCE" || name == "DiceFocal", "name: unknown loss '", name,
-                  "' (expected ", kLossNames, ")");
   MEDFAST_CHECK_T(ValueError, !(sigmoid && softmax),
                   "sigmoid: true together with softmax: true; choose one activation (or neither)");
   for_each_field(*this, [](const auto& f, const auto& v) {  // smoothing terms, weights, gamma
@@ -66,7 +62,7 @@ LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& w
   LossOptions o;
   ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", ""});
   const nlohmann::json& name = k.raw("name");
-  if (!name.is_null() && !name.is_string()) k.fail("name", str("expected a string (", kLossNames, "), got ", name.dump()));
+  if (!name.is_null() && !name.is_string()) k.fail("name", str("expected a string (", choice_list<LossName>(), "), got ", name.dump()));
   read_fields(k, o);
   k.finish(o, ".");
   return o;
@@ -76,8 +72,8 @@ Loss::Loss(LossOptions options) : options_(std::move(options)) { options_.valida
 
 at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) const {
   const LossOptions& o = options_;
-  MEDFAST_CHECK_T(ValueError, input.defined() && target.defined(), o.name, " loss: input and target must be defined");
-  MEDFAST_CHECK_T(ValueError, input.dim() >= 3 && input.is_floating_point(), o.name,
+  MEDFAST_CHECK_T(ValueError, input.defined() && target.defined(), name_of(o.name), " loss: input and target must be defined");
+  MEDFAST_CHECK_T(ValueError, input.dim() >= 3 && input.is_floating_point(), name_of(o.name),
                   " loss: input must be floating-point logits [B, C, spatial...], got ", input.scalar_type(), " ",
                   input.sizes());
   const std::int64_t C = input.size(1);
@@ -86,13 +82,13 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) c
   {
     std::vector<std::int64_t> want = input.sizes().vec();
     want[1] = onehot_y ? 1 : C;
-    MEDFAST_CHECK_T(ValueError, target.sizes().vec() == want, o.name, " loss: target ", target.sizes(),
+    MEDFAST_CHECK_T(ValueError, target.sizes().vec() == want, name_of(o.name), " loss: target ", target.sizes(),
                     " does not fit input ", input.sizes(), " (expected ", at::IntArrayRef(want),
                     onehot_y ? ": class indices, as to_onehot_y is set)"
                     : multi ? ": one channel per class; set to_onehot_y for class indices)"
                             : ")");
   }
-  MEDFAST_CHECK_T(ValueError, !o.softmax || multi, o.name,
+  MEDFAST_CHECK_T(ValueError, !o.softmax || multi, name_of(o.name),
                   " loss: softmax over a single channel is constant; use sigmoid: true for a one-channel output");
 
   at::Tensor x = input;
@@ -104,9 +100,9 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) c
   const bool drop_background = !o.include_background && multi;
   const auto foreground = [&](const at::Tensor& a) { return drop_background ? a.narrow(1, 1, C - 1) : a; };
   const at::Tensor dice = dice_term(foreground(p), foreground(t), o);
-  if (o.name == "Dice") return dice;
+  if (o.name == LossName::Dice) return dice;
 
-  if (o.name == "DiceCE") {
+  if (o.name == LossName::DiceCE) {
     at::Tensor ce;
     if (!multi) {
       ce = at::binary_cross_entropy_with_logits(x, t);

@@ -112,7 +112,7 @@ TEST(LossConfig, FromJsonReadsEveryArgument) {
       "name": "DiceFocal", "include_background": false, "to_onehot_y": true, "sigmoid": true,
       "squared_pred": true, "jaccard": true, "batch": true, "smooth_nr": 0, "smooth_dr": 1e-6,
       "lambda_dice": 0.5, "lambda_ce": 2, "lambda_focal": 3.5, "gamma": 1.5})"));
-  EXPECT_EQ(o.name, "DiceFocal");
+  EXPECT_EQ(o.name, LossName::DiceFocal);
   EXPECT_FALSE(o.include_background);
   EXPECT_TRUE(o.to_onehot_y && o.sigmoid && o.squared_pred && o.jaccard && o.batch);
   EXPECT_FALSE(o.softmax);
@@ -156,7 +156,7 @@ TEST(LossConfig, BadArgumentsAreValueErrorsNamingTheKey) {
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"gamma": true})")), "loss.gamma: expected a number");
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": 3})")), "loss.name: expected a string");
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"name": "Tversky"})")),
-                     "loss.name: unknown loss 'Tversky' (expected Dice, DiceCE or DiceFocal)");
+                     "loss.name: 'Tversky' is not one of Dice | DiceCE | DiceFocal");
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"sigmoid": true, "softmax": true})")),
                      "loss.sigmoid: true together with softmax: true");
   EXPECT_VALUE_ERROR(LossOptions::from_json(json::parse(R"({"lambda_ce": -1})")),
@@ -198,20 +198,20 @@ TEST(LossShapes, MismatchedShapesAreValueErrorsStatingBoth) {
 TEST(LossShapes, SingleChannelIgnoresToOnehotAndBackground) {
   // MONAI ignores to_onehot_y and include_background=false for one channel.
   const at::Tensor x = at::randn({2, 1, 5, 6}), y = (at::rand({2, 1, 5, 6}) > 0.5).to(at::kFloat);
-  for (const char* name : {"Dice", "DiceCE", "DiceFocal"}) {
+  for (const LossName name : {LossName::Dice, LossName::DiceCE, LossName::DiceFocal}) {
     LossOptions plain;
     plain.name = name;
     plain.sigmoid = true;
     LossOptions ignored = plain;
     ignored.to_onehot_y = true;
     ignored.include_background = false;
-    EXPECT_DOUBLE_EQ(Loss(plain)(x, y).item<double>(), Loss(ignored)(x, y).item<double>()) << name;
+    EXPECT_DOUBLE_EQ(Loss(plain)(x, y).item<double>(), Loss(ignored)(x, y).item<double>()) << name_of(name);
   }
 }
 
 TEST(LossShapes, PerfectPredictionsGiveZeroDice) {
   LossOptions o;
-  o.name = "Dice";
+  o.name = LossName::Dice;
   o.to_onehot_y = true;
   const at::Tensor labels = at::randint(0, 3, {2, 1, 6, 5, 4});
   const at::Tensor probabilities = train::one_hot(labels, 3);

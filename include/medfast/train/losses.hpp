@@ -30,6 +30,7 @@
 /// Inputs in half or bfloat16 are computed in float32 (the loss is float32 then).
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -38,21 +39,26 @@
 
 namespace medfast::train {
 
+/// The losses, by MONAI's class names less "Loss".
+enum class LossName { Dice, DiceCE, DiceFocal };
+constexpr std::array<Choice<LossName>, 3> choices(LossName) {
+  return {{{LossName::Dice, "Dice"}, {LossName::DiceCE, "DiceCE"}, {LossName::DiceFocal, "DiceFocal"}}};
+}
+
 /// A loss and its MONAI arguments.
 struct LossOptions {
-  std::string name = "DiceCE";  ///< Dice | DiceCE | DiceFocal
+  LossName name = LossName::DiceCE;
   bool include_background = true, to_onehot_y = false, sigmoid = false, softmax = false;
   bool squared_pred = false, jaccard = false, batch = false;
   double smooth_nr = 1e-5, smooth_dr = 1e-5;
   double lambda_dice = 1.0, lambda_ce = 1.0, lambda_focal = 1.0;
   double gamma = 2.0;  ///< DiceFocal
-  /// Throws ValueError naming the argument and its value: an unknown name, sigmoid
-  /// and softmax both set, a negative or non-finite smooth_nr/smooth_dr/lambda/gamma.
+  /// Throws ValueError naming the argument and its value: sigmoid and softmax both set, a negative or non-finite smooth_nr/smooth_dr/lambda/gamma.
   void validate() const;
   static constexpr auto fields() {
     using O = LossOptions;
     return std::make_tuple(
-        field("name", &O::name, "Dice | DiceCE | DiceFocal"),
+        field("name", &O::name, "the loss"),
         field("include_background", &O::include_background, "score the first channel too"),
         field("to_onehot_y", &O::to_onehot_y, "the target holds class indices: one-hot it"),
         field("sigmoid", &O::sigmoid, "sigmoid on the logits (one channel per label)"),
