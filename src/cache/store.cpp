@@ -53,9 +53,9 @@ Sample to_device(const Sample& s, const at::Device& device) {
 
 class MemoryStore final : public Store {
  public:
-  explicit MemoryStore(std::string kind, std::optional<at::Device> device = std::nullopt)
-      : kind_(std::move(kind)), device_(device) {}
-  std::string kind() const override { return kind_; }
+  explicit MemoryStore(StoreKind kind, std::optional<at::Device> device = std::nullopt)
+      : kind_(kind), device_(device) {}
+  std::string kind() const override { return name_of(kind_); }
   std::optional<Sample> get(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = items_.find(key);
@@ -108,7 +108,7 @@ class MemoryStore final : public Store {
     if (!m.empty()) throw Error(m);
   }
 
-  std::string kind_;
+  StoreKind kind_;
   std::optional<at::Device> device_;
   mutable std::mutex mutex_;
   std::mutex room_mutex_;  ///< device stores: check_room and the copy to the GPU
@@ -118,12 +118,12 @@ class MemoryStore final : public Store {
 
 class DiskStore final : public Store {
  public:
-  DiskStore(std::string kind, std::string dir, io::IoOptions io, std::string device)
-      : kind_(std::move(kind)), dir_(std::move(dir)), io_(std::move(io)), device_(std::move(device)) {
-    if (dir_.empty()) throw ValueError(str("cache kind ", kind_, " needs a directory (cache.dir)"));
+  DiskStore(StoreKind kind, std::string dir, io::IoOptions io, std::string device)
+      : kind_(kind), dir_(std::move(dir)), io_(std::move(io)), device_(std::move(device)) {
+    if (dir_.empty()) throw ValueError(str("cache kind ", name_of(kind_), " needs a directory (cache.dir)"));
     os::make_directories(dir_);
   }
-  std::string kind() const override { return kind_; }
+  std::string kind() const override { return name_of(kind_); }
   std::optional<Sample> get(const std::string& key) override {
     const std::string path = entry_path(dir_, key);
     if (!os::exists(path)) {
@@ -184,7 +184,8 @@ class DiskStore final : public Store {
     if (warned_.insert(key).second) log::warn("cache: ", why, "; recomputing the entry");
   }
 
-  std::string kind_, dir_;
+  StoreKind kind_;
+  std::string dir_;
   io::IoOptions io_;
   std::string device_;
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, corrupt_{0}, writes_{0}, bytes_{0};
@@ -212,14 +213,15 @@ struct StoreRow {
   std::unique_ptr<Store> (*make)(const StoreOptions&);
 };
 constexpr StoreRow kStores[] = {
-    {StoreKind::memory, [](const StoreOptions&) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>("memory"); }},
+    {StoreKind::memory,
+     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>(o.kind); }},
     {StoreKind::device,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>("device", cuda_device(o)); }},
+     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>(o.kind, cuda_device(o)); }},
     {StoreKind::disk,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<DiskStore>("disk", o.dir, o.io, "cpu"); }},
+     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<DiskStore>(o.kind, o.dir, o.io, "cpu"); }},
     {StoreKind::disk_device,
      [](const StoreOptions& o) -> std::unique_ptr<Store> {
-       return std::make_unique<DiskStore>("disk_device", o.dir, o.io, cuda_device(o).str());
+       return std::make_unique<DiskStore>(o.kind, o.dir, o.io, cuda_device(o).str());
      }},
 };
 static_assert(std::size(kStores) == std::tuple_size_v<decltype(choices(StoreKind{}))>, "a row per cache kind");

@@ -54,7 +54,7 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
   std::unique_ptr<data::SmartCacheDataset> smart;
   data::Loader::Source source;
   std::size_t items = 0;
-  if (cfg.smart) {
+  if (cfg.smart()) {
     smart = data::make_smart_cache(cfg);
     smart->start();
     items = smart->size();

@@ -5,12 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "medfast/core/units.hpp"
+
 namespace medfast {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 std::string clock_text(double s) {
   const long t = std::lround(std::max(0.0, s));
   char buf[32];

@@ -241,7 +241,6 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   cache_keys.finish();
   c.cache_options = cache;
   if (cache.kind == CacheKind::smart) {
-    c.smart = true;
     if (cache.cache_num < 1) cache_keys.fail("cache_num", "kind smart needs cache_num, a positive whole number");
     c.smart_options.cache_num = static_cast<std::size_t>(cache.cache_num);
     c.smart_options.replace_rate = cache.replace_rate;
@@ -289,7 +288,7 @@ transforms::Compose deterministic_chain(const PipelineConfig& c) {
 }  // namespace
 
 CachedDataset make_cached_dataset(const PipelineConfig& c) {
-  if (c.smart) throw ValueError(str(c.path, ": data.cache.kind is smart; this needs a memory or disk cache"));
+  if (c.smart()) throw ValueError(str(c.path, ": data.cache.kind is smart; this needs a memory or disk cache"));
   CacheConfig cache = c.cache;
   cache.pad_partition = true;  // equal steps on every rank
   return CachedDataset(c.dataset, deterministic_chain(c), cache);
@@ -299,7 +298,7 @@ CachedDataset make_validation_dataset(const PipelineConfig& c) {
   if (c.validation.items.empty()) throw ValueError(str(c.path, ": data.validation: no validation items"));
   CacheConfig cache = c.cache;
   cache.pad_partition = false;  // each validation item counts once across ranks
-  if (c.smart) cache.store.set_kind(cache::StoreKind::memory);  // the smart cache rotates training items only
+  if (c.smart()) cache.store.set_kind(cache::StoreKind::memory);  // the smart cache rotates training items only
   return CachedDataset(c.validation, deterministic_chain(c), cache);
 }
 
@@ -315,7 +314,7 @@ transforms::RandomChain make_random_chain(const PipelineConfig& c) {
 }
 
 std::unique_ptr<SmartCacheDataset> make_smart_cache(const PipelineConfig& c) {
-  if (!c.smart) throw ValueError(str(c.path, ": data.cache.kind is ", name_of(c.cache.store.kind), ", not smart"));
+  if (!c.smart()) throw ValueError(str(c.path, ": data.cache.kind is ", name_of(c.cache.store.kind), ", not smart"));
   return std::make_unique<SmartCacheDataset>(c.dataset, deterministic_chain(c), c.smart_options);
 }
 

@@ -7,12 +7,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cmath>
 #include <filesystem>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/units.hpp"
 #include "medfast/data/dataset.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/image/image_file.hpp"
@@ -278,12 +278,6 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   };
   std::vector<InferCase> written;
   using Clock = std::chrono::steady_clock;
-  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-  const auto format_seconds = [](double s) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.2f s", s);
-    return std::string(text);
-  };
   for (const auto& file : files) {
     try {
       InferCase c;

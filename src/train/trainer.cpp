@@ -46,7 +46,6 @@ using detail::nan_to_null;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr const char* kCheckpointFormat = "medfast-checkpoint";
 constexpr int kCheckpointVersion = 1;
@@ -231,7 +230,7 @@ class Run {
     loader_->stop();
     profiler_->finish();
     for (const auto& f : profiler_->written()) say(str("trace: ", f));
-    result_.seconds = since(start_);
+    result_.seconds = seconds_since(start_);
     return result_;
   }
 
@@ -317,12 +316,12 @@ class Run {
       pipeline_.cache.rank = comm_->rank();
       pipeline_.cache.world_size = comm_->world_size();
     }
-    pipeline_.loader.rank = pipeline_.smart && comm_ ? comm_->rank() : 0;
-    pipeline_.loader.world_size = pipeline_.smart && comm_ ? comm_->world_size() : 1;
+    pipeline_.loader.rank = pipeline_.smart() && comm_ ? comm_->rank() : 0;
+    pipeline_.loader.world_size = pipeline_.smart() && comm_ ? comm_->world_size() : 1;
     const auto prep_start = Clock::now();
     data::Loader::Source source;
     std::size_t train_size = 0;
-    if (pipeline_.smart) {
+    if (pipeline_.smart()) {
       smart_ = data::make_smart_cache(pipeline_);
       smart_->start(static_cast<std::size_t>(first_epoch_));  // the window where a resumed run left it
       train_size = smart_->size();
@@ -343,7 +342,7 @@ class Run {
     } else {
       say("no validation items (data.validation): no Dice, no best.ckpt");
     }
-    result_.prepare_seconds = since(prep_start);
+    result_.prepare_seconds = seconds_since(prep_start);
     loader_ = std::make_unique<data::Loader>(train_size, source, data::make_random_chain(pipeline_), pipeline_.loader);
     if (train_ds_) loader_->set_item_ids([this](std::size_t i) { return train_ds_->global_index(i); });
   }
@@ -454,7 +453,7 @@ class Run {
         batch = loader_->next();
         if (!batch) wait.cancel();
       }
-      rec.times.data_wait += since(t0);
+      rec.times.data_wait += seconds_since(t0);
       if (!batch) {
         step->cancel();
         break;
@@ -469,7 +468,7 @@ class Run {
       profiler_->after_step(global_step);
     }
     clock_->flush(rec.times);  // the epoch's last step has run on the device too
-    const double train_seconds = since(epoch_start);
+    const double train_seconds = seconds_since(epoch_start);
     rec.loss = finite_steps ? loss_sum / finite_steps : std::nan("");
     double all_samples = static_cast<double>(rec.samples);
     if (distributed_) {
@@ -600,14 +599,14 @@ class Run {
       const auto v0 = Clock::now();
       trace::Range range("validation");
       const Validation v = validate(model_, *val_ds_, c_, device_, precision_, comm_);
-      rec.times.validation = since(v0);
+      rec.times.validation = seconds_since(v0);
       rec.dice = v.mean_dice;
       rec.dice_per_class = v.dice;
       rec.hd95 = v.hd95;
       rec.nonfinite_validation_cases = v.nonfinite_cases;
     }
-    rec.seconds = since(epoch_start);
-    rec.elapsed = elapsed_before_ + since(start_);
+    rec.seconds = seconds_since(epoch_start);
+    rec.elapsed = elapsed_before_ + seconds_since(start_);
     rec.process_seconds = os::process_seconds();
     rec.peak_rss_bytes = os::peak_rss_bytes();
     if (gpu_sampler_) {

@@ -289,11 +289,18 @@ std::size_t RandomChain::samples_per_item() const {
   return n;
 }
 
+RandomChain::RandomChain(std::vector<RandomTransformPtr> transforms, std::uint64_t seed,
+                         std::vector<nlohmann::json> arguments)
+    : transforms_(std::move(transforms)), arguments_(std::move(arguments)), seed_(seed) {
+  if (arguments_.size() != transforms_.size()) {
+    throw Error(str("random chain: ", arguments_.size(), " argument lists for ", transforms_.size(), " transforms"));
+  }
+}
+
 nlohmann::json RandomChain::config() const {
   nlohmann::json list = nlohmann::json::array();
   for (std::size_t i = 0; i < transforms_.size(); ++i) {
-    list.push_back({{"name", transforms_[i]->name()},
-                    {"args", i < arguments_.size() ? arguments_[i] : transforms_[i]->steps()}});
+    list.push_back({{"name", transforms_[i]->name()}, {"args", arguments_[i]}});
   }
   return {{"seed", seed_}, {"transforms", list}};
 }

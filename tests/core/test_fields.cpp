@@ -25,9 +25,10 @@ struct ToyOptions {
   }
 };
 
-ToyOptions read(const std::string& text) {
+template <typename Options = ToyOptions>
+Options read(const std::string& text) {
   ConfigReader r(nlohmann::json::parse(text), "toy");
-  ToyOptions o;
+  Options o;
   read_fields(r, o);
   r.finish();
   return o;
@@ -95,13 +96,7 @@ struct ChoiceOptions {
   }
 };
 
-ChoiceOptions read_choices(const std::string& text) {
-  ConfigReader r(nlohmann::json::parse(text), "toy");
-  ChoiceOptions o;
-  read_fields(r, o);
-  r.finish();
-  return o;
-}
+ChoiceOptions read_choices(const std::string& text) { return read<ChoiceOptions>(text); }
 
 // A closed set of names is an enum past the reader: names case-insensitive, anything
 // else an error listing them; written back and documented by name.

@@ -272,7 +272,7 @@ TEST_F(CachedDatasetTest, PipelineConfigBuildsEitherCache) {
   test::write_file(tmp / "smart.json", cfg.dump());
   Settings settings;
   const PipelineConfig smart = load_pipeline(tmp / "smart.json", settings);
-  EXPECT_TRUE(smart.smart);
+  EXPECT_TRUE(smart.smart());
   auto sc = make_smart_cache(smart);
   EXPECT_EQ(sc->replace_num(), 1u);
   EXPECT_THROW(make_cached_dataset(smart), ValueError);

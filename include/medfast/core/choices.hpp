@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "medfast/core/error.hpp"
+
 namespace medfast {
 
 /// One name of the enum E.
@@ -32,15 +34,6 @@ template <typename E, typename = void>
 struct has_choices : std::false_type {};
 template <typename E>
 struct has_choices<E, std::void_t<decltype(choices(std::declval<E>()))>> : std::is_enum<E> {};
-
-inline bool same_text_ignoring_case(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
 }  // namespace detail
 
 /// Whether E is an enum with a `choices` list (what the field readers parse as a name).
@@ -59,8 +52,9 @@ const char* name_of(E value) {
 /// The value named `text` (case-insensitive), or nullopt.
 template <typename E>
 std::optional<E> parse_choice(std::string_view text) {
+  const std::string wanted = lowercase(std::string(text));
   for (const auto& c : choices(E{})) {
-    if (detail::same_text_ignoring_case(c.name, text)) return c.value;
+    if (lowercase(c.name) == wanted) return c.value;
   }
   return std::nullopt;
 }

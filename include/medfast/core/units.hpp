@@ -1,6 +1,7 @@
 #pragma once
 /// \file Parsing and printing of sizes and durations.
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -19,5 +20,10 @@ std::int64_t parse_int(const std::string& text, const std::string& what);
 double parse_double(const std::string& text, const std::string& what);
 /// The shortest decimal text that parses back to `v` ("300", "42.5", "0.1").
 std::string format_number(double v);
+
+/// Seconds from `start` to now, on the steady clock.
+double seconds_since(std::chrono::steady_clock::time_point start);
+/// "1.23 s": two decimals.
+std::string format_seconds(double seconds);
 
 }  // namespace medfast

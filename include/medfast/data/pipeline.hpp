@@ -74,9 +74,10 @@ struct PipelineConfig {
   CacheConfig cache;
   std::uint64_t seed = 0;
   LoaderOptions loader;
-  bool smart = false;  ///< cache.kind: smart
   SmartCacheOptions smart_options;
   CacheSectionOptions cache_options;  ///< data.cache as written, defaults filled in
+  /// data.cache.kind is smart (smart_options apply, not cache).
+  bool smart() const { return cache_options.kind == CacheKind::smart; }
   /// The largest output a transform of its chains may allocate (the max_volume_bytes
   /// setting); the chains made below carry it.
   std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;

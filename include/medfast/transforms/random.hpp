@@ -116,11 +116,9 @@ using RandomTransformPtr = std::shared_ptr<const RandomTransform>;
 class RandomChain {
  public:
   RandomChain() = default;
-  /// `arguments`: each transform's arguments as read (make_random_chain fills them in);
-  /// without them config() writes the transforms' steps().
-  RandomChain(std::vector<RandomTransformPtr> transforms, std::uint64_t seed,
-              std::vector<nlohmann::json> arguments = {})
-      : transforms_(std::move(transforms)), arguments_(std::move(arguments)), seed_(seed) {}
+  /// `arguments`: each transform's arguments as read, one per transform
+  /// (make_random_chain fills them in); config() writes them.
+  RandomChain(std::vector<RandomTransformPtr> transforms, std::uint64_t seed, std::vector<nlohmann::json> arguments);
   /// The output samples of item `item` in epoch `epoch`. `input` is not modified.
   std::vector<Sample> run(const Sample& input, std::uint64_t epoch, std::uint64_t item) const;
   /// The same, leaving each sample's last composed steps (flips, turns, intensity
