@@ -175,6 +175,7 @@ int run_dicom_info(const InfoArgs& args, Context& ctx) {
       e["slices"] = s.slices.size();
       e["rows"] = s.rows;
       e["columns"] = s.columns;
+      if (!s.dose_units.empty()) e["dose_units"] = s.dose_units;  // RTDOSE: voxels in this unit
       try {
         dicom::check_geometry(s, args.file);
         const Affine a = s.affine();
@@ -239,6 +240,9 @@ int run_dicom_info(const InfoArgs& args, Context& ctx) {
                     joined(e["spacing"].get<std::vector<double>>()).c_str(), e["slice_spacing"].get<double>(),
                     e["largest_slice_deviation"].get<double>());
         std::printf("orientation  %s\n", e["orientation"].get<std::string>().c_str());
+      }
+      if (e.contains("dose_units")) {
+        std::printf("dose         in %s (stored values x DoseGridScaling)\n", e["dose_units"].get<std::string>().c_str());
       }
       if (e.contains("stats")) {
         const auto& st = e["stats"];

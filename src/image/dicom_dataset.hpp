@@ -76,6 +76,10 @@ MEDFAST_TAG(ReferencedSegmentNumber, 0x0062, 0x000b)
 MEDFAST_TAG(MaximumFractionalValue, 0x0062, 0x000e)
 MEDFAST_TAG(SharedFunctionalGroupsSequence, 0x5200, 0x9229)
 MEDFAST_TAG(PerFrameFunctionalGroupsSequence, 0x5200, 0x9230)
+// RT Dose: frames placed by offsets along the normal, stored values scaled to the dose unit.
+MEDFAST_TAG(DoseUnits, 0x3004, 0x0002)
+MEDFAST_TAG(GridFrameOffsetVector, 0x3004, 0x000c)
+MEDFAST_TAG(DoseGridScaling, 0x3004, 0x000e)
 MEDFAST_TAG(PixelData, 0x7fe0, 0x0010)
 // Patient identifiers: read only for `info --phi`.
 MEDFAST_TAG(PatientName, 0x0010, 0x0010)
@@ -155,6 +159,7 @@ struct Header {
   int rows = -1, columns = -1, frames = 1;
   int bits_allocated = -1, bits_stored = -1, pixel_representation = 0, samples = 1;
   double slice_thickness = 0;
+  std::string dose_units;  ///< RTDOSE only
   bool multi_frame = false, is_seg = false;
   std::vector<Slice> slices;
   // SEG: per frame, the segment and the source image (SOP instance) it was derived from.

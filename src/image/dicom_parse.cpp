@@ -69,15 +69,17 @@ std::string trim(std::string s) {
   return s.substr(b);
 }
 
-std::string text(const Node& ds, const TagName& t) {
+/// A text value, at most `limit` characters of it.
+std::string text(const Node& ds, const TagName& t, std::size_t limit = 1 << 16) {
   const Element* e = find(ds, t);
   if (!e || !e->value) return "";
-  return trim(std::string(reinterpret_cast<const char*>(e->value), std::min<std::size_t>(e->length, 1 << 16)));
+  return trim(std::string(reinterpret_cast<const char*>(e->value), std::min<std::size_t>(e->length, limit)));
 }
 
-/// A DS/IS value list ("0.7\0.7"); FormatError naming the file and tag when not numbers.
-std::vector<double> numbers(const Node& ds, const TagName& t, const std::string& file) {
-  const std::string s = text(ds, t);
+/// A DS/IS value list ("0.7\0.7") of at most `max_count` values (the rest are not read);
+/// FormatError naming the file and tag when not numbers.
+std::vector<double> numbers(const Node& ds, const TagName& t, const std::string& file, std::size_t max_count = 64) {
+  const std::string s = text(ds, t, std::max<std::size_t>(1 << 16, max_count * 17));
   std::vector<double> out;
   if (s.empty()) return out;
   std::size_t start = 0;
@@ -90,7 +92,7 @@ std::vector<double> numbers(const Node& ds, const TagName& t, const std::string&
       throw FormatError(str(file, ": ", name_of(t), ": '", s.substr(0, 80), "' is not a list of finite numbers"));
     }
     out.push_back(v);
-    if (out.size() > 64) break;
+    if (out.size() >= max_count) break;
     if (end == std::string::npos) break;
     start = end + 1;
   }
@@ -140,10 +142,15 @@ Syntax classify(const std::string& uid, std::string* why) {
   if (native.count(uid)) return Syntax::native;
   if (compressed.count(uid)) return Syntax::compressed;
   if (why) {
-    *why = uid == "1.2.840.10008.1.2.2"     ? "explicit VR big endian (retired) is not read"
-           : uid == "1.2.840.10008.1.2.1.99" ? "deflated datasets are not read (image series do not use them)"
-                                             : "not one medfast decodes (implicit/explicit VR little endian, JPEG "
-                                               "baseline/extended/lossless, JPEG-LS, JPEG 2000, RLE)";
+    if (uid == "1.2.840.10008.1.2.2") {
+      *why = "explicit VR big endian (retired in 2004) is not read: convert the file to little endian first "
+             "(dcmtk: dcmconv +te IN OUT)";
+    } else if (uid == "1.2.840.10008.1.2.1.99") {
+      *why = "deflated datasets are not read (image series do not use them)";
+    } else {
+      *why = "not one medfast decodes (implicit/explicit VR little endian, JPEG baseline/extended/lossless, JPEG-LS, "
+             "JPEG 2000, RLE)";
+    }
   }
   return Syntax::unsupported;
 }
@@ -448,6 +455,46 @@ Header parse_header(const Parsed& parsed, const std::string& file, bool phi) {
     return plain;
   };
 
+  // RT Dose (PS3.3 C.8.8.3): a multi-frame grid placed by GridFrameOffsetVector from the
+  // one ImagePositionPatient, its stored values scaled by DoseGridScaling.
+  const auto offsets = numbers(ds, GridFrameOffsetVector, file, static_cast<std::size_t>(h.frames) + 1);
+  const auto dose_scaling = numbers(ds, DoseGridScaling, file);
+  const bool per_frame_positions = per_frame.size() > 0 || shared.size() > 0;
+  if (!offsets.empty() && !per_frame_positions) {
+    if (offsets.size() != static_cast<std::size_t>(h.frames)) {
+      throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " has ", offsets.size(), " values for ", h.frames,
+                            " frame(s) (", name_of(NumberOfFrames), ")"));
+    }
+    if (ipp.size() != 3 || iop.size() != 6) {
+      throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " places frames from ", name_of(ImagePositionPatient),
+                            " along the normal of ", name_of(ImageOrientationPatient), ", and one of them is missing"));
+    }
+    // Relative (first offset 0) or absolute (first offset = the position's z, transverse
+    // slices only): either way frame k lies offsets[k] - offsets[0] along the normal.
+    if (offsets[0] != 0) {
+      const bool transverse = std::fabs(iop[0] - 1) < 1e-4 && std::fabs(iop[4] - 1) < 1e-4 && std::fabs(iop[1]) < 1e-4 &&
+                              std::fabs(iop[2]) < 1e-4 && std::fabs(iop[3]) < 1e-4 && std::fabs(iop[5]) < 1e-4;
+      if (!transverse || std::fabs(offsets[0] - ipp[2]) > 1e-3) {
+        throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " starts at ", offsets[0],
+                              ": expected 0 (offsets relative to the first frame) or, for transverse slices (",
+                              name_of(ImageOrientationPatient), " 1\\0\\0\\0\\1\\0), ", name_of(ImagePositionPatient),
+                              "'s z ", ipp[2], " (absolute offsets)"));
+      }
+    }
+  }
+  double dose_scale = 1.0;
+  if (h.modality == "RTDOSE" || !dose_scaling.empty()) {
+    if (dose_scaling.empty() && h.rows > 0) {  // an RTDOSE without a grid (DVHs only) needs none
+      throw FormatError(str(file, ": an RTDOSE without ", name_of(DoseGridScaling),
+                            ": its stored values cannot be turned into dose"));
+    }
+    dose_scale = dose_scaling.empty() ? 1.0 : dose_scaling[0];
+    if (!(dose_scale > 0)) {
+      throw FormatError(str(file, ": ", name_of(DoseGridScaling), " is ", dose_scale, ", expected a positive factor"));
+    }
+    h.dose_units = text(ds, DoseUnits);
+  }
+
   h.slices.resize(static_cast<std::size_t>(h.frames));
   for (std::size_t fr = 0; fr < h.slices.size(); ++fr) {
     Slice& s = h.slices[fr];
@@ -464,10 +511,15 @@ Header parse_header(const Parsed& parsed, const std::string& file, bool phi) {
     require_count(sp, 2, PixelSpacing, file);
     s.has_position = fill(s.position, p);
     s.has_orientation = fill(s.orientation, o);
+    if (!offsets.empty() && !per_frame_positions) {
+      const auto n = normal_of(s.orientation);
+      const double along = offsets[fr] - offsets[0];
+      for (int i = 0; i < 3; ++i) s.position[static_cast<std::size_t>(i)] += along * n[static_cast<std::size_t>(i)];
+    }
     fill(s.pixel_spacing, sp);
     const auto sl = group_numbers(fr, PixelValueTransformationSequence, RescaleSlope, slope);
     const auto in = group_numbers(fr, PixelValueTransformationSequence, RescaleIntercept, intercept);
-    s.slope = sl.empty() ? 1.0 : sl[0];
+    s.slope = (sl.empty() ? 1.0 : sl[0]) * dose_scale;
     s.intercept = in.empty() ? 0.0 : in[0];
     if (s.slope == 0) throw FormatError(str(file, ": ", name_of(RescaleSlope), " is 0"));
   }

@@ -70,6 +70,7 @@ Series series_of(const std::vector<const Header*>& members, bool phi) {
   s.segments = first.segments;
   s.referenced_series = first.referenced_series;
   s.slice_thickness = first.slice_thickness;
+  s.dose_units = first.dose_units;
   if (phi) s.phi = first.phi;
   for (const Header* h : members) {
     s.files.push_back(h->file);
@@ -128,10 +129,18 @@ Scan scan(const std::string& path, const ReadOptions& options) {
   const std::vector<std::string> files = files_of(path);
   std::vector<std::optional<Header>> headers(files.size());
   std::vector<std::string> why(files.size());
+  std::vector<char> unreadable(files.size(), 0);  // DICOM in a transfer syntax medfast does not read
   parallel_for(files.size(), options.threads, [&](std::size_t i) {
     headers[i] = read_header_of(files[i], options.phi);
+    std::string unsupported;
     if (!headers[i]) {
       why[i] = "not DICOM";
+    } else if (classify(headers[i]->transfer_syntax, &unsupported) == Syntax::unsupported && headers[i]->rows <= 0) {
+      // A dataset medfast does not parse at all (big endian, deflated): say so, rather
+      // than call it "not an image".
+      why[i] = str(name_of(TransferSyntaxUID), " ", headers[i]->transfer_syntax, ": ", unsupported);
+      unreadable[i] = 1;
+      headers[i].reset();
     } else if (!headers[i]->is_seg && (headers[i]->rows <= 0 || headers[i]->columns <= 0)) {
       why[i] = "not an image (no Rows/Columns)";
       headers[i].reset();
@@ -147,6 +156,12 @@ Scan scan(const std::string& path, const ReadOptions& options) {
     }
   }
   if (found.empty()) {
+    const auto first_unreadable = std::find(unreadable.begin(), unreadable.end(), 1);
+    if (first_unreadable != unreadable.end()) {
+      const auto i = static_cast<std::size_t>(first_unreadable - unreadable.begin());
+      throw FormatError(str(files[i], ": ", why[i], files.size() > 1 ? str(" (and no other file of ", path,
+                                                                              " is a DICOM image or SEG)") : ""));
+    }
     throw FormatError(str(path, ": no DICOM image or SEG among its ", files.size(), " file(s)",
                           skipped.empty() ? "" : str(" (", skipped.front(), ")")));
   }

@@ -44,6 +44,8 @@ PHI = {"PatientName": "Doe^Jane", "PatientID": "PHI-12345", "PatientBirthDate": 
 
 CT_IMAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT = "1.2.840.10008.5.1.4.1.1.2.1"
+RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
+EXPLICIT_BIG_ENDIAN = "1.2.840.10008.1.2.2"
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 JPEG_LOSSLESS_SV1 = "1.2.840.10008.1.2.4.70"
 JPEG_LS_LOSSLESS = "1.2.840.10008.1.2.4.80"
@@ -108,8 +110,8 @@ def set_pixels(ds, frames, bits=16, signed=True):
     ds.Rows, ds.Columns = frames.shape[-2], frames.shape[-1]
     ds.BitsAllocated, ds.BitsStored, ds.HighBit = bits, bits, bits - 1
     ds.PixelRepresentation = 1 if signed else 0
-    dtype = {16: "<i2" if signed else "<u2", 8: "u1"}[bits]
-    ds.add_new(0x7FE00010, "OW" if bits == 16 else "OB", frames.astype(dtype).tobytes())
+    dtype = {32: "<i4" if signed else "<u4", 16: "<i2" if signed else "<u2", 8: "u1"}[bits]
+    ds.add_new(0x7FE00010, "OB" if bits == 8 else "OW", frames.astype(dtype).tobytes())
 
 
 def save(ds, path):
@@ -198,6 +200,25 @@ def write_enhanced(path, stored, geo, intercepts, series_uid):
         per_frame.append(item)
     ds.PerFrameFunctionalGroupsSequence = per_frame
     set_pixels(ds, stored[order])
+    save(ds, path)
+
+
+def write_rtdose(path, stored, iop, spacing, ipp, offsets, scaling, series_uid):
+    """One multi-frame RT Dose file as treatment planning systems write it: one
+    ImagePositionPatient, frames placed by GridFrameOffsetVector, uint32 stored values that
+    DoseGridScaling turns into Gy; no functional groups, no RescaleSlope. `scaling` None:
+    DoseGridScaling left out."""
+    ds = new_dataset(RT_DOSE, uid(series_uid, "dose"), series_uid, "RTDOSE", 11)
+    ds.InstanceNumber, ds.NumberOfFrames = 1, stored.shape[0]
+    ds.ImagePositionPatient = [ds_str(v) for v in ipp]
+    ds.ImageOrientationPatient = [ds_str(v) for v in iop]
+    ds.PixelSpacing = [ds_str(v) for v in spacing]
+    ds.FrameIncrementPointer = 0x3004000C
+    ds.GridFrameOffsetVector = [ds_str(v) for v in offsets]
+    ds.DoseUnits, ds.DoseType, ds.DoseSummationType = "GY", "PHYSICAL", "PLAN"
+    if scaling is not None:
+        ds.DoseGridScaling = ds_str(scaling)
+    set_pixels(ds, stored, bits=32, signed=False)
     save(ds, path)
 
 
@@ -332,6 +353,21 @@ def slices_of(p, ds):
         pixels = ds.pixel_array.reshape(-1, ds.Rows, ds.Columns)
     except Exception:  # no pydicom handler for this transfer syntax
         pixels = None
+    if "GridFrameOffsetVector" in ds and "PerFrameFunctionalGroupsSequence" not in ds:
+        # RT Dose (PS3.3 C.8.8.3.2): offsets relative to the first frame when the first is
+        # 0, else absolute z coordinates (transverse grids only); DoseGridScaling scales.
+        offsets = [float(v) for v in ds.GridFrameOffsetVector]
+        ipp0 = np.array([float(v) for v in ds.ImagePositionPatient])
+        iop = [float(v) for v in ds.ImageOrientationPatient]
+        normal = np.cross(iop[:3], iop[3:])
+        if offsets[0] == 0:
+            ipps = [ipp0 + o * normal for o in offsets]
+        else:
+            assert np.allclose(iop, [1, 0, 0, 0, 1, 0]) and abs(offsets[0] - ipp0[2]) < 1e-3
+            ipps = [np.array([ipp0[0], ipp0[1], o]) for o in offsets]
+        return [dict(file=p, ds=ds, pixels=None if pixels is None else pixels[k], ipp=list(ipps[k]), iop=iop,
+                     spacing=ds.PixelSpacing, slope=float(ds.DoseGridScaling), intercept=0)
+                for k in range(len(offsets))]
     if "PerFrameFunctionalGroupsSequence" not in ds:
         return [dict(file=p, ds=ds, pixels=None if pixels is None else pixels[0], ipp=ds.ImagePositionPatient,
                      iop=ds.ImageOrientationPatient, spacing=ds.PixelSpacing,
@@ -720,6 +756,22 @@ def main():
     unev = read_ct(ct_dir("uneven"))
     add_series("uneven", ct_dir("uneven"), unev, rescale(unev, unev["stored"]), warning=True)
 
+    # 7. RT Dose grids: relative offsets (oblique-free coronal grid), absolute offsets
+    # running down (frames stored head to foot), both uint32 x DoseGridScaling -> float32 Gy.
+    def add_dose(name, iop, ipp, offsets, scaling=2.5e-5):
+        stored = RNG.integers(0, 3_200_000, (len(offsets), ROWS, COLS)).astype(np.uint32)
+        stored.flat[0], stored.flat[-1] = 0, 3_199_999
+        path = os.path.join(ct_dir(name), hex_name(".dcm"))
+        write_rtdose(path, stored, iop, [2.5, 2.0], ipp, offsets, scaling, uid(name))
+        dose = read_ct(path)
+        vol = rescale(dose, dose["stored"])
+        assert vol.dtype == np.float32 and abs(float(vol.max()) - 3_199_999 * scaling) < 1e-3, name
+        add_series(name, path, dose, vol)
+        return stored
+
+    add_dose("rtdose_relative", [1, 0, 0, 0, 0, -1], [-30.0, 12.5, 80.0], [2.5 * k for k in range(8)])
+    add_dose("rtdose_absolute", [1, 0, 0, 0, 1, 0], [-30.0, -40.0, 45.0], [45.0 - 3.0 * k for k in range(9)])
+
     # SEG objects on the axial series.
     masks = seg_masks()
     seg_dir = os.path.join(root, "seg")
@@ -815,6 +867,35 @@ def main():
             raise AssertionError(path + " was read")
         except ValueError:
             pass
+
+    # RT Dose a reader must not guess about: no DoseGridScaling, offsets that do not match
+    # the frames, an absolute first offset that is not the position's z.
+    def bad_dose(name, offsets, scaling=2.5e-5, frames=4):
+        path = os.path.join(err_dir(name), hex_name(".dcm"))
+        write_rtdose(path, np.ones((frames, ROWS, COLS), np.uint32), [1, 0, 0, 0, 1, 0], [2.5, 2.0],
+                     [0.0, 0.0, 10.0], offsets, scaling, uid("error", name))
+        return os.path.basename(path)
+    add_error("rtdose_no_scaling", err_dir("rtdose_no_scaling"),
+              ["DoseGridScaling", bad_dose("rtdose_no_scaling", [0, 2, 4, 6], scaling=None)])
+    add_error("rtdose_offsets_count", err_dir("rtdose_offsets_count"),
+              ["GridFrameOffsetVector", "3 values for 4 frame(s)", bad_dose("rtdose_offsets_count", [0, 2, 4])])
+    add_error("rtdose_absolute_elsewhere", err_dir("rtdose_absolute_elsewhere"),
+              ["GridFrameOffsetVector", "starts at 7", bad_dose("rtdose_absolute_elsewhere", [7, 9, 11, 13])])
+
+    # Explicit VR big endian (retired): refused by the name of its syntax, not as "not an image".
+    be_uid = uid("error", "big endian")
+    ds = new_dataset(CT_IMAGE, uid(be_uid, 0), be_uid, "CT", 12, ts=EXPLICIT_BIG_ENDIAN)
+    ds.is_little_endian = False
+    ds.InstanceNumber, ds.ImageOrientationPatient = 1, ["1", "0", "0", "0", "1", "0"]
+    ds.ImagePositionPatient, ds.PixelSpacing, ds.SliceThickness = ["0", "0", "0"], ["1", "1"], "1"
+    set_pixels(ds, hu_stored[0])
+    ds.PixelData = hu_stored[0].astype(">i2").tobytes()
+    be_path = os.path.join(err_dir("big_endian"), hex_name(".dcm"))
+    save(ds, be_path)
+    assert transfer_syntax(be_path) == EXPLICIT_BIG_ENDIAN
+    assert np.array_equal(pydicom.dcmread(be_path).pixel_array, hu_stored[0])  # a sound file, only big endian
+    add_error("big_endian", err_dir("big_endian"),
+              [os.path.basename(be_path), "TransferSyntaxUID", "big endian", "dcmconv +te"])
 
     os.makedirs(err_dir("not_dicom"))
     with open(os.path.join(err_dir("not_dicom"), "notes.txt"), "w") as f:

@@ -79,6 +79,7 @@ struct Series {
   double slice_thickness = 0;              ///< SliceThickness (spacing of a one-slice series)
   double slice_spacing = 0;                ///< median distance between consecutive slices
   double largest_deviation = 0;            ///< largest |distance - median| (mm)
+  std::string dose_units;                  ///< RTDOSE: DoseUnits (GY, RELATIVE); values are scaled to it
   bool multi_frame = false;
   bool is_seg = false;
   std::vector<Segment> segments;           ///< SEG only
