@@ -11,6 +11,7 @@
 #include "device.hpp"
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/profile/events.hpp"
 #include "medfast/train/inference.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/trainer.hpp"
@@ -19,6 +20,10 @@ namespace medfast::train::detail {
 
 /// JSON for a metric: null where it is NaN or infinite (JSON has no NaN).
 inline nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+/// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
+/// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).
+void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int64_t first_class);
 
 /// The CUDA caching allocator's peak allocated and reserved bytes on `device` since
 /// the last reset; nullopt on the CPU or where this libtorch has no CUDA.

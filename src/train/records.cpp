@@ -1,5 +1,6 @@
 // The trainer's records as JSON: stage times, one epoch's record (metrics.jsonl, the
-// checkpoint's history) and the run's result; NaN is written as null and read back.
+// checkpoint's history) and the run's result; NaN is written as null and read back. And an
+// epoch's record as TensorBoard scalars.
 #include "medfast/train/trainer.hpp"
 
 #include <cmath>
@@ -83,5 +84,36 @@ nlohmann::json TrainResult::to_json() const {
   j["time_to_target"] = time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr);
   return j;
 }
+
+namespace detail {
+
+void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int64_t first_class) {
+  const double now = profile::unix_seconds();
+  auto put = [&](const std::string& tag, double v) { events.scalar(tag, v, rec.epoch, now); };
+  constexpr double kMiB = 1024.0 * 1024.0;
+  put("epoch_loss", rec.loss);
+  if (rec.dice) {
+    put("val_mean_dice", *rec.dice);
+    for (std::size_t k = 0; k < rec.dice_per_class.size(); ++k) {
+      put(str("val_dice/class_", first_class + static_cast<std::int64_t>(k)), rec.dice_per_class[k]);
+    }
+  }
+  if (rec.hd95) put("val_hd95", *rec.hd95);
+  put("time/epoch", rec.seconds);
+  const nlohmann::json stages = rec.times.to_json();
+  for (const auto& [stage, seconds] : stages.items()) put("time/" + stage, seconds.get<double>());
+  put("samples_per_second", rec.samples_per_second);
+  if (rec.skipped_steps > 0) put("skipped_steps", rec.skipped_steps);
+  put("memory/peak_rss_mib", static_cast<double>(rec.peak_rss_bytes) / kMiB);
+  if (rec.cuda_peak_allocated) put("memory/cuda_peak_allocated_mib", static_cast<double>(*rec.cuda_peak_allocated) / kMiB);
+  if (rec.cuda_peak_reserved) put("memory/cuda_peak_reserved_mib", static_cast<double>(*rec.cuda_peak_reserved) / kMiB);
+  if (rec.gpu.is_object()) {
+    for (const auto& [k, v] : rec.gpu.items()) {
+      if (v.is_number() && k != "samples") put("gpu/" + k, v.get<double>());
+    }
+  }
+}
+
+}  // namespace detail
 
 }  // namespace medfast::train

@@ -26,6 +26,7 @@
 #include "medfast/os/file.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/profile/events.hpp"
 #include "medfast/profile/gpu_sampler.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
@@ -207,6 +208,8 @@ class Run {
       os::make_directories(t_.run_dir);
       os::write_text_file(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
       os::write_text_file(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
+      // A resumed run starts a new file whose steps continue: TensorBoard merges a folder's files.
+      if (t_.tensorboard) events_.emplace(t_.run_dir);
     }
     if (device_.is_cpu() && rank0_) warn_if_reference_blas();
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
@@ -254,6 +257,11 @@ class Run {
     if (!resume && overwrite && rank0_) {
       for (const char* f : {"/last.ckpt", "/best.ckpt", "/metrics.jsonl"}) {
         if (os::exists(t_.run_dir + f)) os::remove_file(t_.run_dir + f);
+      }
+      if (os::exists(t_.run_dir)) {  // the old run's curves would be merged with the new one's
+        for (const std::string& f : os::list_directory(t_.run_dir)) {
+          if (profile::is_event_file(f)) os::remove_file(t_.run_dir + "/" + f);
+        }
       }
     }
     if (resume) {
@@ -546,6 +554,13 @@ class Run {
     nonfinite_->record(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss, stepped,
                        [this, &rec] { return nonfinite_context(rec.epoch); });
     if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
+    if (events_) {  // MONAI's tutorials' x axis: epoch_len * epoch + step, 1-based
+      const auto per_epoch = static_cast<std::int64_t>(loader_->batches_per_epoch());
+      const std::int64_t global_step = static_cast<std::int64_t>(rec.epoch - 1) * per_epoch + rec.steps;
+      const double now = profile::unix_seconds();
+      events_->scalar("train_loss", step_loss, global_step, now);
+      events_->scalar("learning_rate", rec.lr, global_step, now);
+    }
     stage.reset();
     return step_loss;
   }
@@ -635,6 +650,10 @@ class Run {
       if (improved) save_checkpoint(best_path_, *model_.module, nullptr, meta);
       save_checkpoint(last_path_, *model_.module, optimizer_.get(), meta);
       write_metrics(t_.run_dir, result_.history);
+      if (events_) {  // after last.ckpt: a run killed before this flush resumes after this epoch, no step twice
+        detail::epoch_events(*events_, rec, model_.classes - static_cast<std::int64_t>(rec.dice_per_class.size()));
+        events_->flush();
+      }
     }
     if (rank0_ && cb_.epoch) cb_.epoch(rec);
   }
@@ -710,6 +729,7 @@ class Run {
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<StepProfiler> profiler_;
   std::unique_ptr<profile::GpuSampler> gpu_sampler_;
+  std::optional<profile::EventWriter> events_;  // rank 0, train.tensorboard
   Model model_;
   std::vector<at::Tensor> params_, buffers_;
   std::unique_ptr<GradientSync> grad_sync_;

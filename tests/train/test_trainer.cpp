@@ -23,6 +23,7 @@
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/profile/events.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/losses.hpp"
@@ -32,6 +33,7 @@
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/nonfinite.hpp"
 #include "medfast/train/trainer.hpp"
+#include "profile/tfevents_reader.hpp"
 #include "test_util.hpp"
 
 #if MEDFAST_TORCH_CUDA
@@ -246,6 +248,28 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
     EXPECT_LE(*e.dice, 1.0);
   }
 
+  // TensorBoard: one events file; per step train_loss and learning_rate at MONAI's global
+  // step (1-based), per epoch the record's figures at the epoch.
+  const int steps_per_epoch = first["steps"].get<int>();
+  const nlohmann::json ea = test::read_tfevents(dir / "a");
+  ASSERT_EQ(ea["files"].size(), 1u);
+  const auto losses_a = test::scalars_of(ea, "train_loss");
+  ASSERT_EQ(losses_a.size(), static_cast<std::size_t>(2 * steps_per_epoch));
+  for (std::size_t i = 0; i < losses_a.size(); ++i) EXPECT_EQ(losses_a[i].first, static_cast<std::int64_t>(i + 1));
+  EXPECT_EQ(test::scalars_of(ea, "learning_rate").size(), losses_a.size());
+  const auto epoch_losses = test::scalars_of(ea, "epoch_loss"), dices = test::scalars_of(ea, "val_mean_dice");
+  ASSERT_EQ(epoch_losses.size(), 2u);
+  ASSERT_EQ(dices.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(epoch_losses[i].first, i + 1);
+    EXPECT_EQ(epoch_losses[i].second.get<double>(), static_cast<double>(static_cast<float>(ra.history[i].loss)));
+    EXPECT_EQ(dices[i].second.get<double>(), static_cast<double>(static_cast<float>(*ra.history[i].dice)));
+  }
+  for (const char* tag : {"val_dice/class_1", "time/forward", "time/data_wait", "samples_per_second",
+                          "memory/peak_rss_mib"}) {
+    EXPECT_EQ(test::scalars_of(ea, tag).size(), 2u) << tag;
+  }
+
   // Interrupted after epoch 1 (the epoch callback throws, as a kill would stop it), then resumed.
   nlohmann::json b = base;
   b["train"]["run_dir"] = dir / "b";
@@ -261,6 +285,17 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
     EXPECT_EQ(ra.history[i].loss, rb.history[i].loss) << "epoch " << i + 1;
     EXPECT_EQ(*ra.history[i].dice, *rb.history[i].dice) << "epoch " << i + 1;
   }
+  // The resumed run wrote a second events file whose steps continue the first's: no step
+  // twice, none missing, the same losses as the uninterrupted run.
+  const nlohmann::json eb = test::read_tfevents(dir / "b");
+  ASSERT_EQ(eb["files"].size(), 2u);
+  const auto losses_b = test::scalars_of(eb, "train_loss");
+  ASSERT_EQ(losses_b.size(), losses_a.size());
+  for (std::size_t i = 0; i < losses_b.size(); ++i) {
+    EXPECT_EQ(losses_b[i].first, losses_a[i].first);
+    EXPECT_EQ(losses_b[i].second, losses_a[i].second) << "step " << i + 1;
+  }
+  EXPECT_EQ(test::scalars_of(eb, "val_mean_dice").size(), 2u);
   const auto ta = checkpoint_tensors(dir / "a/last.ckpt", base["model"]);
   const auto tb = checkpoint_tensors(dir / "b/last.ckpt", base["model"]);
   ASSERT_EQ(ta.size(), tb.size());
@@ -459,6 +494,14 @@ TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   EXPECT_EQ(r.history.size(), 1u);
   const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
   EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+  // The old run's TensorBoard file went with it: its curves would be merged with the new run's.
+  const nlohmann::json events = test::read_tfevents(dir / "run");
+  EXPECT_EQ(events["files"].size(), 1u);
+  EXPECT_EQ(test::scalars_of(events, "epoch_loss").size(), 1u);
+  // train.tensorboard: false writes none.
+  c["train"]["tensorboard"] = false;
+  Trainer(c, "", one_thread()).run(false, {}, /*overwrite=*/true);
+  for (const std::string& f : os::list_directory(dir / "run")) EXPECT_FALSE(profile::is_event_file(f)) << f;
 }
 
 TEST(Trainer, ReportsBadKeysAndWindowsBeforeTraining) {

@@ -41,6 +41,8 @@ struct TrainOptions {
   /// that stop the run; -1: kDefaultMaxNonfiniteSteps, fp16 kDefaultMaxNonfiniteStepsFp16
   /// (train/nonfinite.hpp); 0: never stop.
   int max_nonfinite_steps = -1;
+  /// TensorBoard event files in run_dir (rank 0; flushed each epoch): profile/events.hpp.
+  bool tensorboard = true;
   /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
   ProfileOptions profile;
 
@@ -57,7 +59,9 @@ struct TrainOptions {
         field("image_key", &O::image_key, "the batches' input key"), field("label_key", &O::label_key, "the batches' label key"),
         field("deterministic", &O::deterministic, "CUDA: deterministic cuDNN algorithms (bit-identical resume)"),
         field("max_nonfinite_steps", &O::max_nonfinite_steps,
-              "bad steps in a row that stop the run (-1: 1, or 20 with fp16; 0: never stop)"));
+              "bad steps in a row that stop the run (-1: 1, or 20 with fp16; 0: never stop)"),
+        field("tensorboard", &O::tensorboard,
+              "write TensorBoard event files into run_dir (tensorboard --logdir runs), flushed each epoch"));
   }
   void validate() const;
 };

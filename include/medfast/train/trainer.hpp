@@ -9,7 +9,7 @@
 ///   schedule:    {name: constant|warmup_cosine|poly, ...}, stepped once per epoch (optim.hpp)
 ///   validation:  {interval: 1, sliding_window: {roi_size, sw_batch_size, overlap, mode}, hd95: false}
 ///   train:       {run_dir, epochs, seed, device, amp, target_dice, threads, image_key, label_key, deterministic,
-///                 max_nonfinite_steps}
+///                 max_nonfinite_steps, tensorboard}
 ///   settings:    medfast settings (threads, ...; see `medfast config show`)
 ///
 /// Reproducibility: the network's initial weights come from train.seed; each epoch
