@@ -16,6 +16,7 @@
 #include "medfast/dist/process_group.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/evaluate.hpp"
+#include "medfast/train/export.hpp"
 #include "medfast/train/trainer.hpp"
 
 namespace medfast::cli {
@@ -36,6 +37,11 @@ struct InferArgs {
   std::vector<std::string> inputs;
   std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
   bool json = false;
+};
+
+struct ExportArgs {
+  std::string checkpoint, out;
+  bool overwrite = false, json = false;
 };
 
 struct EvalArgs {
@@ -258,7 +264,8 @@ int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Co
                                      fmt(*r.time_to_target, 1), " s")
                                      .c_str()
                                : (trainer->options().target_dice > 0 ? "target not reached" : "no target set"));
-  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json, machine.json\n", r.run_dir.c_str());
+  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json, machine.json%s\n", r.run_dir.c_str(),
+              trainer->options().tensorboard ? ", TensorBoard events (tensorboard --logdir of its parent)" : "");
   return 0;
 }
 
@@ -394,6 +401,27 @@ Command register_eval(CLI::App& root) {
   app->add_flag("--hd95", a->hd95, "Also the 95th-percentile Hausdorff distance (mm)");
   app->add_flag("--json", a->json, "Print JSON");
   return {app, [a](Context& ctx) { return run_eval(*a, ctx); }};
+}
+
+Command register_export(CLI::App& root) {
+  auto a = std::make_shared<ExportArgs>();
+  auto* app = root.add_subcommand("export", "A checkpoint's network for MONAI: model.pt (state_dict) and a bundle config");
+  app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train (RUN/best.ckpt)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--out", a->out, "Folder to write model.pt and configs/ into")->required();
+  app->add_flag("--overwrite", a->overwrite, "Replace an earlier export in --out");
+  app->add_flag("--json", a->json, "Print JSON");
+  return {app, [a](Context&) {
+            const train::ExportResult r = train::export_bundle(a->checkpoint, a->out, a->overwrite);
+            if (a->json) {
+              std::printf("%s\n", r.to_json().dump(2).c_str());
+            } else {
+              std::printf("%s: %zu tensors of %s (%s)\n%s\n%s\n", r.model_file.c_str(), r.tensors, r.network.c_str(),
+                          format_bytes(r.bytes).c_str(), r.inference_config.c_str(), r.metadata.c_str());
+            }
+            return 0;
+          }};
 }
 
 const ConfigTools& run_config_tools() {

@@ -71,6 +71,7 @@ Command register_bench(CLI::App& root);
 Command register_train(CLI::App& root);
 Command register_infer(CLI::App& root);
 Command register_eval(CLI::App& root);
+Command register_export(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_trace(CLI::App& root);
 Command register_report(CLI::App& root);

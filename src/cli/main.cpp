@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   std::vector<cli::Command> commands{cli::register_config(app, &cli::run_config_tools()).command, cli::register_info(app, &cli::check_backends).command, cli::register_data(app),
                                        cli::register_io(app, &cli::torch_device_io()).command, cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
-                                       cli::register_infer(app), cli::register_eval(app),
+                                       cli::register_infer(app), cli::register_eval(app), cli::register_export(app),
                                        cli::register_launch(app), cli::register_trace(app),
                                        cli::register_report(app)};
 

@@ -21,6 +21,21 @@ namespace medfast::train::detail {
 /// JSON for a metric: null where it is NaN or infinite (JSON has no NaN).
 inline nlohmann::json nan_to_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
 
+/// A trained network loaded from a checkpoint, with the checkpoint's JSON document.
+struct Loaded {
+  nlohmann::json meta;
+  torch::nn::AnyModule any;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+/// The model section without `pretrained`: a checkpoint's own weights replace those.
+nlohmann::json without_pretrained(nlohmann::json model);
+
+/// A medfast training checkpoint's network (its config's model section, its weights) on
+/// `device` in eval mode; FormatError naming the file when it is not such a checkpoint
+/// (evaluate.cpp).
+Loaded load_network(const std::string& checkpoint, c10::Device device);
+
 /// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
 /// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).
 void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int64_t first_class);

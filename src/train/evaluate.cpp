@@ -34,17 +34,8 @@
 
 namespace medfast::train {
 
-namespace {
+namespace detail {
 
-using detail::nan_to_null;
-
-struct Loaded {
-  nlohmann::json meta;
-  torch::nn::AnyModule any;
-  std::shared_ptr<torch::nn::Module> module;
-};
-
-/// The model section without `pretrained`: a checkpoint's own weights replace those.
 nlohmann::json without_pretrained(nlohmann::json model) {
   if (model.is_object()) model.erase("pretrained");
   return model;
@@ -63,6 +54,16 @@ Loaded load_network(const std::string& checkpoint, c10::Device device) {
   l.module->eval();
   return l;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::Loaded;
+using detail::load_network;
+using detail::without_pretrained;
+
+using detail::nan_to_null;
 
 /// No checkpoint: the network of a run config whose model names `pretrained` weights (a
 /// MONAI state_dict), with that config standing in for the checkpoint's.

@@ -31,6 +31,8 @@
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
+#include "medfast/train/export.hpp"
+#include "medfast/nn/pretrained.hpp"
 #include "medfast/train/nonfinite.hpp"
 #include "medfast/train/trainer.hpp"
 #include "profile/tfevents_reader.hpp"
@@ -703,6 +705,77 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   r = test::run(bin + " train --config " + dir / "run.json" + " --set train.epochs=zero");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;
+}
+
+// `medfast export`: model.pt (MONAI's state_dict; the format and names are checked against
+// MONAI's goldens in tests/nn/test_monai_parity.cpp, the bundle against MONAI 1.3.2 itself by
+// bench/monai_export_check.py) and configs/; model.pretrained reads the weights back bit for
+// bit and infers the same labels as the checkpoint.
+TEST(TrainCli, ExportWritesABundleThatModelPretrainedReadsBackBitForBit) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  c["model"]["norm"] = "batch";  // running statistics: buffers travel too
+  Trainer(c, "", one_thread()).run(false);
+  const std::string bin = test::medfast_binary(), ckpt = dir / "run/last.ckpt", out = dir / "bundle";
+  auto r = test::run(bin + " export --checkpoint " + ckpt + " --out " + out + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto res = nlohmann::json::parse(r.out);
+  EXPECT_EQ(res["network"], "UNet");
+  EXPECT_EQ(res["model"], out + "/model.pt");
+  const nlohmann::json inference = nlohmann::json::parse(test::read_file(out + "/configs/inference.json"));
+  const nlohmann::json metadata = nlohmann::json::parse(test::read_file(out + "/configs/metadata.json"));
+  const nlohmann::json& def = inference["network_def"];
+  EXPECT_EQ(def["_target_"], "monai.networks.nets.UNet");
+  // Every argument, by MONAI's names: medfast reads them back to the same network.
+  nlohmann::json back = def;
+  back.erase("_target_");
+  back["name"] = "UNet";
+  EXPECT_EQ(nn::parse_network(back).arguments, nn::parse_network(c["model"]).arguments);
+  EXPECT_EQ(def["channels"], c["model"]["channels"]);
+  EXPECT_EQ(def["norm"], "batch");
+  EXPECT_EQ(inference["network"], "$@network_def.to(@device)");
+  EXPECT_EQ(inference["inferer"]["_target_"], "SlidingWindowInferer");
+  EXPECT_EQ(inference["inferer"]["roi_size"], c["validation"]["sliding_window"]["roi_size"]);
+  EXPECT_EQ(inference["medfast"]["epoch"], 1);
+  EXPECT_EQ(metadata["network_data_format"]["outputs"]["pred"]["num_channels"], 2);
+
+  // model.pretrained: the checkpoint's tensors, bit for bit, buffers included.
+  torch::NoGradGuard no_grad;
+  nlohmann::json pretrained = c["model"];
+  pretrained["pretrained"] = out + "/model.pt";
+  torch::nn::AnyModule from_export = nn::make_network(pretrained);
+  torch::nn::AnyModule from_ckpt = nn::make_network(c["model"]);
+  load_checkpoint(ckpt, *from_ckpt.ptr(), nullptr);
+  std::size_t compared = 0;
+  const auto exported = nn::state_dict_of(*from_export.ptr());
+  for (const auto& [name, t] : nn::state_dict_of(*from_ckpt.ptr())) {
+    const auto it = std::find_if(exported.begin(), exported.end(), [&](const auto& e) { return e.first == name; });
+    ASSERT_NE(it, exported.end()) << name;
+    EXPECT_TRUE(torch::equal(t, it->second)) << name << " differs after export";
+    ++compared;
+  }
+  EXPECT_EQ(compared, exported.size());
+  EXPECT_EQ(compared, res["tensors"].get<std::size_t>());
+  EXPECT_GT(compared, 30u);
+  // torch.load(weights_only=True) in python3-torch reads every tensor.
+  r = test::run(str(test::python(), " -c \"import torch,sys; sd=torch.load(sys.argv[1], weights_only=True); "
+                    "print(len(sd), sd['model.0.conv.unit0.adn.N.running_var'].dtype)\" ", out, "/model.pt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, str(compared, " torch.float32\n"));
+
+  // An earlier export is not replaced without --overwrite; a file that is not a checkpoint
+  // is named.
+  r = test::run(bin + " export --checkpoint " + ckpt + " --out " + out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(out + "/model.pt exists"), std::string::npos) << r.err;
+  r = test::run(bin + " export --checkpoint " + ckpt + " --out " + out + " --overwrite");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  test::write_file(dir / "notes.ckpt", "not a checkpoint");
+  r = test::run(bin + " export --checkpoint " + dir / "notes.ckpt" + " --out " + dir / "bundle2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("notes.ckpt"), std::string::npos) << r.err;
+  EXPECT_FALSE(os::exists(dir / "bundle2/model.pt"));
 }
 
 // model.pretrained (a MONAI state_dict, written here by python3-torch with MONAI's names: see

@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace medfast::nn {
 
@@ -27,5 +29,15 @@ struct PretrainedReport {
 /// first missing, unexpected or mis-shaped key (with both shapes), and OsError when the file
 /// cannot be read. The module is unchanged when anything is wrong.
 PretrainedReport load_state_dict_file(const std::string& path, torch::nn::Module& module);
+
+/// `module`'s parameters and buffers by name, in PyTorch's state_dict order (each module's
+/// own parameters, then its own buffers, then its children's, depth first).
+std::vector<std::pair<std::string, at::Tensor>> state_dict_of(const torch::nn::Module& module);
+
+/// Writes `module`'s state_dict to `path` as torch.save(model.state_dict(), path) would
+/// (the zip format; `torch.load(path, weights_only=True)` reads it on PyTorch >= 1.13),
+/// atomically (a temporary name, fsync, rename). Returns the bytes written. What
+/// load_state_dict_file reads back is bit for bit the module's tensors.
+std::size_t save_state_dict_file(const std::string& path, const torch::nn::Module& module);
 
 }  // namespace medfast::nn
