@@ -55,13 +55,13 @@ int run_convert(const ConvertArgs& a, Context& ctx) {
   Volume v;
   if (is_dicom(a.in) && dicom::is_seg_file(a.in)) {
     if (a.reference.empty()) {
-      throw ValueError(str("data convert: ", a.in, " is a DICOM SEG: give --reference SERIES_DIR, the CT series it labels"));
+      throw ValueError(str("data convert: ", a.in, " is a DICOM SEG or RT Structure Set: give --reference SERIES_DIR, the CT series it labels"));
     }
     const Volume reference = read_image(a.reference, o);
     v = read_seg_volume(a.in, reference, o);
     v.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
   } else {
-    if (!a.reference.empty()) throw ValueError(str("data convert: --reference is for a DICOM SEG; ", a.in, " is not one"));
+    if (!a.reference.empty()) throw ValueError(str("data convert: --reference is for a DICOM SEG or RT Structure Set; ", a.in, " is not one"));
     v = read_image(a.in, o);
   }
   v.meta.descrip = v.meta.dicom ? "medfast data convert (DICOM)" : v.meta.descrip;
@@ -104,13 +104,13 @@ Command register_data(CLI::App& root) {
 
   auto ca = std::make_shared<ConvertArgs>();
   auto* convert = data->add_subcommand(
-      "convert", "Write a DICOM series (a folder or a multi-frame file) or a DICOM SEG as NIfTI");
-  convert->add_option("--in", ca->in, "A DICOM series folder, a DICOM file, a SEG file or a NIfTI file")->required();
+      "convert", "Write a DICOM series (a folder or a multi-frame file), a DICOM SEG or an RTSTRUCT as NIfTI");
+  convert->add_option("--in", ca->in, "A DICOM series folder, a DICOM file, a SEG or RTSTRUCT file or a NIfTI file")->required();
   convert->add_option("--out", ca->out, "The .nii or .nii.gz to write")->required();
-  convert->add_option("--reference", ca->reference, "For a SEG: the DICOM series folder it labels");
+  convert->add_option("--reference", ca->reference, "For a SEG or RTSTRUCT: the DICOM series folder it labels");
   convert->add_option("--series-uid", ca->series_uid, "The SeriesInstanceUID to read from a folder with several");
   convert->add_option("--label-dict", ca->label_dict,
-                      "For a SEG: class numbers by segment, JSON: '{\"GTV-1\": 1}' or '[[\"GTV-1\", 1], ...]' "
+                      "For a SEG or RTSTRUCT: class numbers by segment (ROIName), JSON: '{\"GTV-1\": 1}' or '[[\"GTV-1\", 1], ...]' "
                       "(later entries win where segments overlap) [default: each segment's SegmentNumber]");
   convert->add_flag("--json", ca->json, "Print JSON");
 

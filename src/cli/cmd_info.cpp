@@ -161,7 +161,13 @@ int run_dicom_info(const InfoArgs& args, Context& ctx) {
     e["description"] = s.description;
     e["files"] = s.files.size();
     e["transfer_syntax"] = s.transfer_syntax;
-    if (s.is_seg) {
+    if (s.is_rtstruct) {  // an RT Structure Set: its ROIs (contours are read when it is placed)
+      e["kind"] = "RTSTRUCT";
+      nlohmann::json rois = nlohmann::json::array();
+      for (const auto& roi : s.segments) rois.push_back({{"number", roi.number}, {"name", roi.label}});
+      e["rois"] = rois;
+      e["referenced_series"] = s.referenced_series;
+    } else if (s.is_seg) {
       e["kind"] = "SEG";
       e["frames"] = s.slices.size();
       nlohmann::json segs = nlohmann::json::array();
@@ -220,7 +226,13 @@ int run_dicom_info(const InfoArgs& args, Context& ctx) {
                 e["description"].get<std::string>().empty() ? "" : (", " + e["description"].get<std::string>()).c_str());
     std::printf("study        %s\n", e["study_uid"].get<std::string>().c_str());
     std::printf("syntax       %s\n", e["transfer_syntax"].get<std::string>().c_str());
-    if (e["kind"] == "SEG") {
+    if (e["kind"] == "RTSTRUCT") {
+      std::printf("RTSTRUCT     %zu ROI(s), contours on series %s\n", e["rois"].size(),
+                  e["referenced_series"].dump().c_str());
+      for (const auto& roi : e["rois"]) {
+        std::printf("ROI          %d: %s\n", roi["number"].get<int>(), roi["name"].get<std::string>().c_str());
+      }
+    } else if (e["kind"] == "SEG") {
       std::printf("SEG          %zu frame(s) in %zu file(s), referencing series %s\n", e["frames"].get<std::size_t>(),
                   e["files"].get<std::size_t>(), e["referenced_series"].dump().c_str());
       for (const auto& seg : e["segments"]) {

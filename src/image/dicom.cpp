@@ -369,14 +369,47 @@ Image read_series(const std::string& path, const ReadOptions& options) {
 Image read_seg(const std::string& file, const Series& reference, const LabelDict& labels, const ReadOptions&) {
   const std::vector<char> bytes = read_bytes(file);
   Image image;
-  with_pixels(bytes.data(), bytes.size(), file, false, [&](const Header& h, const char* pixels) {
-    image = place_seg(h, pixels, reference, labels);
+  // An RT Structure Set has no pixels: its contours are rasterised.
+  const bool rtstruct = guarded(file, [&] {
+    const Parsed parsed = parse_bytes(bytes.data(), bytes.size(), file, /*header_only=*/false);
+    const Header h = parse_header(parsed, file, false);
+    if (h.is_rtstruct) image = place_rtstruct(parsed, h, reference, labels);
+    return h.is_rtstruct;
   });
+  if (!rtstruct) {
+    with_pixels(bytes.data(), bytes.size(), file, false, [&](const Header& h, const char* pixels) {
+      image = place_seg(h, pixels, reference, labels);
+    });
+  }
   image.series = std::make_shared<Series>(reference);
   return image;
 }
 
 void parse_for_fuzzing(const void* data, std::size_t size) {
+  try {
+    const Parsed parsed = parse_bytes(static_cast<const char*>(data), size, "fuzz.dcm", false);
+    const Header h = parse_header(parsed, "fuzz.dcm", true);
+    if (h.is_rtstruct) {  // contours onto a small made-up axial grid
+      Series grid;
+      grid.series_uid = h.referenced_series.empty() ? "" : h.referenced_series.front();
+      grid.rows = grid.columns = 64;
+      grid.orientation = {1, 0, 0, 0, 1, 0};
+      grid.pixel_spacing = {1, 1};
+      grid.slice_spacing = 2;
+      for (int z = 0; z < 16; ++z) {
+        Slice sl;
+        sl.position = {0, 0, 2.0 * z};
+        sl.along_normal = 2.0 * z;
+        grid.slices.push_back(sl);
+      }
+      (void)place_rtstruct(parsed, h, grid, {{"GTV-1", 1}, {"Lung", 2}});
+      return;
+    }
+  } catch (const Error&) {
+    return;
+  } catch (const std::exception&) {
+    return;  // what guarded() turns into a FormatError elsewhere
+  }
   try {
     with_pixels(static_cast<const char*>(data), size, "fuzz.dcm", true, [&](const Header& h, const char* pixels) {
       if (static_cast<std::size_t>(h.rows) * static_cast<std::size_t>(h.columns) * static_cast<std::size_t>(h.frames) >

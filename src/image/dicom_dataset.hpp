@@ -76,6 +76,19 @@ MEDFAST_TAG(ReferencedSegmentNumber, 0x0062, 0x000b)
 MEDFAST_TAG(MaximumFractionalValue, 0x0062, 0x000e)
 MEDFAST_TAG(SharedFunctionalGroupsSequence, 0x5200, 0x9229)
 MEDFAST_TAG(PerFrameFunctionalGroupsSequence, 0x5200, 0x9230)
+// RT Structure Set: closed planar contours per ROI, on a referenced series.
+MEDFAST_TAG(ReferencedFrameOfReferenceSequence, 0x3006, 0x0010)
+MEDFAST_TAG(RTReferencedStudySequence, 0x3006, 0x0012)
+MEDFAST_TAG(RTReferencedSeriesSequence, 0x3006, 0x0014)
+MEDFAST_TAG(StructureSetROISequence, 0x3006, 0x0020)
+MEDFAST_TAG(ROINumber, 0x3006, 0x0022)
+MEDFAST_TAG(ROIName, 0x3006, 0x0026)
+MEDFAST_TAG(ROIContourSequence, 0x3006, 0x0039)
+MEDFAST_TAG(ContourSequence, 0x3006, 0x0040)
+MEDFAST_TAG(ContourGeometricType, 0x3006, 0x0042)
+MEDFAST_TAG(NumberOfContourPoints, 0x3006, 0x0046)
+MEDFAST_TAG(ContourData, 0x3006, 0x0050)
+MEDFAST_TAG(ReferencedROINumber, 0x3006, 0x0084)
 // RT Dose: frames placed by offsets along the normal, stored values scaled to the dose unit.
 MEDFAST_TAG(DoseUnits, 0x3004, 0x0002)
 MEDFAST_TAG(GridFrameOffsetVector, 0x3004, 0x000c)
@@ -124,6 +137,24 @@ struct Node {
 
 inline std::uint32_t tag_of(const TagName& t) { return (static_cast<std::uint32_t>(t.group) << 16) | t.element; }
 
+// Typed values of a dataset's elements (dicom_parse.cpp).
+
+/// A text value (trimmed), at most `limit` characters of it; "" when absent.
+std::string text(const Node& ds, const TagName& t, std::size_t limit = 1 << 16);
+/// A DS/IS value list ("0.7\\0.7") of at most `max_count` values (the rest are not read);
+/// FormatError naming the file and tag when not numbers.
+std::vector<double> numbers(const Node& ds, const TagName& t, const std::string& file, std::size_t max_count = 64);
+/// An unsigned short (US), little endian; -1 when absent.
+int ushort_value(const Node& ds, const TagName& t);
+
+/// A sequence's items (empty when absent).
+struct Items {
+  const std::vector<Node>* v = nullptr;
+  std::size_t size() const { return v ? v->size() : 0; }
+  const Node& operator[](std::size_t i) const { return (*v)[i]; }
+};
+Items items(const Node& ds, const TagName& t);
+
 // ---------------------------------------------------------------------------
 // Transfer syntaxes.
 // ---------------------------------------------------------------------------
@@ -161,6 +192,7 @@ struct Header {
   double slice_thickness = 0;
   std::string dose_units;  ///< RTDOSE only
   bool multi_frame = false, is_seg = false;
+  bool is_rtstruct = false;  ///< an RT Structure Set (is_seg too: a label object); segments are its ROIs
   std::vector<Slice> slices;
   // SEG: per frame, the segment and the source image (SOP instance) it was derived from.
   std::vector<int> frame_segment;
@@ -223,5 +255,9 @@ Series series_of(const std::vector<const Header*>& members, bool phi);
 
 /// Places a parsed SEG's frames (pixels back to back) on `ref`'s grid (dicom_seg.cpp).
 Image place_seg(const Header& h, const char* pixels, const Series& ref, const LabelDict& labels);
+
+/// Rasterises a parsed RT Structure Set's closed planar contours onto `ref`'s grid
+/// (dicom_rtstruct.cpp).
+Image place_rtstruct(const Parsed& parsed, const Header& h, const Series& ref, const LabelDict& labels);
 
 }  // namespace medfast::dicom::detail

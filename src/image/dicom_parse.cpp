@@ -69,8 +69,10 @@ std::string trim(std::string s) {
   return s.substr(b);
 }
 
+}  // namespace
+
 /// A text value, at most `limit` characters of it.
-std::string text(const Node& ds, const TagName& t, std::size_t limit = 1 << 16) {
+std::string text(const Node& ds, const TagName& t, std::size_t limit) {
   const Element* e = find(ds, t);
   if (!e || !e->value) return "";
   return trim(std::string(reinterpret_cast<const char*>(e->value), std::min<std::size_t>(e->length, limit)));
@@ -78,7 +80,7 @@ std::string text(const Node& ds, const TagName& t, std::size_t limit = 1 << 16) 
 
 /// A DS/IS value list ("0.7\0.7") of at most `max_count` values (the rest are not read);
 /// FormatError naming the file and tag when not numbers.
-std::vector<double> numbers(const Node& ds, const TagName& t, const std::string& file, std::size_t max_count = 64) {
+std::vector<double> numbers(const Node& ds, const TagName& t, const std::string& file, std::size_t max_count) {
   const std::string s = text(ds, t, std::max<std::size_t>(1 << 16, max_count * 17));
   std::vector<double> out;
   if (s.empty()) return out;
@@ -106,19 +108,14 @@ int ushort_value(const Node& ds, const TagName& t) {
   return e->value[0] | (e->value[1] << 8);
 }
 
-/// A sequence's items (empty when absent).
-struct Items {
-  const std::vector<Node>* v = nullptr;
-  std::size_t size() const { return v ? v->size() : 0; }
-  const Node& operator[](std::size_t i) const { return (*v)[i]; }
-};
-
 Items items(const Node& ds, const TagName& t) {
   Items out;
   const Element* e = ds.find(tag_of(t));
   if (e && !e->items.empty()) out.v = &e->items;
   return out;
 }
+
+namespace {
 
 /// The first item of a sequence nested in item `index` of a functional group, or null.
 const Node* first_item(const Items& group, std::size_t index, const TagName& t, Items& keep) {
@@ -522,6 +519,37 @@ Header parse_header(const Parsed& parsed, const std::string& file, bool phi) {
     s.slope = (sl.empty() ? 1.0 : sl[0]) * dose_scale;
     s.intercept = in.empty() ? 0.0 : in[0];
     if (s.slope == 0) throw FormatError(str(file, ": ", name_of(RescaleSlope), " is 0"));
+  }
+
+  // RT Structure Set: its ROIs stand for segments (ROINumber, ROIName), the series its
+  // contours lie on; the contours themselves are read when it is placed (dicom_rtstruct.cpp).
+  const Items rois = items(ds, StructureSetROISequence);
+  h.is_rtstruct = h.modality == "RTSTRUCT" || rois.size() > 0;
+  if (h.is_rtstruct) {
+    h.is_seg = true;
+    for (std::size_t i = 0; i < rois.size(); ++i) {
+      const auto number = numbers(rois[i], ROINumber, file);
+      if (number.empty() || number[0] != std::floor(number[0]) || number[0] < 0 || number[0] > 1e9) {
+        throw FormatError(str(file, ": ", name_of(StructureSetROISequence), " item ", i + 1, ": ", name_of(ROINumber),
+                              " is missing or not a whole number"));
+      }
+      Segment seg;
+      seg.number = static_cast<int>(number[0]);
+      seg.label = text(rois[i], ROIName);
+      h.segments.push_back(std::move(seg));
+    }
+    const Items frames_of_reference = items(ds, ReferencedFrameOfReferenceSequence);
+    for (std::size_t f = 0; f < frames_of_reference.size(); ++f) {
+      const Items studies = items(frames_of_reference[f], RTReferencedStudySequence);
+      for (std::size_t st = 0; st < studies.size(); ++st) {
+        const Items series = items(studies[st], RTReferencedSeriesSequence);
+        for (std::size_t se = 0; se < series.size(); ++se) {
+          const std::string uid = text(series[se], SeriesInstanceUID);
+          if (!uid.empty()) h.referenced_series.push_back(uid);
+        }
+      }
+    }
+    return h;
   }
 
   // SEG: segments, the series it references, and per frame its segment and source image.

@@ -67,6 +67,7 @@ Series series_of(const std::vector<const Header*>& members, bool phi) {
   s.pixel_representation = first.pixel_representation;
   s.multi_frame = first.multi_frame;
   s.is_seg = first.is_seg;
+  s.is_rtstruct = first.is_rtstruct;
   s.segments = first.segments;
   s.referenced_series = first.referenced_series;
   s.slice_thickness = first.slice_thickness;

@@ -40,7 +40,7 @@ Volume volume_from_dicom(dicom::Image image, const std::string& source) {
 Volume read_image(const std::string& path, const ImageReadOptions& options) {
   if (!is_dicom(path)) return read_nifti(path, options.nifti);
   if (os::stat(path).is_regular && dicom::is_seg_file(path)) {
-    throw ValueError(str(path, ": a DICOM SEG holds labels for another series; load it together with its image ",
+    throw ValueError(str(path, ": a DICOM SEG or RT Structure Set holds labels for another series; load it together with its image ",
                          "series (LoadImage keys image and label; data convert --reference SERIES_DIR)"));
   }
   return volume_from_dicom(dicom::read_series(path, options.dicom_options()), path);
@@ -48,7 +48,7 @@ Volume read_image(const std::string& path, const ImageReadOptions& options) {
 
 Volume read_seg_volume(const std::string& file, const Volume& reference, const ImageReadOptions& options) {
   if (!reference.meta.dicom) {
-    throw ValueError(str(file, ": a DICOM SEG is placed on the DICOM series it references, but the reference image (",
+    throw ValueError(str(file, ": a DICOM SEG or RT Structure Set is placed on the DICOM series it references, but the reference image (",
                          reference.meta.source, ") was not read from DICOM"));
   }
   return volume_from_dicom(dicom::read_seg(file, *reference.meta.dicom, options.label_dict, options.dicom_options()),

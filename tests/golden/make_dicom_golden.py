@@ -45,6 +45,7 @@ PHI = {"PatientName": "Doe^Jane", "PatientID": "PHI-12345", "PatientBirthDate": 
 CT_IMAGE = "1.2.840.10008.5.1.4.1.1.2"
 ENHANCED_CT = "1.2.840.10008.5.1.4.1.1.2.1"
 RT_DOSE = "1.2.840.10008.5.1.4.1.1.481.2"
+RT_STRUCT = "1.2.840.10008.5.1.4.1.1.481.3"
 EXPLICIT_BIG_ENDIAN = "1.2.840.10008.1.2.2"
 SEG_STORAGE = "1.2.840.10008.5.1.4.1.1.66.4"
 JPEG_LOSSLESS_SV1 = "1.2.840.10008.1.2.4.70"
@@ -220,6 +221,78 @@ def write_rtdose(path, stored, iop, spacing, ipp, offsets, scaling, series_uid):
         ds.DoseGridScaling = ds_str(scaling)
     set_pixels(ds, stored, bits=32, signed=False)
     save(ds, path)
+
+
+# ROIs of the RT Structure Sets: number -> name, and per ROI its contours in voxel
+# coordinates of the reference grid: (slice, [(x, y), ...]). Vertices sit off the voxel
+# centres (x.3, y.6...) so that no centre lies on an edge. GTV-1: a convex octagon; Lung: a
+# concave C shape with a square hole on some slices and an island in that hole on one;
+# Marker: a POINT contour (not filled).
+RT_ROIS = {1: "GTV-1", 2: "Lung", 7: "Marker"}
+
+
+def rt_contours():
+    octagon = [(17 + 6.2 * np.cos(a), 14.1 + 5.3 * np.sin(a)) for a in np.arange(8) * np.pi / 4 + 0.2]
+    c_shape = [(12.3, 3.6), (36.7, 3.6), (36.7, 9.4), (20.2, 9.4), (20.2, 19.6), (36.7, 19.6), (36.7, 26.4),
+               (12.3, 26.4)]
+    hole = [(14.4, 11.2), (18.6, 11.2), (18.6, 17.7), (14.4, 17.7)]
+    island = [(15.7, 13.3), (17.4, 13.3), (17.4, 15.8), (15.7, 15.8)]
+    out = {1: [(k, octagon) for k in (3, 4, 5, 6)],
+           2: [(k, c_shape) for k in range(2, 10)] + [(k, hole) for k in (4, 5, 6)] + [(5, island)],
+           7: [(5, [(20.5, 15.5)])]}
+    return out
+
+
+def write_rtstruct(path, ct, ref_series=None, off_slice=None, frame_uid=FRAME_OF_REF_UID):
+    """An RT Structure Set with RT_ROIS's contours (ContourData in patient mm) on the reference
+    series `ct` (its records and geometry); off_slice: move the first contour this many mm
+    along the normal."""
+    name = os.path.basename(path)
+    ds = new_dataset(RT_STRUCT, uid("rtstruct sop", name), uid("rtstruct", name), "RTSTRUCT", 200)
+    ds.StructureSetLabel, ds.StructureSetDate, ds.StructureSetTime = "golden", "20240104", "090000"
+    geo = ct["geo"]
+    row, col = np.array(geo["iop"][:3], float), np.array(geo["iop"][3:], float)
+    normal = np.cross(row, col)
+    rs_ps, cs_ps = geo["spacing"]  # between rows, between columns
+    series_item = Dataset()
+    series_item.SeriesInstanceUID = ref_series or ct["series_uid"]
+    series_item.ContourImageSequence = []
+    for r in ct["records"]:
+        ci = Dataset()
+        ci.ReferencedSOPClassUID, ci.ReferencedSOPInstanceUID = CT_IMAGE, r["sop_uid"]
+        series_item.ContourImageSequence.append(ci)
+    study_item = Dataset()
+    study_item.ReferencedSOPClassUID, study_item.ReferencedSOPInstanceUID = "1.2.840.10008.3.1.2.3.1", STUDY_UID
+    study_item.RTReferencedSeriesSequence = [series_item]
+    frame_item = Dataset()
+    frame_item.FrameOfReferenceUID, frame_item.RTReferencedStudySequence = frame_uid, [study_item]
+    ds.ReferencedFrameOfReferenceSequence = [frame_item]
+    ds.StructureSetROISequence, ds.ROIContourSequence, ds.RTROIObservationsSequence = [], [], []
+    first = True
+    for number, roi_name in RT_ROIS.items():
+        roi = Dataset()
+        roi.ROINumber, roi.ReferencedFrameOfReferenceUID, roi.ROIName = number, frame_uid, roi_name
+        roi.ROIGenerationAlgorithm = "MANUAL"
+        ds.StructureSetROISequence.append(roi)
+        rc = Dataset()
+        rc.ReferencedROINumber, rc.ROIDisplayColor, rc.ContourSequence = number, [255, 0, 0], []
+        for k, points in rt_contours()[number]:
+            origin = np.array([float(v) for v in ct["records"][k]["ipp"]])
+            mm = [origin + x * cs_ps * row + y * rs_ps * col for x, y in points]
+            if off_slice is not None and first:
+                mm = [p + off_slice * normal for p in mm]
+                first = False
+            contour = Dataset()
+            contour.ContourGeometricType = "POINT" if len(points) == 1 else "CLOSED_PLANAR"
+            contour.NumberOfContourPoints = len(points)
+            contour.ContourData = [ds_str(v) for p in mm for v in p]
+            rc.ContourSequence.append(contour)
+        ds.ROIContourSequence.append(rc)
+        obs = Dataset()
+        obs.ObservationNumber, obs.ReferencedROINumber, obs.RTROIInterpretedType = number, number, "ORGAN"
+        ds.RTROIObservationsSequence.append(obs)
+    save(ds, path)
+    return path
 
 
 def code(value, scheme, meaning):
@@ -478,6 +551,56 @@ def read_seg(path, ct, label_dict):
 
 # --------------------------------------------------------------------------- cases
 
+def read_rtstruct(path, ct, label_dict):
+    """An RT Structure Set's closed planar contours filled on the CT grid by the even-odd rule
+    (W. R. Franklin's point-in-polygon test at every voxel centre, over all of an ROI's
+    contours on a slice), combined into a uint8 volume by label_dict (ROIName), as medfast
+    documents it; computed here with numpy from what pydicom reads."""
+    ds = pydicom.dcmread(path)
+    refd = [str(se.SeriesInstanceUID) for fr in ds.ReferencedFrameOfReferenceSequence
+            for st in fr.RTReferencedStudySequence for se in st.RTReferencedSeriesSequence]
+    if ct["series_uid"] not in refd:
+        raise ValueError(f"RTReferencedSeriesSequence of {os.path.basename(path)} names {refd}")
+    iop = np.array([float(v) for v in ct["slices"][0]["iop"]])
+    row, col, normal = iop[:3], iop[3:], ct["normal"]
+    rs_ps, cs_ps = (float(v) for v in ct["slices"][0]["spacing"])
+    origin = ct["slices"][0]["ipp"]
+    projs = np.array([s["proj"] for s in ct["slices"]])
+    nz, rows, cols = len(projs), ct["shape"][1], ct["shape"][0]
+    names = {int(r.ROINumber): str(r.ROIName) for r in ds.StructureSetROISequence}
+    masks = {}
+    Y, X = np.meshgrid(np.arange(rows, dtype=float), np.arange(cols, dtype=float), indexing="ij")
+    for rc in ds.ROIContourSequence:
+        number = int(rc.ReferencedROINumber)
+        inside = np.zeros((nz, rows, cols), bool)
+        for contour in rc.ContourSequence:
+            if contour.ContourGeometricType != "CLOSED_PLANAR":
+                continue
+            pts = np.array([float(v) for v in contour.ContourData]).reshape(-1, 3)
+            along = pts @ normal
+            z = int(np.argmin(np.abs(projs - along.mean())))
+            if abs(projs[z] - along.mean()) > ct["gap"] / 2:
+                raise ValueError(f"a contour of ROI {number} lies off every slice")
+            xs = (pts - origin) @ row / cs_ps
+            ys = (pts - origin) @ col / rs_ps
+            odd = np.zeros((rows, cols), bool)
+            for i in range(len(xs)):
+                j = i - 1
+                xi, yi, xj, yj = xs[i], ys[i], xs[j], ys[j]
+                if yi == yj:
+                    continue  # a horizontal edge crosses no ray
+                crossing = ((yi > Y) != (yj > Y)) & (X < (xj - xi) * (Y - yi) / (yj - yi) + xi)
+                odd ^= crossing
+            inside[z] ^= odd  # even-odd across the slice's contours: holes and islands
+        masks[number] = inside
+    out = np.zeros((nz, rows, cols), np.uint8)
+    order = [(n, n) for n in sorted(masks)] if label_dict is None else \
+        [(n, value) for name, value in label_dict for n in sorted(masks) if names[n] == name]
+    for number, value in order:
+        out[masks[number]] = value
+    return out
+
+
 def rel(path, root):
     return os.path.relpath(path, root)
 
@@ -670,7 +793,8 @@ def main():
     # 2. oblique (exact decimal orthonormal directions), slope 0.5 / intercept -1000.25 -> float32.
     obl_geo = geometry([0.8, 0.6, 0, -0.36, 0.48, 0.8], [0.9, 0.75], [12.5, -40.0, 7.25], 3.0, NZ)
     obl_stored = RNG.integers(0, 6001, (NZ, ROWS, COLS)).astype(np.int16)
-    write_ct(ct_dir("oblique"), obl_stored, obl_geo, [0.5] * NZ, [-1000.25] * NZ, uid("oblique"), ext=".dcm")
+    obl_records = write_ct(ct_dir("oblique"), obl_stored, obl_geo, [0.5] * NZ, [-1000.25] * NZ, uid("oblique"),
+                           ext=".dcm")
     obl = read_ct(ct_dir("oblique"))
     add_series("oblique", ct_dir("oblique"), obl, rescale(obl, obl["stored"]))
     assert series[-1]["expect"]["dtype"] == "float32"
@@ -793,6 +917,27 @@ def main():
                          expect=dict(shape=axial["shape"], dtype="uint8", voxels=write_voxels(root, name, vol),
                                      affine=affine_json(axial["affine"]))))
 
+    # RT Structure Sets on the axial and the oblique series (contours in the oblique slice
+    # planes), by label_dict and by ROINumber.
+    rt_dir = os.path.join(root, "rtstruct")
+    obl_ct = dict(records=obl_records, geo=obl_geo, series_uid=uid("oblique"))
+    rt_axial = write_rtstruct(os.path.join(rt_dir, hex_name(".dcm")), axial_ct)
+    rt_oblique = write_rtstruct(os.path.join(rt_dir, hex_name(".dcm")), obl_ct)
+    for name, path, ct, folder, labels in [
+            ("rtstruct_label_dict", rt_axial, axial, ct_dir("axial"), [["Lung", 2], ["GTV-1", 1]]),
+            ("rtstruct_gtv_last_wins", rt_axial, axial, ct_dir("axial"), [["GTV-1", 1], ["Lung", 2]]),
+            ("rtstruct_roi_numbers", rt_axial, axial, ct_dir("axial"), None),
+            ("rtstruct_oblique", rt_oblique, obl, ct_dir("oblique"), [["Lung", 2], ["GTV-1", 1]])]:
+        vol = read_rtstruct(path, ct, labels)
+        # Cross-check with the drawing: the hole is empty and its island filled on slice 5,
+        # the C's gap is outside, GTV-1 is painted where listed last.
+        assert vol[5, 14, 17] == (2 if labels is None or labels[-1][0] == "Lung" else 1), name
+        assert vol[4, 14, 16] == 1 and vol[3, 6, 25] == 2, name  # a hole without its island; the C's bar
+        assert vol[4, 14, 25] == 0 and vol[0].max() == 0, name
+        segs.append(dict(name=name, seg=rel(path, root), reference=rel(folder, root), label_dict=labels,
+                         expect=dict(shape=ct["shape"], dtype="uint8", voxels=write_voxels(root, name, vol),
+                                     affine=affine_json(ct["affine"]))))
+
     # Bad inputs: copies of axial with one thing broken.
     err_dir = lambda name: os.path.join(root, "errors", name)
     hu_stored = (axial_hu + 1024).astype(np.int16)
@@ -896,6 +1041,20 @@ def main():
     assert np.array_equal(pydicom.dcmread(be_path).pixel_array, hu_stored[0])  # a sound file, only big endian
     add_error("big_endian", err_dir("big_endian"),
               [os.path.basename(be_path), "TransferSyntaxUID", "big endian", "dcmconv +te"])
+
+    rt_other = write_rtstruct(os.path.join(err_dir("rtstruct_other_series"), hex_name(".dcm")), axial_ct,
+                              ref_series=uid("yet another series"))
+    add_error("rtstruct_other_series", rt_other, ["RTReferencedSeriesSequence", os.path.basename(rt_other)],
+              reference=axial_rel, label_dict=both)
+    rt_off = write_rtstruct(os.path.join(err_dir("rtstruct_off_slice"), hex_name(".dcm")), axial_ct, off_slice=100.0)
+    add_error("rtstruct_off_slice", rt_off, [os.path.basename(rt_off), "ROI 1 ('GTV-1') contour 1", "off every slice"],
+              reference=axial_rel, label_dict=both)
+    for path in (rt_other, rt_off):  # the independent reader refuses them too
+        try:
+            read_rtstruct(path, axial, both)
+            raise AssertionError(path + " was read")
+        except ValueError:
+            pass
 
     os.makedirs(err_dir("not_dicom"))
     with open(os.path.join(err_dir("not_dicom"), "notes.txt"), "w") as f:

@@ -26,15 +26,19 @@ namespace {
 using test::dicom_dir;
 using test::dicom_manifest;
 
-// Through the tensor layer: LoadImage reads a series folder and places a SEG; the volume
-// keeps the series (for the SEG) but no patient identifier.
-TEST(DicomLoad, LoadImagePairsASeriesWithItsSeg) {
+// Through the tensor layer: LoadImage reads a series folder and places a SEG (or an RT
+// Structure Set); the volume keeps the series (for the SEG) but no patient identifier.
+// The same for an RT Structure Set, whose contours are rasterised.
+class DicomLoadLabels : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DicomLoadLabels, LoadImagePairsASeriesWithItsSeg) {
   const auto m = dicom_manifest();
   const nlohmann::json* seg_case = nullptr;
   for (const auto& c : m["segs"]) {
-    if (c["name"] == "seg_binary") seg_case = &c;
+    if (c["name"] == GetParam()) seg_case = &c;
   }
   ASSERT_NE(seg_case, nullptr);
+  ASSERT_EQ((*seg_case)["label_dict"], nlohmann::json::parse(R"([["GTV-1", 1], ["Lung", 2]])"));
   const std::string chain = R"([{"name": "LoadImage", "keys": ["image", "label"], "dtype": ["", ""],
                                 "label_dict": [["GTV-1", 1], ["Lung", 2]]}])";
   const auto compose = transforms::make_chain(nlohmann::json::parse(chain));
@@ -60,6 +64,8 @@ TEST(DicomLoad, LoadImagePairsASeriesWithItsSeg) {
   // A SEG alone is not an image: a clear error says to load it with its series.
   EXPECT_VALUE_ERROR(read_image(s.meta["label"].get<std::string>()), "load it together with its image");
 }
+
+INSTANTIATE_TEST_SUITE_P(SegAndRtstruct, DicomLoadLabels, ::testing::Values("seg_binary", "rtstruct_gtv_last_wins"));
 
 // Orientation and Spacing give the same geometry and values on a DICOM series as on the
 // same volume written as NIfTI (data synth writes both from one generator).

@@ -81,7 +81,8 @@ struct Series {
   double largest_deviation = 0;            ///< largest |distance - median| (mm)
   std::string dose_units;                  ///< RTDOSE: DoseUnits (GY, RELATIVE); values are scaled to it
   bool multi_frame = false;
-  bool is_seg = false;
+  bool is_seg = false;                     ///< a label object: a SEG, or an RT Structure Set
+  bool is_rtstruct = false;                ///< an RT Structure Set (its ROIs are the segments)
   std::vector<Segment> segments;           ///< SEG only
   std::vector<std::string> referenced_series;  ///< SEG only: ReferencedSeriesSequence UIDs
   /// Patient identifiers by keyword; filled only with ReadOptions::phi.
