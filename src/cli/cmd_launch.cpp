@@ -1,5 +1,12 @@
-// medfast launch: a single-node launcher for distributed training, as torchrun's
-// standalone mode, so that multi-GPU training needs no Python.
+// medfast launch: a launcher for distributed training, as torchrun's (static
+// rendezvous), so that multi-GPU and multi-node training need no Python.
+//
+// On several machines, one launcher per node: `medfast launch --nnodes 2 --node-rank R
+// --master-addr HOST0 --master-port P --nproc K -- train ...` (torchrun's meaning: node R
+// starts global ranks R*K..R*K+K-1 with LOCAL_RANK 0..K-1, GROUP_RANK R; the ranks meet
+// at HOST0:P, hosted by rank 0 on node 0). A launcher's ranks die with it (a killed
+// launcher leaves no ranks behind), and the other nodes' ranks then find their peers
+// gone, so every launcher stops within dist_timeout, naming the node.
 //
 // It starts N copies of `medfast ARGS...` (or, with --no-medfast, of any program:
 // `medfast launch --nproc 2 --no-medfast -- python3 train.py`) with RANK,
@@ -30,6 +37,7 @@ namespace {
 
 struct LaunchArgs {
   int nproc = 1;
+  int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   double grace_seconds = 5;
@@ -69,10 +77,20 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   if (a.master_port < 0 || a.master_port > 65535) {
     throw ValueError(str("launch: --master-port ", a.master_port, " is outside 0..65535 (0: a free port)"));
   }
+  if (a.nnodes < 1) throw ValueError(str("launch: --nnodes ", a.nnodes, " must be at least 1"));
+  if (a.node_rank < 0 || a.node_rank >= a.nnodes) {
+    throw ValueError(str("launch: --node-rank ", a.node_rank, " is outside 0..", a.nnodes - 1, " (--nnodes ", a.nnodes, ")"));
+  }
+  if (a.nnodes > 1 && a.master_port == 0) {
+    throw ValueError(str("launch: --nnodes ", a.nnodes, " needs --master-port (and --master-addr: node 0's address), the "
+                         "same on every node's launcher: the ranks of all nodes meet there"));
+  }
   const int port = a.master_port > 0 ? a.master_port : os::free_tcp_port(a.master_addr);
+  const std::string node = a.nnodes > 1 ? str("node ", a.node_rank, ": ") : "";
 
-  std::map<std::string, std::string> common{{"WORLD_SIZE", std::to_string(a.nproc)},
+  std::map<std::string, std::string> common{{"WORLD_SIZE", std::to_string(a.nnodes * a.nproc)},
                                             {"LOCAL_WORLD_SIZE", std::to_string(a.nproc)},
+                                            {"GROUP_RANK", std::to_string(a.node_rank)},
                                             {"MASTER_ADDR", a.master_addr},
                                             {"MASTER_PORT", std::to_string(port)}};
   // Settings given on the launcher's command line reach every rank.
@@ -91,15 +109,16 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   os::catch_termination_signals();
   std::map<pid_t, int> alive;  // pid -> rank
   std::map<int, os::ChildExit> exits;
-  for (int r = 0; r < a.nproc; ++r) {
+  for (int local = 0; local < a.nproc; ++local) {
+    const int r = a.node_rank * a.nproc + local;
     auto env = common;
     env["RANK"] = std::to_string(r);
-    env["LOCAL_RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(local);
     try {
-      alive[os::spawn(argv, env)] = r;
+      alive[os::spawn(argv, env, /*die_with_parent=*/true)] = r;
     } catch (...) {
       stop_all(alive, exits, SIGTERM, a.grace_seconds);
-      rethrow_with_context(str("launch: rank ", r));
+      rethrow_with_context(str("launch: ", node, "rank ", r));
     }
   }
 
@@ -107,7 +126,8 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   while (!alive.empty()) {
     if (const int sig = os::pending_signal()) {
       interrupted = sig;
-      std::fprintf(stderr, "medfast launch: %s: forwarding it to %zu ranks\n", ::strsignal(sig), alive.size());
+      std::fprintf(stderr, "medfast launch: %s%s: forwarding it to %zu ranks\n", node.c_str(), ::strsignal(sig),
+                   alive.size());
       stop_all(alive, exits, sig, a.grace_seconds);
       break;
     }
@@ -121,7 +141,7 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
     if (!e->ok()) {
       failed_rank = rank;
       if (!alive.empty()) {
-        std::fprintf(stderr, "medfast launch: rank %d %s %d: stopping the other %zu ranks\n", rank,
+        std::fprintf(stderr, "medfast launch: %srank %d %s %d: stopping the other %zu ranks\n", node.c_str(), rank,
                      e->signal ? "was killed by signal" : "exited with code", e->signal ? e->signal : e->exit_code,
                      alive.size());
         stop_all(alive, exits, SIGTERM, a.grace_seconds);
@@ -132,7 +152,7 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   if (interrupted) return 128 + interrupted;
   if (failed_rank >= 0) {
     const os::ChildExit& e = exits.at(failed_rank);
-    std::fprintf(stderr, "medfast launch: failed: rank %d %s %d\n", failed_rank,
+    std::fprintf(stderr, "medfast launch: %sfailed: rank %d %s %d\n", node.c_str(), failed_rank,
                  e.signal ? "was killed by signal" : "exited with code", e.signal ? e.signal : e.exit_code);
     return e.exit_code;
   }
@@ -145,9 +165,12 @@ Command register_launch(CLI::App& root) {
   auto a = std::make_shared<LaunchArgs>();
   auto* app = root.add_subcommand(
       "launch", "Start N ranks of a medfast command on this machine (torchrun's variables, one GPU per rank)");
-  app->add_option("--nproc", a->nproc, "Ranks (processes) to start")->capture_default_str();
-  app->add_option("--master-addr", a->master_addr, "Address rank 0 hosts the rendezvous on")->capture_default_str();
-  app->add_option("--master-port", a->master_port, "Port of the rendezvous (0: a free one)")->capture_default_str();
+  app->add_option("--nproc", a->nproc, "Ranks (processes) to start on this node")->capture_default_str();
+  app->add_option("--nnodes", a->nnodes, "Nodes (machines), one launcher each")->capture_default_str();
+  app->add_option("--node-rank", a->node_rank, "This node's index, 0..nnodes-1 (node 0 hosts rank 0)")
+      ->capture_default_str();
+  app->add_option("--master-addr", a->master_addr, "Address rank 0 hosts the rendezvous on (node 0's, reachable from every node)")->capture_default_str();
+  app->add_option("--master-port", a->master_port, "Port of the rendezvous (0: a free one; required with --nnodes > 1)")->capture_default_str();
   app->add_option("--grace", a->grace_seconds, "Seconds the other ranks get to stop before SIGKILL")
       ->capture_default_str();
   app->add_flag("--no-medfast", a->no_medfast, "The command is a program of its own, not a medfast subcommand");

@@ -37,8 +37,10 @@ class Heartbeat {
  public:
   static constexpr std::chrono::milliseconds kBeat{500};
 
-  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, int world)
-      : store_(std::move(store)), rank_(rank), world_(world), thread_([this] { run(); }) {}
+  /// `local_world`: ranks per node (LOCAL_WORLD_SIZE; 0 where unknown): over several
+  /// nodes the messages name a peer's node too.
+  Heartbeat(c10::intrusive_ptr<c10d::Store> store, int rank, int world, int local_world = 0)
+      : store_(std::move(store)), rank_(rank), world_(world), local_world_(local_world), thread_([this] { run(); }) {}
   ~Heartbeat() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -88,14 +90,14 @@ class Heartbeat {
             seen->count[k] = c;
             seen->moved[k] = now;
           } else if (now - seen->moved[k] > kSilence) {
-            return str("rank ", r, " stopped responding (no heartbeat for ",
+            return str(who(r), " stopped responding (no heartbeat for ",
                        std::chrono::duration<double>(now - seen->moved[k]).count(), " s: it exited or hangs)");
           }
         }
         seen->store_failures = 0;
       } catch (const std::exception& e) {
         if (++seen->store_failures >= kStoreFailures && rank_ != 0) {
-          return str("rank 0, which hosts the rendezvous store, is unreachable: it exited (", cause(e), ")");
+          return str(who(0), ", which hosts the rendezvous store, is unreachable: it exited (", cause(e), ")");
         }
       }
       return "";
@@ -120,12 +122,12 @@ class Heartbeat {
       for (int r = 0; r < world_; ++r) {
         if (r == rank_ || reported[static_cast<std::size_t>(r)]) continue;
         if (store_->add(beat_key(r), 0) == before[static_cast<std::size_t>(r)]) {
-          found.push_back(str("rank ", r, " stopped responding (no heartbeat for ",
+          found.push_back(str(who(r), " stopped responding (no heartbeat for ",
                               std::chrono::duration<double>(3 * kBeat).count(), " s: it exited or hangs)"));
         }
       }
     } catch (const std::exception&) {
-      if (rank_ != 0) return "rank 0, which hosts the rendezvous store, is unreachable: it exited";
+      if (rank_ != 0) return who(0) + ", which hosts the rendezvous store, is unreachable: it exited";
       return "";
     }
     std::string out;
@@ -140,7 +142,12 @@ class Heartbeat {
   std::string failure_of(int r) {
     if (!store_->check({failed_key(r)})) return "";
     const auto bytes = store_->get(failed_key(r));
-    return str("rank ", r, " failed: ", std::string(bytes.begin(), bytes.end()));
+    return str(who(r), " failed: ", std::string(bytes.begin(), bytes.end()));
+  }
+  /// "rank 5", or over several nodes "rank 5 (node 1)".
+  std::string who(int r) const {
+    if (local_world_ <= 0 || world_ <= local_world_) return str("rank ", r);
+    return str("rank ", r, " (node ", r / local_world_, ")");
   }
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -157,7 +164,7 @@ class Heartbeat {
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
-  int rank_, world_;
+  int rank_, world_, local_world_;
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -290,7 +290,7 @@ class GroupCollective final : public train::Collective {
         store_(std::move(store)),
         group_(std::move(group)),
         nccl_(std::move(nccl)),
-        heartbeat_(std::make_unique<Heartbeat>(store_, options_.rank, options_.world_size)),
+        heartbeat_(std::make_unique<Heartbeat>(store_, options_.rank, options_.world_size, options_.local_world_size)),
         waiter_(heartbeat_.get(), to_ms(options_.timeout_seconds), nccl_abort()) {}
 
   /// NCCL's communicators are shut down here, on every path out (libtorch 2.4+ warns at

@@ -7,6 +7,7 @@
 #include <malloc.h>
 #endif
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -40,7 +41,7 @@ void on_signal(int sig) { g_signal.store(sig); }
 
 }  // namespace
 
-pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, bool die_with_parent) {
   if (argv.empty()) throw ValueError("spawn: no program given");
   // Everything the child needs is built before fork: after it, only
   // async-signal-safe calls.
@@ -62,6 +63,7 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw OsError(str("pipe2 for starting ", argv[0], ": ", errno_text(errno)), errno);
   Fd read_end{fds[0]}, write_end{fds[1]};
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) throw OsError(str("fork for starting ", argv[0], ": ", errno_text(errno)), errno);
   if (pid == 0) {
@@ -70,6 +72,10 @@ pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGHUP, SIG_DFL);
+    if (die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(128 + SIGTERM);  // the parent died before prctl took effect
+    }
     ::execvpe(args[0], args.data(), envp.data());
     const int e = errno;
     ssize_t unused = ::write(fds[1], &e, sizeof e);

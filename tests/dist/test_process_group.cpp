@@ -29,6 +29,7 @@
 #include "medfast/core/settings.hpp"
 #include "medfast/dist/process_group.hpp"
 #include "medfast/train/trainer.hpp"
+#include "medfast/os/net.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
@@ -945,6 +946,75 @@ TEST(Launch, SignalsAreForwardedToEveryRank) {
   }
 }
 
+// torchrun's meaning of the variables over nodes: node R's local rank L is global rank R*K+L.
+TEST(Launch, NodesGetTorchrunsRankVariables) {
+  test::TempDir dir;
+  for (int node = 0; node < 2; ++node) {
+    const auto r = test::run(launch("launch --nnodes 2 --node-rank " + std::to_string(node) +
+                                    " --master-port 29555 --nproc 3 --no-medfast -- sh -c 'echo $RANK $LOCAL_RANK "
+                                    "$WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_PORT > " + dir.path() +
+                                    "/env.$RANK'"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  for (int rank = 0; rank < 6; ++rank) {
+    EXPECT_EQ(test::read_file(dir / ("env." + std::to_string(rank))),
+              str(rank, " ", rank % 3, " 6 3 ", rank / 3, " 29555\n"));
+  }
+}
+
+// Multi-node, as on two machines: two launchers on loopback (--nnodes 2, 2 ranks each)
+// train one run together; node 1 holds global ranks 2 and 3.
+TEST(Launch, TwoNodesOfTwoRanksTrainTogether) {
+  test::TempDir dir;
+  test::write_file(dir / "run.json", tiny_ddp_config(dir, 9).dump(2));
+  const std::string d = dir.path(), port = std::to_string(os::free_tcp_port());
+  auto node = [&](int rank) {
+    return launch("--threads 1 launch --nnodes 2 --node-rank " + std::to_string(rank) +
+                  " --master-addr 127.0.0.1 --master-port " + port + " --nproc 2 -- train --config '" + d +
+                  "/run.json' --set train.epochs=1 --set data.loader.threads=1 --set train.run_dir='" + d + "/run'") +
+           " > " + d + "/out" + std::to_string(rank) + " 2> " + d + "/err" + std::to_string(rank);
+  };
+  test::write_file(dir / "run.sh", node(1) + " &\nN1=$!\n" + node(0) + "\necho $? > " + d + "/rc0\nwait $N1\necho $? > " +
+                                       d + "/rc1\n");
+  test::run("bash '" + (dir / "run.sh") + "'");
+  EXPECT_EQ(test::read_file(dir / "rc0"), "0\n") << test::read_file(dir / "err0");
+  EXPECT_EQ(test::read_file(dir / "rc1"), "0\n") << test::read_file(dir / "err1");
+  const std::string out0 = test::read_file(dir / "out0"), out1 = test::read_file(dir / "out1");
+  EXPECT_NE(out0.find("epoch 1/1"), std::string::npos) << out0;
+  EXPECT_EQ(out1.find("epoch 1/1"), std::string::npos) << "only rank 0 (node 0) reports: " << out1;
+  const auto machine = nlohmann::json::parse(test::read_file(dir / "run/machine.json"));
+  EXPECT_EQ(machine["ranks"], 4);
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+}
+
+// A node's launcher killed outright (as a machine lost) takes its ranks with it; the other
+// node's ranks find their peers gone and its launcher stops, naming the node.
+TEST(Launch, AKilledNodeStopsTheOtherNamingIt) {
+  test::TempDir dir;
+  test::write_file(dir / "run.json", tiny_ddp_config(dir, 9).dump(2));
+  const std::string d = dir.path(), port = std::to_string(os::free_tcp_port());
+  auto node = [&](int rank) {
+    return launch("--threads 1 --dist-timeout 30 launch --nnodes 2 --node-rank " + std::to_string(rank) +
+                  " --master-addr 127.0.0.1 --master-port " + port + " --nproc 2 -- train --config '" + d +
+                  "/run.json' --set train.epochs=500 --set data.loader.threads=1 --set train.run_dir='" + d + "/run'") +
+           " > " + d + "/out" + std::to_string(rank) + " 2> " + d + "/err" + std::to_string(rank);
+  };
+  // Node 1's launcher is killed with SIGKILL once the first epoch is written.
+  test::write_file(dir / "run.sh", node(1) + " &\nN1=$!\n" + node(0) + " &\nN0=$!\n" +
+                                       "for i in $(seq 600); do [ -s " + d + "/run/metrics.jsonl ] && break; sleep 0.1; done\n"
+                                       "date +%s.%N > " + d + "/killed\nkill -KILL $N1\nwait $N0\necho $? > " + d +
+                                       "/rc0\ndate +%s.%N > " + d + "/stopped\n");
+  test::run("bash '" + (dir / "run.sh") + "'");
+  ASSERT_FALSE(test::read_file(dir / "run/metrics.jsonl").empty()) << test::read_file(dir / "err0");
+  EXPECT_NE(test::read_file(dir / "rc0"), "0\n");
+  const double took = std::stod(test::read_file(dir / "stopped")) - std::stod(test::read_file(dir / "killed"));
+  EXPECT_LT(took, 45.0) << "within dist_timeout (30 s) and the grace period";
+  const std::string err0 = test::read_file(dir / "err0");
+  EXPECT_TRUE(contains(err0, "(node 1)")) << err0;
+  EXPECT_TRUE(contains(err0, "medfast launch: node 0: ")) << err0;
+}
+
 TEST(Launch, BadArgumentsAreClearErrors) {
   auto r = test::run(launch("launch --nproc 0 -- train"));
   EXPECT_NE(r.exit_code, 0);
@@ -952,6 +1022,12 @@ TEST(Launch, BadArgumentsAreClearErrors) {
   r = test::run(launch("launch --nproc 2"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "no command")) << r.err;
+  r = test::run(launch("launch --nnodes 2 --node-rank 2 --master-port 29500 -- train"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "--node-rank 2 is outside 0..1")) << r.err;
+  r = test::run(launch("launch --nnodes 2 --node-rank 1 -- train"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "needs --master-port")) << r.err;
   r = test::run(launch("launch --nproc 2 --no-medfast -- /no/such/program"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "/no/such/program")) << r.err;

@@ -25,7 +25,10 @@ struct ChildExit {
 /// process's environment plus `env` (which wins), and the same stdin, stdout and
 /// stderr. Throws OsError naming the program when it cannot be started (the
 /// exec failure is reported back from the child, not as an exit code).
-pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env);
+/// `die_with_parent`: the child gets SIGTERM when this process ends, however it ends (a
+/// launcher killed with SIGKILL leaves no children behind; Linux PR_SET_PDEATHSIG).
+pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+            bool die_with_parent = false);
 
 /// A child that has ended, if any: waits up to `timeout_ms` (0: do not wait).
 std::optional<ChildExit> wait_child(int timeout_ms);
