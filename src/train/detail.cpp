@@ -1,9 +1,15 @@
 #include "detail.hpp"
 
+#include <torch/version.h>
+
 #if MEDFAST_TORCH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)  // std::optional in its API
+#include <torch/csrc/cuda/memory_snapshot.h>
+#define MEDFAST_MEMORY_HISTORY 1
+#endif
 #endif
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -52,6 +58,37 @@ void reset_cuda_memory_peaks(c10::Device device) {
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
 #endif
   (void)device;
+}
+
+bool record_cuda_memory_history(bool on, std::string& why) {
+#if MEDFAST_MEMORY_HISTORY
+  (void)why;
+  // Every allocation and free with its stack ("python": a C++ process has no Python frames,
+  // and C++ frames would be symbolised at dump time, which can take minutes).
+  if (on) {
+    torch::cuda::_record_memory_history(std::string("all"), std::string("all"), "python", 100000);
+  } else {
+    torch::cuda::_record_memory_history(std::nullopt, std::nullopt, "python", 0);
+  }
+  return true;
+#else
+  (void)on;
+#if MEDFAST_TORCH_CUDA
+  why = str("libtorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+            ": medfast records the allocator's history through the C++ API of libtorch >= 2.4");
+#else
+  why = "this libtorch was built without CUDA";
+#endif
+  return false;
+#endif
+}
+
+std::string cuda_memory_snapshot_pickled() {
+#if MEDFAST_MEMORY_HISTORY
+  return torch::cuda::_memory_snapshot_pickled();
+#else
+  return "";
+#endif
 }
 
 // A step's boundaries: the stage each one ends (nullptr: the step's start) and when.

@@ -44,6 +44,13 @@ void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int
 /// the last reset; nullopt on the CPU or where this libtorch has no CUDA.
 std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::Device device);
 void reset_cuda_memory_peaks(c10::Device device);
+/// The CUDA caching allocator's history (every allocation and free, with its size and
+/// stream) on or off, through libtorch's torch::cuda::_record_memory_history (libtorch
+/// >= 2.1 with CUDA); false with the reason in `why` where this libtorch cannot.
+bool record_cuda_memory_history(bool on, std::string& why);
+/// The allocator's state and recorded history, pickled as torch.cuda.memory._snapshot()
+/// is dumped (what PyTorch's memory_viz opens); "" where record_cuda_memory_history cannot.
+std::string cuda_memory_snapshot_pickled();
 /// The PCI bus id of a CUDA device ("00000000:3B:00.0", NVML's form), so NVML samples
 /// the same GPU whatever CUDA_VISIBLE_DEVICES says; empty where unknown.
 std::string cuda_pci_bus_id(c10::Device device);

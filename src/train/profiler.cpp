@@ -9,6 +9,7 @@
 #include "medfast/core/trace.hpp"
 #include "medfast/io/trace_file.hpp"
 #include "medfast/os/file.hpp"
+#include "detail.hpp"
 
 namespace medfast::train {
 
@@ -49,7 +50,10 @@ ProfileOptions ProfileOptions::from_json(const nlohmann::json& j, const std::str
   ConfigReader r(j, where);
   read_fields(r, o);
   r.finish();
-  o.enabled = true;
+  // {memory: true} alone records memory only; any schedule key (or operators) asks for traces.
+  o.enabled = false;
+  for (const char* k : {"wait", "warmup", "active", "repeat", "operators"}) o.enabled = o.enabled || j.contains(k);
+  if (!o.memory) o.enabled = true;
   o.validate(where);
   return o;
 }
@@ -97,6 +101,10 @@ StepProfiler::StepProfiler(const ProfileOptions& options, std::string out_dir, n
 
 StepProfiler::~StepProfiler() {
   if (recording_) stop_recording();
+  if (recording_memory_) {
+    std::string why;
+    detail::record_cuda_memory_history(false, why);
+  }
 }
 
 StepProfiler::Phase StepProfiler::phase_of(long step) const {
@@ -121,6 +129,11 @@ void StepProfiler::stop_recording() {
 }
 
 void StepProfiler::before_step(long step) {
+  if (o_.memory && step == 0) {
+    std::string why;
+    if (!detail::record_cuda_memory_history(true, why)) throw ValueError(str("train.profile.memory: ", why));
+    recording_memory_ = true;
+  }
   if (!o_.enabled) return;
   const Phase p = phase_of(step);
   if (p == Phase::off) return;
@@ -132,12 +145,14 @@ void StepProfiler::before_step(long step) {
 }
 
 void StepProfiler::after_step(long step) {
+  if (recording_memory_ && step + 1 == o_.wait + o_.warmup + o_.active) write_memory();  // the first cycle's end
   if (!o_.enabled || phase_of(step) != Phase::active) return;
   ++active_steps_;
   if (phase_of(step + 1) != Phase::active || (step + 1) % (o_.wait + o_.warmup + o_.active) == 0) write(step);
 }
 
 void StepProfiler::finish() {
+  if (recording_memory_) write_memory();  // a run shorter than the first cycle
   if (!o_.enabled || !recording_) return;
   if (active_steps_ > 0) {
     write(-1);
@@ -145,6 +160,17 @@ void StepProfiler::finish() {
     stop_recording();
     trace::clear();
   }
+}
+
+void StepProfiler::write_memory() {
+  const std::string pickled = detail::cuda_memory_snapshot_pickled();
+  std::string why;
+  detail::record_cuda_memory_history(false, why);
+  recording_memory_ = false;
+  os::make_directories(dir_);
+  const std::string path = dir_ + "/memory.pickle";
+  os::write_text_file(path, pickled);
+  written_.push_back(path);
 }
 
 void StepProfiler::write(long step) {

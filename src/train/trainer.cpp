@@ -200,6 +200,13 @@ class Run {
     start_ = Clock::now();
     check_run_dir(resume, overwrite);
     set_up_device();
+    if (t_.profile.memory && !device_.is_cuda()) {
+      throw ValueError(str("train.profile.memory records the CUDA caching allocator's history, and train.device is ",
+                           t_.device, " (on the CPU, metrics.jsonl's peak_rss_bytes and a trace's counters show memory)"));
+    }
+    if (std::string why; t_.profile.memory && !detail::record_cuda_memory_history(false, why)) {
+      throw ValueError(str("train.profile.memory: ", why));
+    }
     prepare_data();
     build_model_and_optimizer();
     check_validation_window();

@@ -948,6 +948,49 @@ TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {
 
 // On a GPU: fp16 with loss scaling, batches copied on the loader's side stream, and
 // the same run resumed bit-identically.
+// train.profile.memory: its own switch ({memory: true} alone: no trace), a clear error on
+// the CPU before any step.
+TEST(TrainerProfile, MemorySnapshotIsItsOwnSwitchAndNeedsCuda) {
+  const auto alone = ProfileOptions::from_json(nlohmann::json::parse(R"({"memory": true})"), "train.profile");
+  EXPECT_TRUE(alone.memory);
+  EXPECT_FALSE(alone.enabled) << "memory alone records no trace";
+  const auto both = ProfileOptions::from_json(nlohmann::json::parse(R"({"memory": true, "active": 2})"), "p");
+  EXPECT_TRUE(both.memory && both.enabled);
+  const auto trace = ProfileOptions::from_json(true, "p");
+  EXPECT_TRUE(trace.enabled && !trace.memory);
+  EXPECT_FALSE(ProfileOptions::from_json(nlohmann::json::parse(R"({"memory": false})"), "p").memory);
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["profile"] = {{"memory", true}};
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_NE(m.find("train.profile.memory"), std::string::npos) << m;
+  EXPECT_NE(m.find("train.device is cpu"), std::string::npos) << m;
+  EXPECT_FALSE(os::exists(dir / "run/last.ckpt")) << "refused before training";
+}
+
+// On CUDA (libtorch >= 2.4): the allocator's history of the first cycle, pickled for
+// PyTorch's memory_viz; memory alone writes no trace.
+TEST(TrainerGpu, MemorySnapshotOfTheFirstCycleForMemoryViz) {
+  MEDFAST_REQUIRE_CUDA();
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["device"] = "cuda";
+  c["train"]["profile"] = {{"memory", true}};
+  if (TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 4)) {
+    const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
+    EXPECT_NE(m.find("libtorch >= 2.4"), std::string::npos) << m;
+    return;
+  }
+  Trainer(c, "", one_thread()).run(false);
+  const std::string pickle = test::read_file(dir / "run/profiler/memory.pickle");
+  ASSERT_GT(pickle.size(), 100u);
+  EXPECT_EQ(static_cast<unsigned char>(pickle[0]), 0x80u) << "a pickle";
+  for (const char* key : {"segments", "device_traces"}) EXPECT_NE(pickle.find(key), std::string::npos) << key;
+  for (const std::string& f : os::list_directory(dir / "run/profiler")) {
+    EXPECT_EQ(f.find("-trace.json.gz"), std::string::npos) << "memory alone writes no trace: " << f;
+  }
+}
+
 TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   MEDFAST_REQUIRE_CUDA();
   test::TempDir dir;

@@ -7,6 +7,12 @@
 /// steps of each cycle. After each cycle's last active step it writes
 /// run_dir/profiler/<step>-trace.json.gz (Chrome trace) and <step>-trace_summary.txt
 /// (the step figures of `medfast trace summarize` and the key averages).
+///
+/// train.profile.memory (CUDA, libtorch >= 2.4; its own switch: `profile: {memory: true}`
+/// alone records memory only, no trace) records the CUDA caching allocator's history
+/// (libtorch's torch::cuda::_record_memory_history) from the first step to the end of the
+/// first cycle (wait + warmup + active steps) and writes run_dir/profiler/memory.pickle,
+/// which PyTorch's memory_viz (pytorch.org/memory_viz) opens.
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,8 +26,9 @@ namespace medfast::train {
 struct ProfileOptions {
   int wait = 1, warmup = 1, active = 3;
   int repeat = 1;      ///< cycles; 0: every cycle until the run ends
-  bool enabled = false;
+  bool enabled = false;    ///< traces on the schedule
   bool operators = true;  ///< libtorch's operator events too
+  bool memory = false;    ///< the CUDA allocator's history of the first cycle: memory.pickle
   /// train.profile's keys (a mapping; or "W,U,A,R", or true for the defaults).
   static constexpr auto fields() {
     using O = ProfileOptions;
@@ -29,7 +36,10 @@ struct ProfileOptions {
                            field("warmup", &O::warmup, "steps profiled but not recorded"),
                            field("active", &O::active, "steps recorded per cycle"),
                            field("repeat", &O::repeat, "cycles (0: until the run ends)"),
-                           field("operators", &O::operators, "libtorch's operator events too"));
+                           field("operators", &O::operators, "libtorch's operator events too"),
+                           field("memory", &O::memory,
+                                 "CUDA: the caching allocator's history of the first cycle into "
+                                 "profiler/memory.pickle (PyTorch's memory_viz); alone: no trace"));
   }
   /// "W,U,A,R" (--profile) or {wait, warmup, active, repeat, operators}; ValueError naming `where`.
   static ProfileOptions parse(const std::string& text, const std::string& where);
@@ -39,7 +49,8 @@ struct ProfileOptions {
 
 class StepProfiler {
  public:
-  /// Inactive when !options.enabled: then every call returns at once.
+  /// Inactive when neither options.enabled nor options.memory: then every call returns at
+  /// once. options.memory needs a CUDA device: the trainer checks it first.
   StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info);
   ~StepProfiler();
   StepProfiler(const StepProfiler&) = delete;
@@ -51,7 +62,7 @@ class StepProfiler {
   void after_step(long step);
   /// The run ended (or failed): a cycle cut short is written with what it has.
   void finish();
-  /// Trace files written so far.
+  /// Trace files (and memory.pickle) written so far.
   const std::vector<std::string>& written() const { return written_; }
 
  private:
@@ -60,11 +71,13 @@ class StepProfiler {
   void start_recording();
   void stop_recording();
   void write(long step);
+  void write_memory();
 
   ProfileOptions o_;
   std::string dir_;
   nlohmann::json info_;
   bool recording_ = false;
+  bool recording_memory_ = false;
   long active_steps_ = 0;
   std::vector<std::string> written_;
   struct Operators;
