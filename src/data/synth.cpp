@@ -202,13 +202,17 @@ SynthResult synthesize_dicom(const SynthOptions& o) {
     const std::string series_dir = name + "/CT";
     const auto uids = dicom::write_ct_series(o.out_dir + "/" + series_dir, ct);
     dicom::write_seg(o.out_dir + "/" + name + "/seg.dcm", ct, uids, label.data_ptr<std::uint8_t>(), "GTV-1");
+    // The same lesion as RTSTRUCT contours (NSCLC-Radiomics ships both kinds).
+    dicom::write_rtstruct(o.out_dir + "/" + name + "/rtstruct.dcm", ct, uids, label.data_ptr<std::uint8_t>(), "GTV-1");
     r.images.push_back(series_dir);
     r.labels.push_back(name + "/seg.dcm");
     for (const std::string& f : dicom::files_of(o.out_dir + "/" + name)) r.bytes += os::stat(f).size;
   }
   nlohmann::json ds;
   ds["name"] = "NsclcSynth";
-  ds["description"] = "Synthetic NSCLC-like CT series with DICOM SEG lesions, written by medfast data synth";
+  ds["description"] =
+      "Synthetic NSCLC-like CT series with DICOM SEG lesions (and the same as RTSTRUCT contours), written by medfast "
+      "data synth";
   ds["reference"] = "medfast";
   ds["licence"] = "CC0";
   ds["modality"] = {{"0", "CT"}};

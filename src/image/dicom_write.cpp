@@ -28,6 +28,7 @@ namespace {
 
 constexpr const char* kCtImageStorage = "1.2.840.10008.5.1.4.1.1.2";
 constexpr const char* kSegStorage = "1.2.840.10008.5.1.4.1.1.66.4";
+constexpr const char* kRtStructStorage = "1.2.840.10008.5.1.4.1.1.481.3";
 
 void put(gdcm::DataSet& ds, std::uint16_t g, std::uint16_t e, gdcm::VR vr, std::string value) {
   if (value.size() % 2) value += vr == gdcm::VR::UI ? '\0' : ' ';
@@ -143,7 +144,7 @@ void put_common(gdcm::DataSet& ds, const CtToWrite& ct, const std::string& modal
   put(ds, 0x0008, 0x0016, gdcm::VR::UI, sop_class);
   put(ds, 0x0008, 0x0018, gdcm::VR::UI, sop_uid);
   put(ds, 0x0008, 0x0060, gdcm::VR::CS, modality);
-  put(ds, 0x0008, 0x103e, gdcm::VR::LO, modality == "SEG" ? "medfast synthetic GTV" : ct.description);
+  put(ds, 0x0008, 0x103e, gdcm::VR::LO, modality == "CT" ? ct.description : "medfast synthetic GTV");
   put(ds, 0x0010, 0x0010, gdcm::VR::PN, "SYNTHETIC^" + ct.patient_id);
   put(ds, 0x0010, 0x0020, gdcm::VR::LO, ct.patient_id);
   put(ds, 0x0020, 0x000d, gdcm::VR::UI, ct.study_uid);
@@ -288,6 +289,93 @@ void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<s
   write_dataset(file, ds);
 }
 
+void write_rtstruct(const std::string& file, const CtToWrite& ct, const std::vector<std::string>& ct_sop_uids,
+                    const std::uint8_t* label, const std::string& roi_name) {
+  const Geometry g = geometry_of(ct);
+  const auto nx = ct.shape[0], ny = ct.shape[1], nz = ct.shape[2];
+  const std::size_t frame = static_cast<std::size_t>(nx * ny);
+  gdcm::DataSet ds;
+  put_common(ds, ct, "RTSTRUCT", kRtStructStorage, make_uid(ct.series_uid + "/rtstruct"),
+             make_uid(ct.series_uid + "/rtstruct-series"), 200);
+  put(ds, 0x0020, 0x0013, gdcm::VR::IS, "1");
+  put(ds, 0x3006, 0x0002, gdcm::VR::SH, "GTV");       // StructureSetLabel
+  put(ds, 0x3006, 0x0008, gdcm::VR::DA, "20240101");  // StructureSetDate
+  {
+    std::vector<gdcm::DataSet> images;
+    for (const std::string& uid : ct_sop_uids) {
+      gdcm::DataSet ref;
+      put(ref, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
+      put(ref, 0x0008, 0x1155, gdcm::VR::UI, uid);
+      images.push_back(ref);
+    }
+    gdcm::DataSet series, study, frame_of_reference;
+    put(series, 0x0020, 0x000e, gdcm::VR::UI, ct.series_uid);
+    put_sequence(series, 0x3006, 0x0016, images);  // ContourImageSequence
+    put(study, 0x0008, 0x1150, gdcm::VR::UI, "1.2.840.10008.3.1.2.3.1");  // Detached Study Management
+    put(study, 0x0008, 0x1155, gdcm::VR::UI, ct.study_uid);
+    put_sequence(study, 0x3006, 0x0014, {series});  // RTReferencedSeriesSequence
+    put(frame_of_reference, 0x0020, 0x0052, gdcm::VR::UI, ct.frame_of_reference_uid);
+    put_sequence(frame_of_reference, 0x3006, 0x0012, {study});  // RTReferencedStudySequence
+    put_sequence(ds, 0x3006, 0x0010, {frame_of_reference});    // ReferencedFrameOfReferenceSequence
+  }
+  {
+    gdcm::DataSet roi;
+    put(roi, 0x3006, 0x0022, gdcm::VR::IS, "1");  // ROINumber
+    put(roi, 0x3006, 0x0024, gdcm::VR::UI, ct.frame_of_reference_uid);
+    put(roi, 0x3006, 0x0026, gdcm::VR::LO, roi_name);
+    put(roi, 0x3006, 0x0036, gdcm::VR::CS, "MANUAL");  // ROIGenerationAlgorithm
+    put_sequence(ds, 0x3006, 0x0020, {roi});          // StructureSetROISequence
+  }
+  // One closed contour per run of label voxels along a row: the rectangle of the run's
+  // voxel squares (corners half a voxel from the centres), so that the contours fill back
+  // to the label exactly by the even-odd rule (no centre lies on an edge; runs share
+  // edges at most).
+  std::vector<gdcm::DataSet> contours;
+  const auto& o = g.orientation;
+  for (std::int64_t z = 0; z < nz; ++z) {
+    const std::uint8_t* s = label + static_cast<std::size_t>(z) * frame;
+    const auto& p = g.positions[static_cast<std::size_t>(z)];
+    auto corner = [&](double x, double y) {
+      std::string out;
+      for (int i = 0; i < 3; ++i) {
+        const double v = p[i] + x * g.dx * o[i] + y * g.dy * o[3 + i];
+        out += (i ? "\\" : "") + decimal(v);
+      }
+      return out;
+    };
+    for (std::int64_t y = 0; y < ny; ++y) {
+      for (std::int64_t x = 0; x < nx;) {
+        if (!s[y * nx + x]) {
+          ++x;
+          continue;
+        }
+        std::int64_t end = x;
+        while (end < nx && s[y * nx + end]) ++end;
+        const double x0 = static_cast<double>(x) - 0.5, x1 = static_cast<double>(end) - 0.5;
+        const double y0 = static_cast<double>(y) - 0.5, y1 = static_cast<double>(y) + 0.5;
+        gdcm::DataSet c, image;
+        put(image, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
+        put(image, 0x0008, 0x1155, gdcm::VR::UI, ct_sop_uids.at(static_cast<std::size_t>(z)));
+        put_sequence(c, 0x3006, 0x0016, {image});
+        put(c, 0x3006, 0x0042, gdcm::VR::CS, "CLOSED_PLANAR");
+        put(c, 0x3006, 0x0046, gdcm::VR::IS, "4");
+        put(c, 0x3006, 0x0050, gdcm::VR::DS,
+            corner(x0, y0) + "\\" + corner(x1, y0) + "\\" + corner(x1, y1) + "\\" + corner(x0, y1));
+        contours.push_back(c);
+        x = end;
+      }
+    }
+  }
+  {
+    gdcm::DataSet roi_contour;
+    put(roi_contour, 0x3006, 0x002a, gdcm::VR::IS, "255\\0\\0");  // ROIDisplayColor
+    put_sequence(roi_contour, 0x3006, 0x0040, contours);            // ContourSequence
+    put(roi_contour, 0x3006, 0x0084, gdcm::VR::IS, "1");             // ReferencedROINumber
+    put_sequence(ds, 0x3006, 0x0039, {roi_contour});                 // ROIContourSequence
+  }
+  write_dataset(file, ds);
+}
+
 #else
 namespace {
 [[noreturn]] void no_gdcm(const std::string& path) {
@@ -299,6 +387,10 @@ namespace {
 std::vector<std::string> write_ct_series(const std::string& dir, const CtToWrite&) { no_gdcm(dir); }
 void write_seg(const std::string& file, const CtToWrite&, const std::vector<std::string>&, const std::uint8_t*,
                const std::string&) {
+  no_gdcm(file);
+}
+void write_rtstruct(const std::string& file, const CtToWrite&, const std::vector<std::string>&, const std::uint8_t*,
+                    const std::string&) {
   no_gdcm(file);
 }
 #endif

@@ -199,7 +199,11 @@ class LoadImage final : public Transform {
       if (!v.meta.dicom) continue;
       loaded += (loaded.empty() ? "" : ", ") + k + " (series " + v.meta.dicom->series_uid + ")";
       const auto& refs = seg.referenced_series;
-      if (refs.empty() || std::find(refs.begin(), refs.end(), v.meta.dicom->series_uid) != refs.end()) {
+      // One candidate per series: a label already placed on a series carries that series too.
+      const bool seen = std::any_of(candidates.begin(), candidates.end(), [&](const Volume* c) {
+        return c->meta.dicom->series_uid == v.meta.dicom->series_uid;
+      });
+      if (!seen && (refs.empty() || std::find(refs.begin(), refs.end(), v.meta.dicom->series_uid) != refs.end())) {
         candidates.push_back(&v);
       }
     }

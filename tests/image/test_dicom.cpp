@@ -15,6 +15,7 @@
 #include "medfast/data/synth.hpp"
 #include "medfast/image/dicom.hpp"
 #include "medfast/image/image_file.hpp"
+#include "medfast/image/nifti.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/transforms/transform.hpp"
 #include "dicom_golden.hpp"
@@ -106,6 +107,24 @@ TEST(DicomLoad, GeometryEqualsTheNiftiPathThroughOrientationAndSpacing) {
       << (a.volume("image").data - b.volume("image").data).abs().max().item<double>();
   EXPECT_TRUE(at::equal(a.volume("label").data, b.volume("label").data));
   EXPECT_GT(b.volume("label").data.sum().item<double>(), 0);
+
+  // The synthetic RTSTRUCT (contours of the same lesion) fills back to the SEG's voxels
+  // exactly, through LoadImage and through `data convert` as the README shows it.
+  const auto load = transforms::make_chain(nlohmann::json::parse(
+      R"([{"name": "LoadImage", "keys": ["image", "seg", "rt"], "dtype": ["", "", ""], "label_dict": {"GTV-1": 1}}])"));
+  Sample c;
+  c.meta = {{"image", dir / "dicom/case_000/CT"}, {"seg", dir / "dicom/case_000/seg.dcm"},
+            {"rt", dir / "dicom/case_000/rtstruct.dcm"}};
+  load.apply(c);
+  EXPECT_TRUE(at::equal(c.volume("seg").data, c.volume("rt").data));
+  EXPECT_GT(c.volume("rt").data.sum().item<double>(), 0);
+  const std::string bin = test::medfast_binary(), base = dir / "dicom/case_000";
+  for (const std::string name : {"seg", "rtstruct"}) {
+    const auto r = test::run(bin + " data convert --in " + base + "/" + name + ".dcm --reference " + base +
+                             "/CT --label-dict '{\"GTV-1\": 1}' --out " + dir / (name + ".nii.gz"));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  EXPECT_TRUE(at::equal(read_nifti(dir / "seg.nii.gz").data, read_nifti(dir / "rtstruct.nii.gz").data));
 }
 
 // The cache key covers every file of a series: touching, adding or removing one slice

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// Writing DICOM (explicit VR little endian) without libtorch: a CT series, one file per
-/// slice, and a binary DICOM SEG on it. `medfast data synth --format dicom` uses these to
+/// slice, a binary DICOM SEG and an RT Structure Set on it. `medfast data synth --format dicom` uses these to
 /// write an NSCLC-like set; files are written atomically (temporary name, fsync, rename).
 /// Nothing identifies a person: patient fields hold "SYNTHETIC" values.
 
@@ -37,5 +37,11 @@ std::vector<std::string> write_ct_series(const std::string& dir, const CtToWrite
 /// fastest, on the CT's grid), with frames only for slices that hold the segment.
 void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<std::string>& ct_sop_uids,
                const std::uint8_t* label, const std::string& segment_label);
+
+/// Writes an RT Structure Set with one ROI (`roi_name`, number 1) for `label` != 0: one
+/// CLOSED_PLANAR contour per run of label voxels along a row (the run's voxel squares'
+/// outline), which fills back to exactly `label` by the even-odd rule.
+void write_rtstruct(const std::string& file, const CtToWrite& ct, const std::vector<std::string>& ct_sop_uids,
+                    const std::uint8_t* label, const std::string& roi_name);
 
 }  // namespace medfast::dicom
