@@ -198,16 +198,20 @@ CaseScores score_case(const Sample& s, const RunConfig& c, const Predictor& pred
   const Volume& img = s.volume(c.train.image_key);
   const Volume& lab = s.volume(c.train.label_key);
   const at::Tensor x = img.data.unsqueeze(0).to(device, at::kFloat);
-  const at::Tensor logits = with_context(where, [&] { return sliding_window_inference(x, predict, c.sliding_window); });
-  const MetricInputs m =
-      with_context(where, [&] { return metric_inputs(logits, lab.data.unsqueeze(0).to(device), c.loss.sigmoid); });
+  // Labels slab by slab (sliding_window_labels): the whole logits, C float32 volumes, are
+  // never held; the scores are those of the whole output's argmax (or masks).
+  const SlidingWindowLabels p =
+      with_context(where, [&] { return sliding_window_labels(x, predict, c.sliding_window, c.loss.sigmoid); });
+  const MetricInputs m = with_context(where, [&] {
+    return metric_inputs_from_labels(p.labels, lab.data.unsqueeze(0).to(p.labels.device()), p.classes, c.loss.sigmoid);
+  });
   CaseScores r;
   r.dice = dice_per_class(m.pred, m.target, m.include_background);
   if (hd95) {
     const auto sp = lab.spacing();
     r.hd95 = hausdorff95_per_class(m.pred, m.target, m.include_background, {sp[0], sp[1], sp[2]});
   }
-  r.nonfinite_logits = !at::isfinite(logits).all().item<bool>();
+  r.nonfinite_logits = p.nonfinite > 0;
   if (r.nonfinite_logits) {
     r.dice = at::full_like(r.dice, std::nan(""), r.dice.options().dtype(at::kDouble));
     if (hd95) r.hd95 = at::full_like(r.hd95, std::nan(""), r.hd95.options().dtype(at::kDouble));

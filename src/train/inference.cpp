@@ -255,6 +255,7 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(p.out_device);
   SlidingWindowLabels out;
   at::Tensor sums, counts;  // [C, width, padded...], [width, padded...]
+  at::Tensor nonfinite;     // counted on the device, read once at the end
   std::int64_t image = -1, done = 0;
 
   // Rows [done, upto) of the current image are final: divided by their weights, turned
@@ -263,7 +264,8 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
     if (upto <= done) return;
     const std::int64_t rows = upto - done;
     const at::Tensor mean = sums.narrow(1, 0, rows) / counts.narrow(0, 0, rows);
-    out.nonfinite += (~at::isfinite(mean)).sum().item<std::int64_t>();
+    const at::Tensor bad = (~at::isfinite(mean)).sum();
+    nonfinite = nonfinite.defined() ? nonfinite + bad : bad;
     at::Tensor labels = sigmoid ? (mean > 0).to(at::kByte) : mean.argmax(0, /*keepdim=*/true).to(at::kByte);
     // Rows inside the unpadded input: padded rows [before, before + size).
     const std::int64_t lo = std::max(done, p.before[0]), hi = std::min(upto, p.before[0] + p.size[0]);
@@ -288,6 +290,7 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
     const at::Tensor weighted = weighted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
     if (!sums.defined()) {
       const std::int64_t channels = weighted.size(1);
+      out.classes = channels;
       std::vector<std::int64_t> shape{channels, width}, labels_shape{p.batch, sigmoid ? channels : 1};
       shape.insert(shape.end(), p.padded.begin() + 1, p.padded.end());
       labels_shape.insert(labels_shape.end(), p.size.begin(), p.size.end());
@@ -309,6 +312,7 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
     }
   }
   finish_rows(p.padded[0]);
+  if (nonfinite.defined()) out.nonfinite = nonfinite.item<std::int64_t>();
   return out;
 }
 

@@ -318,17 +318,23 @@ MeanMetric MeanMetric::from_totals(at::Tensor sums, at::Tensor counts) {
 MetricInputs metric_inputs(const at::Tensor& logits, const at::Tensor& labels, bool sigmoid) {
   MEDFAST_CHECK_T(ValueError, logits.dim() >= 3 && labels.dim() == logits.dim(), "metrics: logits ", logits.sizes(),
                   " and labels ", labels.sizes(), " must both be [B, C, spatial...]");
-  const std::int64_t classes = logits.size(1);
+  return metric_inputs_from_labels(predicted_labels(logits, sigmoid), labels, logits.size(1), sigmoid);
+}
+
+MetricInputs metric_inputs_from_labels(const at::Tensor& predicted, const at::Tensor& labels, std::int64_t classes,
+                                       bool sigmoid) {
+  MEDFAST_CHECK_T(ValueError, predicted.dim() >= 3 && labels.dim() == predicted.dim(), "metrics: predictions ",
+                  predicted.sizes(), " and labels ", labels.sizes(), " must both be [B, C, spatial...]");
   MetricInputs m;
   if (!sigmoid) {
     MEDFAST_CHECK_T(ValueError, labels.size(1) == 1, "metrics: a softmax model's labels must be [B, 1, ...] class indices, got ",
                     labels.sizes());
-    m.pred = argmax_one_hot(logits);
+    m.pred = train::one_hot(predicted, classes);
     m.target = train::one_hot(labels, classes);
     m.include_background = false;
     return m;
   }
-  m.pred = (logits > 0).to(at::kFloat);
+  m.pred = predicted.to(at::kFloat);
   if (labels.size(1) == classes) {
     m.target = (labels > 0).to(at::kFloat);
   } else if (labels.size(1) == 1) {

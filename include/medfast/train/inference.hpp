@@ -97,7 +97,8 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
 /// C x X x Y x Z. `nonfinite`: values of the divided output that were NaN or infinite.
 struct SlidingWindowLabels {
   at::Tensor labels;
-  std::int64_t nonfinite = 0;
+  std::int64_t nonfinite = 0;  ///< blended outputs that are NaN or infinite
+  std::int64_t classes = 0;    ///< the predictor's output channels
 };
 SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predictor& predictor,
                                           const SlidingWindowOptions& options, bool sigmoid);

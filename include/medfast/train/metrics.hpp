@@ -78,6 +78,11 @@ struct MetricInputs {
   bool include_background = false;
 };
 MetricInputs metric_inputs(const at::Tensor& logits, const at::Tensor& labels, bool sigmoid);
+/// The same from predicted labels (predicted_labels' layout: softmax [B, 1, ...] class
+/// indices, sigmoid [B, C, ...] masks) of a `classes`-channel network, as
+/// sliding_window_labels gives them without the whole logits.
+MetricInputs metric_inputs_from_labels(const at::Tensor& predicted, const at::Tensor& labels, std::int64_t classes,
+                                       bool sigmoid);
 
 /// The label volume a prediction is written as: softmax models [B, 1, ...] uint8 class
 /// indices (argmax); sigmoid models [B, C, ...] uint8 masks (logit > 0).
