@@ -39,6 +39,7 @@ struct LaunchArgs {
   int nproc = 1;
   int nnodes = 1, node_rank = 0;
   std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;  ///< required with nnodes > 1: the other nodes' ranks dial it
   int master_port = 0;
   double grace_seconds = 5;
   bool no_medfast = false;
@@ -81,8 +82,11 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   if (a.node_rank < 0 || a.node_rank >= a.nnodes) {
     throw ValueError(str("launch: --node-rank ", a.node_rank, " is outside 0..", a.nnodes - 1, " (--nnodes ", a.nnodes, ")"));
   }
-  if (a.nnodes > 1 && a.master_port == 0) {
-    throw ValueError(str("launch: --nnodes ", a.nnodes, " needs --master-port (and --master-addr: node 0's address), the "
+  if (a.nproc > 4096 || a.nnodes > 65536 || static_cast<long long>(a.nproc) * a.nnodes > (1 << 24)) {
+    throw ValueError(str("launch: --nnodes ", a.nnodes, " x --nproc ", a.nproc, " ranks is more than this launcher starts"));
+  }
+  if (a.nnodes > 1 && (a.master_port == 0 || !a.master_addr_given)) {
+    throw ValueError(str("launch: --nnodes ", a.nnodes, " needs --master-addr (node 0's address) and --master-port, the "
                          "same on every node's launcher: the ranks of all nodes meet there"));
   }
   const int port = a.master_port > 0 ? a.master_port : os::free_tcp_port(a.master_addr);
@@ -169,7 +173,14 @@ Command register_launch(CLI::App& root) {
   app->add_option("--nnodes", a->nnodes, "Nodes (machines), one launcher each")->capture_default_str();
   app->add_option("--node-rank", a->node_rank, "This node's index, 0..nnodes-1 (node 0 hosts rank 0)")
       ->capture_default_str();
-  app->add_option("--master-addr", a->master_addr, "Address rank 0 hosts the rendezvous on (node 0's, reachable from every node)")->capture_default_str();
+  app->add_option_function<std::string>(
+         "--master-addr",
+         [a](const std::string& v) {
+           a->master_addr = v;
+           a->master_addr_given = true;
+         },
+         "Address rank 0 hosts the rendezvous on (node 0's, reachable from every node; required with --nnodes > 1)")
+      ->default_str("127.0.0.1");
   app->add_option("--master-port", a->master_port, "Port of the rendezvous (0: a free one; required with --nnodes > 1)")->capture_default_str();
   app->add_option("--grace", a->grace_seconds, "Seconds the other ranks get to stop before SIGKILL")
       ->capture_default_str();

@@ -459,7 +459,9 @@ Header parse_header(const Parsed& parsed, const std::string& file, bool phi) {
   const bool per_frame_positions = per_frame.size() > 0 || shared.size() > 0;
   if (!offsets.empty() && !per_frame_positions) {
     if (offsets.size() != static_cast<std::size_t>(h.frames)) {
-      throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " has ", offsets.size(), " values for ", h.frames,
+      throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " has ",
+                            offsets.size() > static_cast<std::size_t>(h.frames) ? "more than " : "",
+                            std::min<std::size_t>(offsets.size(), static_cast<std::size_t>(h.frames)), " values for ", h.frames,
                             " frame(s) (", name_of(NumberOfFrames), ")"));
     }
     if (ipp.size() != 3 || iop.size() != 6) {

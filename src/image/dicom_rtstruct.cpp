@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
@@ -41,12 +42,14 @@ std::size_t slice_of(const std::vector<double>& along, const Series& ref, const 
     throw FormatError(str(what, " is not in one slice plane: its points lie from ", *lo, " to ", *hi,
                           " mm along the slice normal (slices ", spacing, " mm apart)"));
   }
-  const double mid = 0.5 * (*lo + *hi);
+  double mid = 0;  // the points' mean position along the normal
+  for (double a : along) mid += a;
+  mid /= static_cast<double>(along.size());
   const auto it = std::lower_bound(ref.slices.begin(), ref.slices.end(), mid,
                                    [](const Slice& s, double v) { return s.along_normal < v; });
   std::size_t best = static_cast<std::size_t>(it - ref.slices.begin());
   if (best == ref.slices.size() ||
-      (best > 0 && mid - ref.slices[best - 1].along_normal < ref.slices[best].along_normal - mid)) {
+      (best > 0 && mid - ref.slices[best - 1].along_normal <= ref.slices[best].along_normal - mid)) {  // ties: the lower
     best = best == 0 ? 0 : best - 1;
   }
   if (std::fabs(ref.slices[best].along_normal - mid) > 0.5 * spacing) {
@@ -104,59 +107,6 @@ Image place_rtstruct(const Parsed& parsed, const Header& h, const Series& ref, c
   const auto r = row_of(ref.orientation), c = column_of(ref.orientation), n = normal_of(ref.orientation);
   const std::array<double, 3> origin = ref.slices.front().position;
 
-  // Every closed planar contour, by ROI number.
-  std::map<int, std::vector<Contour>> contours;
-  const Items roi_contours = items(ds, ROIContourSequence);
-  for (std::size_t i = 0; i < roi_contours.size(); ++i) {
-    const auto number = numbers(roi_contours[i], ReferencedROINumber, h.file);
-    if (number.empty() || number[0] != std::floor(number[0])) {
-      throw FormatError(str(h.file, ": ", name_of(ROIContourSequence), " item ", i + 1, ": ", name_of(ReferencedROINumber),
-                            " is missing or not a whole number"));
-    }
-    const int roi = static_cast<int>(number[0]);
-    if (!name_of_roi.count(roi)) {
-      throw FormatError(str(h.file, ": ", name_of(ROIContourSequence), " item ", i + 1, " has contours for ROI ", roi,
-                            ", which ", name_of(StructureSetROISequence), " does not list"));
-    }
-    const Items list = items(roi_contours[i], ContourSequence);
-    std::size_t skipped = 0;
-    for (std::size_t k = 0; k < list.size(); ++k) {
-      const std::string what = str(h.file, ": ROI ", roi, " ('", name_of_roi[roi], "') contour ", k + 1);
-      const std::string type = text(list[k], ContourGeometricType);
-      if (type != "CLOSED_PLANAR") {  // POINT, OPEN_PLANAR, OPEN_NONPLANAR: no area to fill
-        ++skipped;
-        continue;
-      }
-      const auto count = numbers(list[k], NumberOfContourPoints, h.file);
-      if (count.empty() || count[0] < 0 || count[0] > 1e7 || count[0] != std::floor(count[0])) {
-        throw FormatError(str(what, ": ", name_of(NumberOfContourPoints), " is missing or not a whole number"));
-      }
-      const auto points = static_cast<std::size_t>(count[0]);
-      const auto data = numbers(list[k], ContourData, h.file, 3 * points + 1);
-      if (data.size() != 3 * points) {
-        throw FormatError(str(what, ": ", name_of(ContourData), " holds ", data.size(), " numbers, expected 3 x ",
-                              name_of(NumberOfContourPoints), " ", points));
-      }
-      if (points < 3) {
-        log::warn("dicom: ", what, " has ", points, " point(s): no area, skipped");
-        continue;
-      }
-      Contour ct;
-      std::vector<double> along(points);
-      for (std::size_t p = 0; p < points; ++p) {
-        const std::array<double, 3> q{data[3 * p], data[3 * p + 1], data[3 * p + 2]};
-        const auto d = minus(q, origin);
-        ct.x.push_back(dot(d, r) / ref.pixel_spacing[1]);
-        ct.y.push_back(dot(d, c) / ref.pixel_spacing[0]);
-        along[p] = dot(q, n);
-      }
-      ct.z = slice_of(along, ref, what);
-      contours[roi].push_back(std::move(ct));
-    }
-    if (skipped) log::info("dicom: ", h.file, ": ROI ", roi, " ('", name_of_roi[roi], "'): ", skipped,
-                           " contour(s) that are not CLOSED_PLANAR (points, open lines) are not filled");
-  }
-
   // The order in which ROIs paint: label_dict's entries as listed (ROIName), else by number.
   std::vector<std::pair<std::vector<int>, int>> paint;
   if (labels.empty()) {
@@ -178,6 +128,71 @@ Image place_rtstruct(const Parsed& parsed, const Header& h, const Series& ref, c
       }
       paint.push_back({matched, value});
     }
+  }
+  std::set<int> painted;
+  for (const auto& [rois, value] : paint) painted.insert(rois.begin(), rois.end());
+
+  // Every closed planar contour, by ROI number.
+  std::map<int, std::vector<Contour>> contours;
+  const Items roi_contours = items(ds, ROIContourSequence);
+  for (std::size_t i = 0; i < roi_contours.size(); ++i) {
+    const auto number = numbers(roi_contours[i], ReferencedROINumber, h.file);
+    if (number.empty() || number[0] != std::floor(number[0]) || number[0] < 0 || number[0] > 1e9) {
+      throw FormatError(str(h.file, ": ", name_of(ROIContourSequence), " item ", i + 1, ": ", name_of(ReferencedROINumber),
+                            " is missing or not a whole number in 0..1e9"));
+    }
+    const int roi = static_cast<int>(number[0]);
+    if (!name_of_roi.count(roi)) {
+      throw FormatError(str(h.file, ": ", name_of(ROIContourSequence), " item ", i + 1, " has contours for ROI ", roi,
+                            ", which ", name_of(StructureSetROISequence), " does not list"));
+    }
+    if (!painted.count(roi)) continue;  // an ROI the label_dict does not ask for (a body, a couch) is not read
+    const Items list = items(roi_contours[i], ContourSequence);
+    std::size_t skipped = 0;
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const std::string what = str(h.file, ": ROI ", roi, " ('", name_of_roi[roi], "') contour ", k + 1);
+      const std::string type = text(list[k], ContourGeometricType);
+      if (type != "CLOSED_PLANAR") {  // POINT, OPEN_PLANAR, OPEN_NONPLANAR: no area to fill
+        ++skipped;
+        continue;
+      }
+      const auto count = numbers(list[k], NumberOfContourPoints, h.file);
+      if (count.empty() || count[0] < 0 || count[0] != std::floor(count[0])) {
+        throw FormatError(str(what, ": ", name_of(NumberOfContourPoints), " is missing or not a whole number"));
+      }
+      if (count[0] > 1e7) {
+        throw FormatError(str(what, ": ", name_of(NumberOfContourPoints), " is ", count[0], ", over the 1e7 this reader takes"));
+      }
+      const auto points = static_cast<std::size_t>(count[0]);
+      const auto data = numbers(list[k], ContourData, h.file, 3 * points + 1);
+      if (data.size() != 3 * points) {
+        throw FormatError(str(what, ": ", name_of(ContourData), " holds ", data.size() > 3 * points ? "more than " : "",
+                              std::min(data.size(), 3 * points), " numbers, expected 3 x ", name_of(NumberOfContourPoints),
+                              " ", points));
+      }
+      if (points < 3) {
+        log::warn("dicom: ", what, " has ", points, " point(s): no area, skipped");
+        continue;
+      }
+      Contour ct;
+      std::vector<double> along(points);
+      for (std::size_t p = 0; p < points; ++p) {
+        const std::array<double, 3> q{data[3 * p], data[3 * p + 1], data[3 * p + 2]};
+        const auto d = minus(q, origin);
+        ct.x.push_back(dot(d, r) / ref.pixel_spacing[1]);
+        ct.y.push_back(dot(d, c) / ref.pixel_spacing[0]);
+        along[p] = dot(q, n);
+        // Finite and within a billion voxels: the fill's integer conversions stay defined.
+        if (!(std::fabs(ct.x.back()) < 1e9 && std::fabs(ct.y.back()) < 1e9 && std::fabs(along[p]) < 1e12)) {
+          throw FormatError(str(what, ": point ", p + 1, " (", dicom_values(q), " mm) lies absurdly far from series ",
+                                ref.series_uid));
+        }
+      }
+      ct.z = slice_of(along, ref, what);
+      contours[roi].push_back(std::move(ct));
+    }
+    if (skipped) log::info("dicom: ", h.file, ": ROI ", roi, " ('", name_of_roi[roi], "'): ", skipped,
+                           " contour(s) that are not CLOSED_PLANAR (points, open lines) are not filled");
   }
 
   const std::size_t frame = static_cast<std::size_t>(ref.rows) * static_cast<std::size_t>(ref.columns);

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <exception>
 #include <map>
 
 #include "medfast/core/error.hpp"
@@ -136,10 +137,18 @@ std::size_t save_state_dict_file(const std::string& path, const torch::nn::Modul
 
   os::AtomicWriter out(path);
   std::size_t bytes = 0;
+  // The zip writer's callback must not throw (its destructor writes through it too): a
+  // failed write (a full disk) is kept and rethrown once the writer is done with.
+  std::exception_ptr failed;
   {
     caffe2::serialize::PyTorchStreamWriter zip([&](const void* data, std::size_t size) -> std::size_t {
-      out.append(data, size);
-      bytes += size;
+      if (failed) return size;
+      try {
+        out.append(data, size);
+        bytes += size;
+      } catch (...) {
+        failed = std::current_exception();
+      }
       return size;
     });
     zip.writeRecord("data.pkl", pk.bytes().data(), pk.bytes().size());
@@ -151,6 +160,7 @@ std::size_t save_state_dict_file(const std::string& path, const torch::nn::Modul
     }
     zip.writeEndOfFile();
   }
+  if (failed) std::rethrow_exception(failed);  // the temporary file goes with `out`
   out.commit();
   return bytes;
 }

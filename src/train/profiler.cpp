@@ -129,10 +129,11 @@ void StepProfiler::stop_recording() {
 }
 
 void StepProfiler::before_step(long step) {
-  if (o_.memory && step == 0) {
+  if (o_.memory && !memory_done_ && !recording_memory_) {  // this run's first step (a resumed one's too)
     std::string why;
     if (!detail::record_cuda_memory_history(true, why)) throw ValueError(str("train.profile.memory: ", why));
     recording_memory_ = true;
+    memory_end_ = step + o_.wait + o_.warmup + o_.active;
   }
   if (!o_.enabled) return;
   const Phase p = phase_of(step);
@@ -145,7 +146,7 @@ void StepProfiler::before_step(long step) {
 }
 
 void StepProfiler::after_step(long step) {
-  if (recording_memory_ && step + 1 == o_.wait + o_.warmup + o_.active) write_memory();  // the first cycle's end
+  if (recording_memory_ && step + 1 >= memory_end_) write_memory();  // one cycle's end
   if (!o_.enabled || phase_of(step) != Phase::active) return;
   ++active_steps_;
   if (phase_of(step + 1) != Phase::active || (step + 1) % (o_.wait + o_.warmup + o_.active) == 0) write(step);
@@ -167,6 +168,7 @@ void StepProfiler::write_memory() {
   std::string why;
   detail::record_cuda_memory_history(false, why);
   recording_memory_ = false;
+  memory_done_ = true;
   os::make_directories(dir_);
   const std::string path = dir_ + "/memory.pickle";
   os::write_text_file(path, pickled);

@@ -951,7 +951,7 @@ TEST(Launch, NodesGetTorchrunsRankVariables) {
   test::TempDir dir;
   for (int node = 0; node < 2; ++node) {
     const auto r = test::run(launch("launch --nnodes 2 --node-rank " + std::to_string(node) +
-                                    " --master-port 29555 --nproc 3 --no-medfast -- sh -c 'echo $RANK $LOCAL_RANK "
+                                    " --master-addr 127.0.0.1 --master-port 29555 --nproc 3 --no-medfast -- sh -c 'echo $RANK $LOCAL_RANK "
                                     "$WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_PORT > " + dir.path() +
                                     "/env.$RANK'"));
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -1022,12 +1022,14 @@ TEST(Launch, BadArgumentsAreClearErrors) {
   r = test::run(launch("launch --nproc 2"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "no command")) << r.err;
-  r = test::run(launch("launch --nnodes 2 --node-rank 2 --master-port 29500 -- train"));
+  r = test::run(launch("launch --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 --master-port 29500 -- train"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "--node-rank 2 is outside 0..1")) << r.err;
-  r = test::run(launch("launch --nnodes 2 --node-rank 1 -- train"));
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(contains(r.err, "needs --master-port")) << r.err;
+  for (const char* partial : {"", " --master-port 29500", " --master-addr 10.0.0.1"}) {
+    r = test::run(launch(std::string("launch --nnodes 2 --node-rank 1") + partial + " -- train"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(contains(r.err, "needs --master-addr (node 0's address) and --master-port")) << partial << ": " << r.err;
+  }
   r = test::run(launch("launch --nproc 2 --no-medfast -- /no/such/program"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "/no/such/program")) << r.err;

@@ -570,8 +570,11 @@ def read_rtstruct(path, ct, label_dict):
     names = {int(r.ROINumber): str(r.ROIName) for r in ds.StructureSetROISequence}
     masks = {}
     Y, X = np.meshgrid(np.arange(rows, dtype=float), np.arange(cols, dtype=float), indexing="ij")
+    wanted = None if label_dict is None else {name for name, _ in label_dict}
     for rc in ds.ROIContourSequence:
         number = int(rc.ReferencedROINumber)
+        if wanted is not None and names[number] not in wanted:
+            continue  # an ROI the label_dict does not ask for is not read
         inside = np.zeros((nz, rows, cols), bool)
         for contour in rc.ContourSequence:
             if contour.ContourGeometricType != "CLOSED_PLANAR":
@@ -1049,6 +1052,13 @@ def main():
     rt_off = write_rtstruct(os.path.join(err_dir("rtstruct_off_slice"), hex_name(".dcm")), axial_ct, off_slice=100.0)
     add_error("rtstruct_off_slice", rt_off, [os.path.basename(rt_off), "ROI 1 ('GTV-1') contour 1", "off every slice"],
               reference=axial_rel, label_dict=both)
+    # The off-slice contour is GTV-1's: a label_dict without GTV-1 reads the file.
+    vol = read_rtstruct(rt_off, axial, [["Lung", 2]])
+    assert vol.max() == 2 and (vol == 1).sum() == 0
+    segs.append(dict(name="rtstruct_unasked_roi_broken", seg=rel(rt_off, root), reference=axial_rel,
+                     label_dict=[["Lung", 2]],
+                     expect=dict(shape=axial["shape"], dtype="uint8", voxels=write_voxels(root, "rtstruct_unasked", vol),
+                                 affine=affine_json(axial["affine"]))))
     for path in (rt_other, rt_off):  # the independent reader refuses them too
         try:
             read_rtstruct(path, axial, both)

@@ -10,8 +10,8 @@
 ///
 /// train.profile.memory (CUDA, libtorch >= 2.4; its own switch: `profile: {memory: true}`
 /// alone records memory only, no trace) records the CUDA caching allocator's history
-/// (libtorch's torch::cuda::_record_memory_history) from the first step to the end of the
-/// first cycle (wait + warmup + active steps) and writes run_dir/profiler/memory.pickle,
+/// (libtorch's torch::cuda::_record_memory_history) from the run's first step (a resumed
+/// run's too) for one cycle (wait + warmup + active steps) and writes run_dir/profiler/memory.pickle,
 /// which PyTorch's memory_viz (pytorch.org/memory_viz) opens.
 #include <memory>
 #include <string>
@@ -77,7 +77,8 @@ class StepProfiler {
   std::string dir_;
   nlohmann::json info_;
   bool recording_ = false;
-  bool recording_memory_ = false;
+  bool recording_memory_ = false, memory_done_ = false;
+  long memory_end_ = 0;  ///< the step after the first cycle this run profiles
   long active_steps_ = 0;
   std::vector<std::string> written_;
   struct Operators;
