@@ -475,6 +475,11 @@ class Run {
       }
       rec.samples += batch_tensor(*batch, t_.image_key, "train.image_key").size(0);
       const double step_loss = train_step(*batch, rec);
+      if (events_) {  // MONAI's tutorials' x axis: epoch_len * epoch + step, 1-based
+        const double now = profile::unix_seconds();
+        events_->scalar("train_loss", step_loss, global_step + 1, now);
+        events_->scalar("learning_rate", rec.lr, global_step + 1, now);
+      }
       if (std::isfinite(step_loss)) {
         loss_sum += step_loss;
         ++finite_steps;
@@ -561,13 +566,6 @@ class Run {
     nonfinite_->record(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss, stepped,
                        [this, &rec] { return nonfinite_context(rec.epoch); });
     if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
-    if (events_) {  // MONAI's tutorials' x axis: epoch_len * epoch + step, 1-based
-      const auto per_epoch = static_cast<std::int64_t>(loader_->batches_per_epoch());
-      const std::int64_t global_step = static_cast<std::int64_t>(rec.epoch - 1) * per_epoch + rec.steps;
-      const double now = profile::unix_seconds();
-      events_->scalar("train_loss", step_loss, global_step, now);
-      events_->scalar("learning_rate", rec.lr, global_step, now);
-    }
     stage.reset();
     return step_loss;
   }
