@@ -253,6 +253,20 @@ std::string dicom_values(const A& values) {
 /// (dicom_series.cpp).
 Series series_of(const std::vector<const Header*>& members, bool phi);
 
+/// A uint8 label volume of zeros on `ref`'s grid, with its affine (dicom_seg.cpp).
+Image empty_labels(const Series& ref);
+
+/// Which segments paint which class, in painting order (a later entry wins where they
+/// overlap): label_dict's entries as listed, each matching the segments whose key() is its
+/// name (a SEG's SegmentDescription, else SegmentLabel; an RTSTRUCT's ROIName), else every
+/// segment number as its own class, ascending. An entry that matches nothing is a warning
+/// naming the keys there are (`what`: "segment", "ROI"; `keys_are`: what the keys are
+/// read from); a class outside 0..255 is a ValueError, a number over 255 (no label_dict)
+/// a FormatError naming `number_tag` (dicom_seg.cpp).
+using PaintOrder = std::vector<std::pair<std::vector<int>, int>>;
+PaintOrder paint_order(const Header& h, const LabelDict& labels, const TagName& number_tag, const std::string& what,
+                       const std::string& keys_are);
+
 /// Places a parsed SEG's frames (pixels back to back) on `ref`'s grid (dicom_seg.cpp).
 Image place_seg(const Header& h, const char* pixels, const Series& ref, const LabelDict& labels);
 

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <set>
 
@@ -107,28 +106,8 @@ Image place_rtstruct(const Parsed& parsed, const Header& h, const Series& ref, c
   const auto r = row_of(ref.orientation), c = column_of(ref.orientation), n = normal_of(ref.orientation);
   const std::array<double, 3> origin = ref.slices.front().position;
 
-  // The order in which ROIs paint: label_dict's entries as listed (ROIName), else by number.
-  std::vector<std::pair<std::vector<int>, int>> paint;
-  if (labels.empty()) {
-    for (const auto& [number, name] : name_of_roi) {
-      if (number > 255) throw FormatError(str(h.file, ": ", name_of(ROINumber), " ", number, " does not fit uint8"));
-      paint.push_back({{number}, number});
-    }
-  } else {
-    for (const auto& [name, value] : labels) {
-      if (value < 0 || value > 255) throw ValueError(str("label_dict: class ", value, " for '", name, "' is outside 0..255"));
-      std::vector<int> matched;
-      for (const auto& [number, roi_name] : name_of_roi) {
-        if (roi_name == name) matched.push_back(number);
-      }
-      if (matched.empty()) {
-        std::string names;
-        for (const auto& [number, roi_name] : name_of_roi) names += (names.empty() ? "'" : ", '") + roi_name + "'";
-        log::warn("dicom: ", h.file, ": label_dict entry '", name, "' matches no ROI (", name_of(ROIName), ": ", names, ")");
-      }
-      paint.push_back({matched, value});
-    }
-  }
+  // Only the ROIs that paint are read.
+  const PaintOrder paint = paint_order(h, labels, ROINumber, "ROI", name_of(ROIName));
   std::set<int> painted;
   for (const auto& [rois, value] : paint) painted.insert(rois.begin(), rois.end());
 
@@ -196,12 +175,7 @@ Image place_rtstruct(const Parsed& parsed, const Header& h, const Series& ref, c
   }
 
   const std::size_t frame = static_cast<std::size_t>(ref.rows) * static_cast<std::size_t>(ref.columns);
-  Image image;
-  image.shape = {ref.columns, ref.rows, static_cast<std::int64_t>(ref.slices.size())};
-  image.dtype = "uint8";
-  image.affine = ref.affine();
-  image.storage = os::Buffer::allocate(frame * ref.slices.size());
-  std::memset(image.storage.data(), 0, image.storage.size());
+  Image image = empty_labels(ref);
   auto* out = image.storage.as<std::uint8_t>();
   for (const auto& [rois, value] : paint) {
     for (int roi : rois) {

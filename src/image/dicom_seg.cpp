@@ -66,6 +66,45 @@ std::size_t slice_for_frame(const Header& h, std::size_t fr, const Series& ref,
 
 namespace detail {
 
+Image empty_labels(const Series& ref) {
+  Image image;
+  image.shape = {ref.columns, ref.rows, static_cast<std::int64_t>(ref.slices.size())};
+  image.dtype = "uint8";
+  image.affine = ref.affine();
+  image.storage = os::Buffer::allocate(static_cast<std::size_t>(ref.rows) * static_cast<std::size_t>(ref.columns) *
+                                       ref.slices.size());
+  std::memset(image.storage.data(), 0, image.storage.size());
+  return image;
+}
+
+PaintOrder paint_order(const Header& h, const LabelDict& labels, const TagName& number_tag, const std::string& what,
+                       const std::string& keys_are) {
+  PaintOrder paint;
+  if (labels.empty()) {
+    std::map<int, bool> numbers;  // ascending, once each
+    for (const Segment& seg : h.segments) numbers[seg.number] = true;
+    for (const auto& [number, unused] : numbers) {
+      if (number > 255) throw FormatError(str(h.file, ": ", name_of(number_tag), " ", number, " does not fit uint8"));
+      paint.push_back({{number}, number});
+    }
+    return paint;
+  }
+  for (const auto& [name, value] : labels) {
+    if (value < 0 || value > 255) throw ValueError(str("label_dict: class ", value, " for '", name, "' is outside 0..255"));
+    std::vector<int> numbers;
+    for (const Segment& seg : h.segments) {
+      if (seg.key() == name) numbers.push_back(seg.number);
+    }
+    if (numbers.empty()) {
+      std::string keys;
+      for (const Segment& seg : h.segments) keys += (keys.empty() ? "'" : ", '") + seg.key() + "'";
+      log::warn("dicom: ", h.file, ": label_dict entry '", name, "' matches no ", what, " (", keys_are, ": ", keys, ")");
+    }
+    paint.push_back({numbers, value});
+  }
+  return paint;
+}
+
 /// Places a parsed SEG's frames (pixels back to back) on `ref`'s grid.
 Image place_seg(const Header& h, const char* pixels, const Series& ref, const LabelDict& labels) {
   if (!h.is_seg) {
@@ -121,37 +160,8 @@ Image place_seg(const Header& h, const char* pixels, const Series& ref, const La
     return fractional ? v >= threshold : v != 0;
   };
 
-  // The order in which segments paint: label_dict's entries as listed, else by number.
-  std::vector<std::pair<std::vector<int>, int>> paint;
-  if (labels.empty()) {
-    for (const auto& [number, seg] : segment_by_number) {
-      if (number > 255) throw FormatError(str(h.file, ": ", name_of(SegmentNumber), " ", number, " does not fit uint8"));
-      paint.push_back({{number}, number});
-    }
-  } else {
-    for (const auto& [name, value] : labels) {
-      if (value < 0 || value > 255) {
-        throw ValueError(str("label_dict: class ", value, " for '", name, "' is outside 0..255"));
-      }
-      std::vector<int> numbers;
-      for (const Segment& seg : h.segments) {
-        if (seg.key() == name) numbers.push_back(seg.number);
-      }
-      if (numbers.empty()) {
-        std::string keys;
-        for (const Segment& seg : h.segments) keys += (keys.empty() ? "'" : ", '") + seg.key() + "'";
-        log::warn("dicom: ", h.file, ": label_dict entry '", name, "' matches no segment (SegmentDescription, else ",
-                  "SegmentLabel: ", keys, ")");
-      }
-      paint.push_back({numbers, value});
-    }
-  }
-  Image image;
-  image.shape = {ref.columns, ref.rows, static_cast<std::int64_t>(ref.slices.size())};
-  image.dtype = "uint8";
-  image.affine = ref.affine();
-  image.storage = os::Buffer::allocate(frame * ref.slices.size());
-  std::memset(image.storage.data(), 0, image.storage.size());
+  const PaintOrder paint = paint_order(h, labels, SegmentNumber, "segment", "SegmentDescription, else SegmentLabel");
+  Image image = empty_labels(ref);
   auto* out = image.storage.as<std::uint8_t>();
   for (const auto& [numbers, value] : paint) {
     for (std::size_t fr = 0; fr < h.slices.size(); ++fr) {

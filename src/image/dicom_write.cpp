@@ -153,6 +153,20 @@ void put_common(gdcm::DataSet& ds, const CtToWrite& ct, const std::string& modal
   put(ds, 0x0020, 0x0052, gdcm::VR::UI, ct.frame_of_reference_uid);
 }
 
+/// A reference to one CT image (ReferencedSOPClassUID, ReferencedSOPInstanceUID).
+gdcm::DataSet image_reference(const std::string& sop_uid) {
+  gdcm::DataSet ref;
+  put(ref, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
+  put(ref, 0x0008, 0x1155, gdcm::VR::UI, sop_uid);
+  return ref;
+}
+
+std::vector<gdcm::DataSet> image_references(const std::vector<std::string>& sop_uids) {
+  std::vector<gdcm::DataSet> refs;
+  for (const std::string& uid : sop_uids) refs.push_back(image_reference(uid));
+  return refs;
+}
+
 }  // namespace
 #endif
 
@@ -236,15 +250,8 @@ void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<s
     put_sequence(ds, 0x0062, 0x0002, {seg});
   }
   {
-    std::vector<gdcm::DataSet> instances;
-    for (const std::string& uid : ct_sop_uids) {
-      gdcm::DataSet ref;
-      put(ref, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
-      put(ref, 0x0008, 0x1155, gdcm::VR::UI, uid);
-      instances.push_back(ref);
-    }
     gdcm::DataSet series;
-    put_sequence(series, 0x0008, 0x114a, instances);
+    put_sequence(series, 0x0008, 0x114a, image_references(ct_sop_uids));
     put(series, 0x0020, 0x000e, gdcm::VR::UI, ct.series_uid);
     put_sequence(ds, 0x0008, 0x1115, {series});
   }
@@ -259,13 +266,11 @@ void write_seg(const std::string& file, const CtToWrite& ct, const std::vector<s
   }
   std::vector<gdcm::DataSet> per_frame;
   for (const std::int64_t z : frames) {
-    gdcm::DataSet fg, position, source, derivation, seg_id;
+    gdcm::DataSet fg, position, derivation, seg_id;
     const auto& p = g.positions[static_cast<std::size_t>(z)];
     put(position, 0x0020, 0x0032, gdcm::VR::DS, ds_list({p[0], p[1], p[2]}));
     put_sequence(fg, 0x0020, 0x9113, {position});
-    put(source, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
-    put(source, 0x0008, 0x1155, gdcm::VR::UI, ct_sop_uids.at(static_cast<std::size_t>(z)));
-    put_sequence(derivation, 0x0008, 0x2112, {source});
+    put_sequence(derivation, 0x0008, 0x2112, {image_reference(ct_sop_uids.at(static_cast<std::size_t>(z)))});
     put_sequence(fg, 0x0008, 0x9124, {derivation});
     put_us(seg_id, 0x0062, 0x000b, 1);
     put_sequence(fg, 0x0062, 0x000a, {seg_id});
@@ -301,16 +306,9 @@ void write_rtstruct(const std::string& file, const CtToWrite& ct, const std::vec
   put(ds, 0x3006, 0x0002, gdcm::VR::SH, "GTV");       // StructureSetLabel
   put(ds, 0x3006, 0x0008, gdcm::VR::DA, "20240101");  // StructureSetDate
   {
-    std::vector<gdcm::DataSet> images;
-    for (const std::string& uid : ct_sop_uids) {
-      gdcm::DataSet ref;
-      put(ref, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
-      put(ref, 0x0008, 0x1155, gdcm::VR::UI, uid);
-      images.push_back(ref);
-    }
     gdcm::DataSet series, study, frame_of_reference;
     put(series, 0x0020, 0x000e, gdcm::VR::UI, ct.series_uid);
-    put_sequence(series, 0x3006, 0x0016, images);  // ContourImageSequence
+    put_sequence(series, 0x3006, 0x0016, image_references(ct_sop_uids));  // ContourImageSequence
     put(study, 0x0008, 0x1150, gdcm::VR::UI, "1.2.840.10008.3.1.2.3.1");  // Detached Study Management
     put(study, 0x0008, 0x1155, gdcm::VR::UI, ct.study_uid);
     put_sequence(study, 0x3006, 0x0014, {series});  // RTReferencedSeriesSequence
@@ -353,10 +351,8 @@ void write_rtstruct(const std::string& file, const CtToWrite& ct, const std::vec
         while (end < nx && s[y * nx + end]) ++end;
         const double x0 = static_cast<double>(x) - 0.5, x1 = static_cast<double>(end) - 0.5;
         const double y0 = static_cast<double>(y) - 0.5, y1 = static_cast<double>(y) + 0.5;
-        gdcm::DataSet c, image;
-        put(image, 0x0008, 0x1150, gdcm::VR::UI, kCtImageStorage);
-        put(image, 0x0008, 0x1155, gdcm::VR::UI, ct_sop_uids.at(static_cast<std::size_t>(z)));
-        put_sequence(c, 0x3006, 0x0016, {image});
+        gdcm::DataSet c;
+        put_sequence(c, 0x3006, 0x0016, {image_reference(ct_sop_uids.at(static_cast<std::size_t>(z)))});
         put(c, 0x3006, 0x0042, gdcm::VR::CS, "CLOSED_PLANAR");
         put(c, 0x3006, 0x0046, gdcm::VR::IS, "4");
         put(c, 0x3006, 0x0050, gdcm::VR::DS,

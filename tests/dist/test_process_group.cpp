@@ -962,18 +962,26 @@ TEST(Launch, NodesGetTorchrunsRankVariables) {
   }
 }
 
+/// The shell command of node `rank`'s launcher of a two-node run on loopback (2 ranks each)
+/// training the config in folder `d` for `epochs`, into d/run; its output in d/out<rank>
+/// and d/err<rank>. `settings`: flags before `launch`.
+std::string node_launcher(const std::string& d, const std::string& port, int rank, const std::string& settings,
+                          int epochs) {
+  return launch("--threads 1 " + settings + "launch --nnodes 2 --node-rank " + std::to_string(rank) +
+                " --master-addr 127.0.0.1 --master-port " + port + " --nproc 2 -- train --config '" + d +
+                "/run.json' --set train.epochs=" + std::to_string(epochs) +
+                " --set data.loader.threads=1 --set train.run_dir='" + d + "/run'") +
+         " > " + d + "/out" + std::to_string(rank) + " 2> " + d + "/err" + std::to_string(rank);
+}
+
 // Multi-node, as on two machines: two launchers on loopback (--nnodes 2, 2 ranks each)
 // train one run together; node 1 holds global ranks 2 and 3.
 TEST(Launch, TwoNodesOfTwoRanksTrainTogether) {
   test::TempDir dir;
   test::write_file(dir / "run.json", tiny_ddp_config(dir, 9).dump(2));
   const std::string d = dir.path(), port = std::to_string(os::free_tcp_port());
-  auto node = [&](int rank) {
-    return launch("--threads 1 launch --nnodes 2 --node-rank " + std::to_string(rank) +
-                  " --master-addr 127.0.0.1 --master-port " + port + " --nproc 2 -- train --config '" + d +
-                  "/run.json' --set train.epochs=1 --set data.loader.threads=1 --set train.run_dir='" + d + "/run'") +
-           " > " + d + "/out" + std::to_string(rank) + " 2> " + d + "/err" + std::to_string(rank);
-  };
+  auto node = [&](int rank) { return node_launcher(d, port, rank, "", 1); };
+
   test::write_file(dir / "run.sh", node(1) + " &\nN1=$!\n" + node(0) + "\necho $? > " + d + "/rc0\nwait $N1\necho $? > " +
                                        d + "/rc1\n");
   test::run("bash '" + (dir / "run.sh") + "'");
@@ -994,12 +1002,8 @@ TEST(Launch, AKilledNodeStopsTheOtherNamingIt) {
   test::TempDir dir;
   test::write_file(dir / "run.json", tiny_ddp_config(dir, 9).dump(2));
   const std::string d = dir.path(), port = std::to_string(os::free_tcp_port());
-  auto node = [&](int rank) {
-    return launch("--threads 1 --dist-timeout 30 launch --nnodes 2 --node-rank " + std::to_string(rank) +
-                  " --master-addr 127.0.0.1 --master-port " + port + " --nproc 2 -- train --config '" + d +
-                  "/run.json' --set train.epochs=500 --set data.loader.threads=1 --set train.run_dir='" + d + "/run'") +
-           " > " + d + "/out" + std::to_string(rank) + " 2> " + d + "/err" + std::to_string(rank);
-  };
+  auto node = [&](int rank) { return node_launcher(d, port, rank, "--dist-timeout 30 ", 500); };
+
   // Node 1's launcher is killed with SIGKILL once the first epoch is written.
   test::write_file(dir / "run.sh", node(1) + " &\nN1=$!\n" + node(0) + " &\nN0=$!\n" +
                                        "for i in $(seq 600); do [ -s " + d + "/run/metrics.jsonl ] && break; sleep 0.1; done\n"
