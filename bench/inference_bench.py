@@ -26,8 +26,11 @@ Each side runs in its own process, one after the other, alternating, for --round
            with the same arguments, argmax to uint8, written with nibabel; threads by
            torch.set_num_threads.
 Both write a uint8 label volume on the input's grid. Before any figure is reported the labels
-are compared: they must be equal (the number of differing voxels is printed either way and a
-difference fails the run). Figures per side: the process's wall time (start to exit: reading,
+are compared (first round): they must be equal except at ties, voxels where MONAI's
+probabilities of the two labels differ by less than 1e-4 (medfast folds batch norm into the
+convolutions: the same function, rounded differently); the count and the largest gap are
+printed and kept in the JSON, and anything more fails the run. The check runs in the MONAI
+worker after its timers, on the logits it still holds (no new peak). Figures per side: the process's wall time (start to exit: reading,
 inference, writing), the inference seconds each side reports for itself (MONAI: around
 sliding_window_inference and argmax; medfast: the case's `infer_seconds` from --json), and the
 process's peak RSS (wait4's ru_maxrss). Medians over rounds, then medfast / MONAI ratios.
@@ -56,6 +59,11 @@ CELLS = {
     "a_const": dict(shape=(250, 250, 120), roi=96, overlap=0.5, mode="constant", sw=4, classes=2),
     "a_sw1": dict(shape=(250, 250, 120), roi=96, overlap=0.5, mode="gaussian", sw=1, classes=2),
 }
+
+# Labels may differ only at ties: voxels where MONAI's probabilities of the two labels are
+# closer than this (medfast folds batch norm into the convolutions: the same function, rounded
+# differently; with the fold_batch_norm setting off the labels are equal voxel for voxel).
+TIE = 1e-4
 
 UNET = dict(spatial_dims=3, in_channels=1, channels=[16, 32, 64, 128, 256], strides=[2, 2, 2, 2],
             num_res_units=2, norm="batch")
@@ -165,11 +173,23 @@ def worker(args):
         logits = sliding_window_inference(x, p["roi"], p["sw"], net, overlap=p["overlap"], mode=p["mode"])
         labels = torch.argmax(logits, dim=1)[0].to(torch.uint8)
     infer = time.perf_counter()
-    del logits
+    if not p.get("check"):
+        del logits
     nib.save(nib.Nifti1Image(labels.numpy(), img.affine), p["output"])
     done = time.perf_counter()
-    print(json.dumps({"read_seconds": read - start, "infer_seconds": infer - read, "write_seconds": done - infer,
-                      "monai": monai.__version__, "torch": torch.__version__}))
+    out = {"read_seconds": read - start, "infer_seconds": infer - read, "write_seconds": done - infer,
+           "monai": monai.__version__, "torch": torch.__version__}
+    if p.get("check"):  # after the timers; the logits are still held, so no new peak
+        theirs = torch.from_numpy(np.asarray(nib.load(p["check"]).dataobj).astype(np.int64))
+        where = (theirs != labels.to(torch.int64)).nonzero()
+        gap = 0.0
+        if len(where):
+            at = tuple(where.t())
+            prob = torch.softmax(logits[0][(slice(None),) + at].double(), dim=0)  # [C, n]
+            n = torch.arange(prob.shape[1])
+            gap = float((prob[labels.to(torch.int64)[at], n] - prob[theirs[at], n]).abs().max())
+        out["check"] = {"differ": int(len(where)), "max_probability_gap": gap}
+    print(json.dumps(out))
 
 
 def compare_labels(a, b):
@@ -195,25 +215,36 @@ def bench_cell(name, cell, a, monai_ok, work):
     medfast_config(config, cell, weights, a.threads)
     m_out, p_out = os.path.join(cdir, "medfast"), os.path.join(cdir, "monai_seg.nii")
     rows = {"medfast": [], "monai": []}
+    out_check = None
     for r in range(a.rounds):
         shutil.rmtree(m_out, ignore_errors=True)
         j, wall, rss = side([a.medfast, "--progress", "off", "infer", "--config", config, "--input", image,
                              "--output", m_out, "--json"], os.path.join(cdir, "medfast.json"))
         case = j.get("cases", [{}])[0]
         rows["medfast"].append({"wall": wall, "rss": rss, "infer": case.get("infer_seconds")})
+        m_labels = os.path.join(m_out, "image_seg.nii")
         if monai_ok:
             params = dict(image=image, weights=weights, output=p_out, threads=a.threads, classes=cell["classes"],
-                          roi=[cell["roi"]] * 3, sw=cell["sw"], overlap=cell["overlap"], mode=cell["mode"])
+                          roi=[cell["roi"]] * 3, sw=cell["sw"], overlap=cell["overlap"], mode=cell["mode"],
+                          check=m_labels if r == 0 else None)
             j, wall, rss = side([sys.executable, os.path.abspath(__file__), "--monai", a.monai,
                                  "--worker", json.dumps(params)], os.path.join(cdir, "monai.json"))
             rows["monai"].append({"wall": wall, "rss": rss, "infer": j["infer_seconds"], "versions": [j["monai"], j["torch"]]})
         if r == 0 and monai_ok:  # verify before any figure counts
-            differ, total, labels = compare_labels(os.path.join(m_out, "image_seg.nii"), p_out)
-            print(f"cell {name}: labels {labels}, {differ} of {total} voxels differ", flush=True)
-            if differ:
-                raise SystemExit(f"cell {name}: medfast's and MONAI's labels differ at {differ} voxels")
+            differ, total, labels = compare_labels(m_labels, p_out)
+            gap = j["check"]["max_probability_gap"]
+            print(f"cell {name}: labels {labels}, {differ} of {total} voxels differ"
+                  + (f" (ties: MONAI's probabilities of the two labels there differ by at most {gap:.1e})" if differ else ""),
+                  flush=True)
+            if j["check"]["differ"] != differ:
+                raise SystemExit(f"cell {name}: the MONAI worker counted {j['check']['differ']} differing voxels, not {differ}")
+            if gap >= TIE:
+                raise SystemExit(f"cell {name}: medfast's and MONAI's labels differ at {differ} voxels, where MONAI's "
+                                 f"probabilities differ by up to {gap:.2e} (more than a rounding tie, {TIE})")
+            out_check = {"differ": differ, "voxels": total, "max_probability_gap": gap}
     med = lambda side_, k: statistics.median(x[k] for x in rows[side_]) if rows[side_] and rows[side_][0][k] is not None else None
     out = {"cell": name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in cell.items()}, "rounds": a.rounds,
+           **({"labels_check": out_check} if monai_ok else {}),
            "medfast": {k: med("medfast", k) for k in ("wall", "infer", "rss")}}
     if monai_ok:
         out["monai"] = {k: med("monai", k) for k in ("wall", "infer", "rss")}

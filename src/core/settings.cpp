@@ -75,6 +75,9 @@ std::vector<SettingDef> make_defs() {
       choice("host_memory_reuse", "on", {"on", "off"},
              "train, eval and infer keep freed host memory for reuse (glibc: large blocks from the heap, never "
              "returned): no page faults for each forward's tensors; the resident size stays at its peak"),
+      choice("fold_batch_norm", "on", {"on", "off"},
+             "validation, eval and infer run a UNet with batch norm folded into its convolutions (the same "
+             "outputs up to float rounding, one pass less per layer; off: the trained network as it is)"),
       bytes("buffer_pool_bytes", kDefaultBufferPoolBytes,
             "freed large host buffers kept for reuse, so decoding skips the kernel's zero-fill (0: off)"),
       choice("dist_backend", "auto", {"auto", "gloo", "nccl"},

@@ -67,6 +67,11 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
   return net;
 }
 
+torch::nn::AnyModule inference_network(const NetworkSpec& spec, const torch::nn::AnyModule& trained) {
+  if (!spec.for_inference) return trained;
+  return spec.for_inference(trained);
+}
+
 }  // namespace medfast::nn
 
 #undef MEDFAST_NETWORKS

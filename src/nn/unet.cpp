@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <map>
+
 #include "medfast/core/error.hpp"
 
 namespace medfast::nn {
@@ -134,6 +136,68 @@ UNetImpl::UNetImpl(UNetOptions options) : options_(std::move(options)) {
 
 torch::Tensor UNetImpl::forward(torch::Tensor x) { return model_->forward(x); }
 
+UNet fold_batch_norm(UNetImpl& trained) {
+  if (trained.options().norm != UNetNorm::batch) throw ValueError("UNet: only a network with norm batch can be folded");
+  // MONAI's Convolution P holds P.conv then P.adn.N: the norm after that convolution.
+  struct Norm {
+    at::Tensor scale, shift;  // float64: y = conv(x) * scale + shift, per output channel
+    bool transposed = false;
+  };
+  std::map<std::string, Norm> norms;  // by P
+  const auto modules = trained.named_modules("", /*include_self=*/false);
+  const std::string suffix = ".adn.N";
+  for (const auto& m : modules) {
+    const auto* bn = m.value()->as<torch::nn::BatchNorm3dImpl>();
+    if (bn == nullptr) continue;
+    const std::string& name = m.key();
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+        !bn->running_var.defined() || !bn->weight.defined()) {
+      throw ValueError(str("UNet: batch norm ", name, " cannot be folded (not after a convolution, or no running "
+                           "statistics or affine parameters)"));
+    }
+    const std::string prefix = name.substr(0, name.size() - suffix.size());
+    const auto conv = modules.find(prefix + ".conv");
+    if (conv == nullptr) throw ValueError(str("UNet: batch norm ", name, " has no convolution ", prefix, ".conv"));
+    Norm n;
+    n.transposed = (*conv)->as<torch::nn::ConvTranspose3dImpl>() != nullptr;
+    const at::Tensor var = bn->running_var.to(at::kDouble), mean = bn->running_mean.to(at::kDouble);
+    n.scale = bn->weight.to(at::kDouble) / (var + bn->options.eps()).sqrt();
+    n.shift = bn->bias.to(at::kDouble) - mean * n.scale;
+    norms.emplace(prefix, std::move(n));
+  }
+  UNetOptions o = trained.options();
+  o.norm = UNetNorm::none;
+  UNet folded(o);
+  const auto source = trained.named_parameters(/*recurse=*/true);
+  if (!source.is_empty()) folded->to(source.front().value().device());
+  torch::NoGradGuard no_grad;
+  for (auto& p : folded->named_parameters(/*recurse=*/true)) {
+    const std::string& name = p.key();
+    const at::Tensor* from = source.find(name);
+    if (from == nullptr) throw ValueError(str("UNet: folding found no trained parameter ", name));
+    at::Tensor value = *from;
+    for (const char* end : {".conv.weight", ".conv.bias"}) {
+      const std::string e = end;
+      if (name.size() <= e.size() || name.compare(name.size() - e.size(), e.size(), e) != 0) continue;
+      const auto it = norms.find(name.substr(0, name.size() - e.size()));
+      if (it == norms.end()) continue;
+      const Norm& n = it->second;
+      const at::Tensor v = value.to(at::kDouble);
+      if (e == ".conv.bias") {
+        value = (v * n.scale + n.shift).to(value.scalar_type());
+      } else {  // weight [out, in, k...], transposed [in, out, k...]: scale each output channel
+        std::vector<std::int64_t> shape(static_cast<std::size_t>(v.dim()), 1);
+        shape[n.transposed ? 1 : 0] = -1;
+        value = (v * n.scale.reshape(shape)).to(value.scalar_type());
+      }
+    }
+    p.value().copy_(value);
+    p.value().set_requires_grad(false);
+  }
+  folded->eval();
+  return folded;
+}
+
 std::int64_t count_parameters(const torch::nn::Module& module) {
   std::int64_t n = 0;
   for (const auto& p : module.parameters()) {
@@ -144,7 +208,15 @@ std::int64_t count_parameters(const torch::nn::Module& module) {
 
 // The entry of network.cpp's table.
 NetworkSpec unet_network(ConfigReader& arguments, const std::string& where) {
-  return detail::network_spec<UNetOptions, UNet>(arguments, "UNet", where);
+  NetworkSpec spec = detail::network_spec<UNetOptions, UNet>(arguments, "UNet", where);
+  if (spec.arguments.value("norm", "") == "batch") {
+    spec.for_inference = [](const torch::nn::AnyModule& trained) {
+      const auto unet = std::dynamic_pointer_cast<UNetImpl>(trained.ptr());
+      if (!unet) throw ValueError("UNet: inference_network was given another network");
+      return torch::nn::AnyModule(fold_batch_norm(*unet));
+    };
+  }
+  return spec;
 }
 
 }  // namespace medfast::nn

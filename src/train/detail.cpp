@@ -19,6 +19,7 @@
 #include <deque>
 
 #include "medfast/io/tensor_io.hpp"
+#include "medfast/nn/network.hpp"
 #include "medfast/train/metrics.hpp"
 
 namespace medfast::train::detail {
@@ -167,6 +168,12 @@ void StageClock::flush(StageTimes& times) {
 #endif
   for (const auto& step : impl_->steps) impl_->add(step, times);
   impl_->steps.clear();
+}
+
+torch::nn::AnyModule inference_network(const nlohmann::json& model, const torch::nn::AnyModule& trained,
+                                       const Settings& settings, const std::string& where) {
+  if (!settings.get_bool("fold_batch_norm")) return trained;
+  return nn::inference_network(nn::parse_network(without_pretrained(model), where), trained);
 }
 
 c10::Device parse_device(const std::string& name, const std::string& what) {

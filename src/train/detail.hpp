@@ -36,6 +36,12 @@ nlohmann::json without_pretrained(nlohmann::json model);
 /// (evaluate.cpp).
 Loaded load_network(const std::string& checkpoint, c10::Device device);
 
+/// The network validation, eval and infer run: nn::inference_network of `trained` (a UNet
+/// with batch norm folded into its convolutions), or `trained` itself where the
+/// fold_batch_norm setting is off. `model`: the config's model section it was built from.
+torch::nn::AnyModule inference_network(const nlohmann::json& model, const torch::nn::AnyModule& trained,
+                                       const Settings& settings, const std::string& where);
+
 /// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
 /// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).
 void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int64_t first_class);

@@ -142,9 +142,10 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   data::CachedDataset ds = data::make_validation_dataset(p);
   ds.fill();
   torch::NoGradGuard no_grad;
+  torch::nn::AnyModule run = detail::inference_network(net.meta["config"]["model"], net.any, settings, c.path + ": model");
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
-    return net.any.forward<at::Tensor>(x);
+    return run.forward<at::Tensor>(x);
   };
   EvalResult r;
   MeanMetric dice, hd;
@@ -273,9 +274,10 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
+  torch::nn::AnyModule run = detail::inference_network(cfg.at("model"), net.any, settings, "model");
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
-    return net.any.forward<at::Tensor>(x);
+    return run.forward<at::Tensor>(x);
   };
   std::vector<InferCase> written;
   using Clock = std::chrono::steady_clock;

@@ -118,9 +118,10 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   torch::NoGradGuard no_grad;
   const std::int64_t classes = model.classes;
   MeanMetric dice, hd;
+  torch::nn::AnyModule run = detail::inference_network(c.model, model.any, c.settings, c.path + ": model");
   const Predictor predict = [&](const at::Tensor& x) {
     AutocastGuard autocast(device.type(), precision);
-    return model.forward(x);
+    return run.forward<at::Tensor>(x);
   };
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {

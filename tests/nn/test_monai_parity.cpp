@@ -18,6 +18,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/pretrained.hpp"
+#include "medfast/nn/unet.hpp"
 #include "backend_check.hpp"
 #include "test_util.hpp"
 
@@ -152,6 +153,65 @@ TEST_P(MonaiParity, StateDictWrittenIsMonaisAndReadsBackBitForBit) {
   back.ptr()->eval();
   expect_output(back.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>())), c["output"],
                 GetParam() + " read back");
+}
+
+// Inference (issue 26): a UNet's batch norm folded into the convolution before it gives
+// MONAI's output (the golden) and the unfolded network's up to rounding; the folded copy has
+// no batch norm, shares nothing with the trained network, and the others run as they are.
+TEST(InferenceNetwork, BatchNormFoldedIntoTheConvolutionsGivesMonaisOutput) {
+  const auto& c = reference()["networks"]["unet_res2_batch"];
+  torch::AutoGradMode no_grad(false);
+  torch::nn::AnyModule net = make_network(c["model"], "unet_res2_batch");
+  for (auto& [name, t] : named_tensors(*net.ptr())) {
+    if (t.is_floating_point()) t.copy_(formula_values(name, t.sizes()));
+  }
+  net.ptr()->eval();
+  const at::Tensor x = formula_input(c["input_shape"].get<std::vector<std::int64_t>>());
+  const at::Tensor want = net.forward<at::Tensor>(x);
+  const auto before = named_tensors(*net.ptr());
+  std::map<std::string, at::Tensor> kept;
+  for (const auto& [name, t] : before) kept[name] = t.clone();
+
+  torch::nn::AnyModule folded = inference_network(parse_network(c["model"], "model"), net);
+  ASSERT_NE(folded.ptr().get(), net.ptr().get());
+  std::size_t norms = 0, convolutions = 0;
+  for (const auto& m : folded.ptr()->modules()) {
+    norms += m->as<torch::nn::BatchNorm3dImpl>() != nullptr;
+    convolutions += m->as<torch::nn::Conv3dImpl>() != nullptr || m->as<torch::nn::ConvTranspose3dImpl>() != nullptr;
+  }
+  EXPECT_EQ(norms, 0u);
+  EXPECT_GT(convolutions, 10u);
+  EXPECT_FALSE(folded.ptr()->is_training());
+  for (const auto& p : folded.ptr()->parameters()) EXPECT_FALSE(p.requires_grad());
+  const at::Tensor y = folded.forward<at::Tensor>(x);
+  expect_output(y, c["output"], "folded");
+  EXPECT_LT((y - want).abs().max().item<double>(), 2e-5 * std::max(1.0, want.abs().max().item<double>()));
+  // The trained network is untouched, and training it on does not change the folded copy.
+  for (const auto& [name, t] : named_tensors(*net.ptr())) EXPECT_TRUE(torch::equal(t, kept.at(name))) << name;
+  for (auto& p : net.ptr()->parameters()) p.add_(1.0);
+  EXPECT_TRUE(torch::equal(folded.forward<at::Tensor>(x), y));
+
+  // Networks without batch norm run as they are.
+  for (const std::string key : {"unet_res0_instance", "segresnet"}) {
+    torch::nn::AnyModule other = make_network(reference()["networks"][key]["model"], key);
+    EXPECT_EQ(inference_network(parse_network(reference()["networks"][key]["model"], key), other).ptr().get(),
+              other.ptr().get())
+        << key;
+  }
+  // A transposed convolution's output channels are its weight's second axis: a UNet whose
+  // up-convolutions change the channel count (4 -> 2 at the top with batch norm: num_res_units 0).
+  nlohmann::json plain = c["model"];
+  plain["num_res_units"] = 0;
+  torch::nn::AnyModule p0 = make_network(plain, "plain");
+  for (auto& [name, t] : named_tensors(*p0.ptr())) {
+    if (t.is_floating_point()) t.copy_(formula_values(name, t.sizes()));
+  }
+  p0.ptr()->eval();
+  const at::Tensor p0_want = p0.forward<at::Tensor>(x);
+  const at::Tensor p0_got = inference_network(parse_network(plain, "plain"), p0).forward<at::Tensor>(x);
+  EXPECT_LT((p0_got - p0_want).abs().max().item<double>(), 2e-5 * std::max(1.0, p0_want.abs().max().item<double>()));
+  EXPECT_THROW(fold_batch_norm(*std::dynamic_pointer_cast<UNetImpl>(make_network(reference()["networks"]["unet_res0_instance"]["model"], "i").ptr())),
+               ValueError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Networks, MonaiParity,

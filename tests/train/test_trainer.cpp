@@ -918,6 +918,37 @@ TEST(Trainer, SigmoidModelsAreScoredAndInferredPerChannel) {
   EXPECT_LE(out.data.max().item<int>(), 1);
 }
 
+// Validation, eval and infer run the UNet with its batch norm folded into the convolutions
+// (the fold_batch_norm setting, on by default): the scores and labels are those of the trained
+// network as it is (fold_batch_norm off), up to float rounding.
+TEST(Trainer, FoldedBatchNormScoresAndSegmentsAsTheTrainedNetwork) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["model"]["norm"] = "batch";  // the spleen recipe's UNet (the built-in default has instance norm)
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  Settings off = one_thread();
+  off.set("fold_batch_norm", "off", SettingSource::flag, "test");
+  EvalOptions eo;
+  const EvalResult folded = evaluate(dir / "run/last.ckpt", nullptr, "", one_thread(), eo);
+  const EvalResult plain = evaluate(dir / "run/last.ckpt", nullptr, "", off, eo);
+  ASSERT_EQ(folded.cases.size(), plain.cases.size());
+  ASSERT_FALSE(folded.cases.empty());
+  for (std::size_t i = 0; i < folded.cases.size(); ++i) {
+    ASSERT_EQ(folded.cases[i].dice.size(), plain.cases[i].dice.size());
+    for (std::size_t k = 0; k < folded.cases[i].dice.size(); ++k) {
+      EXPECT_NEAR(folded.cases[i].dice[k], plain.cases[i].dice[k], 1e-3) << "case " << i << " class " << k;
+    }
+  }
+  InferOptions io;
+  const std::string image = dir / "data/imagesTr/spleen_5.nii.gz";
+  const auto a = infer(dir / "run/last.ckpt", {image}, dir / "folded", io, one_thread());
+  const auto b = infer(dir / "run/last.ckpt", {image}, dir / "plain", io, off);
+  const at::Tensor la = read_nifti(a.at(0).output).data, lb = read_nifti(b.at(0).output).data;
+  ASSERT_EQ(la.sizes(), lb.sizes());
+  EXPECT_LE(la.ne(lb).sum().item<std::int64_t>(), la.numel() / 1000) << "more than rounding ties differ";
+}
+
 // A run killed while writing leaves last.ckpt.tmp-<pid>-<n> and config.json.tmp-...: the
 // next start removes those of dead writers (and only those).
 TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {

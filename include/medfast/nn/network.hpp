@@ -33,6 +33,10 @@ struct NetworkSpec {
   nlohmann::json arguments;
   std::function<torch::nn::AnyModule()> build;
   std::vector<FieldDoc> docs;  ///< the network's key table (its options' field list)
+  /// For inference (eval mode, no gradients): a network computing the same function with
+  /// less work, made from the trained one (UNet with batch norm: each batch norm folded
+  /// into the convolution before it). Empty where the network has nothing to fold.
+  std::function<torch::nn::AnyModule(const torch::nn::AnyModule&)> for_inference;
 };
 
 /// Reads a `model` section. Throws ConfigError naming the key (with `where`, e.g. the
@@ -46,6 +50,12 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
 /// The classes a network predicts: its out_channels argument (default included).
 /// ConfigError naming `where` if the network has no such argument.
 std::int64_t output_channels(const NetworkSpec& spec, const std::string& where = "model");
+
+/// The network to run for inference: spec.for_inference(trained), on trained's device in
+/// eval mode, or `trained` itself where the spec has no such function. The result shares
+/// nothing with `trained` (training may go on changing it). Its outputs equal trained's eval
+/// outputs up to float rounding (tested against MONAI's goldens).
+torch::nn::AnyModule inference_network(const NetworkSpec& spec, const torch::nn::AnyModule& trained);
 
 /// The network names parse_network knows, in the table's order.
 std::vector<std::string> network_names();
@@ -73,7 +83,7 @@ NetworkSpec network_spec(ConfigReader& arguments, const std::string& name, const
   read_fields(arguments, o);
   arguments.finish();
   construct(where, [&] { o.validate(); });
-  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }, field_docs<Options>()};
+  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }, field_docs<Options>(), {}};
 }
 
 }  // namespace detail

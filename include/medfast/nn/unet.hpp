@@ -76,6 +76,15 @@ class UNetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(UNet);
 
+/// The trained UNet's eval-mode function with each batch norm folded into the convolution
+/// before it (batch norm's eval step is an affine map per channel): a UNet with norm none
+/// whose convolution weights are scaled by gamma / sqrt(running_var + eps) per output
+/// channel and whose biases are (bias - running_mean) * scale + beta, computed in float64
+/// and stored in the parameters' dtype, on the trained network's device, in eval mode,
+/// without gradients. Outputs equal the trained network's eval outputs up to rounding.
+/// ValueError if `trained` does not have norm batch with running statistics.
+UNet fold_batch_norm(UNetImpl& trained);
+
 /// Trainable parameters of a module.
 std::int64_t count_parameters(const torch::nn::Module& module);
 
