@@ -192,11 +192,11 @@ WindowPlan plan_windows(const at::Tensor& input_, const Predictor& predictor, co
   return p;
 }
 
-// Windows first .. first + n - 1 (numbered image-major) through the predictor, weighted by
-// the importance map in float32 and moved to the output device: [n, C, roi...].
-// `channels`: the channels of earlier batches (-1 for the first).
-at::Tensor weighted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
-                          std::int64_t channels) {
+// Windows first .. first + n - 1 (numbered image-major) through the predictor: its output,
+// checked, in float32 on the window device: [n, C, roi...]. `channels`: the channels of
+// earlier batches (-1 for the first).
+at::Tensor predicted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
+                           std::int64_t channels) {
   trace::Range range("window_batch", "validation");
   range.arg("first", static_cast<double>(first)).arg("windows", static_cast<double>(n));
   std::vector<at::Tensor> crops;
@@ -213,8 +213,14 @@ at::Tensor weighted_batch(const WindowPlan& p, const Predictor& predictor, std::
                          channels >= 0 ? std::to_string(channels) : std::string("channels"), ", ",
                          shape_string(p.roi).substr(1)));
   }
-  // Weighted in float32 on the window device, then moved (MONAI weights in the prediction's dtype).
-  return (pred.detach().to(at::kFloat) * p.weight).to(p.out_device);
+  return pred.detach().to(at::kFloat);
+}
+
+// predicted_batch weighted by the importance map in float32 on the window device, then moved
+// to the output device (MONAI weights in the prediction's dtype).
+at::Tensor weighted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
+                          std::int64_t channels) {
+  return (predicted_batch(p, predictor, first, n, channels) * p.weight).to(p.out_device);
 }
 
 }  // namespace
@@ -228,17 +234,25 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
   for (const auto& start : p.windows) window_of(count[0][0], start, p.roi, 0).add_(p.weight_out);
 
   at::Tensor output;
+  const bool in_place = p.x.device() == p.out_device;  // as sliding_window_labels: the same float32 steps
   const std::int64_t total = p.batch * p.num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
-    const at::Tensor weighted = weighted_batch(p, predictor, first, n, output.defined() ? output.size(1) : -1);
+    const std::int64_t channels = output.defined() ? output.size(1) : -1;
+    const at::Tensor batch = in_place ? predicted_batch(p, predictor, first, n, channels)
+                                      : weighted_batch(p, predictor, first, n, channels);
     if (!output.defined()) {
-      std::vector<std::int64_t> shape{p.batch, weighted.size(1)};
+      std::vector<std::int64_t> shape{p.batch, batch.size(1)};
       shape.insert(shape.end(), p.padded.begin(), p.padded.end());
       output = at::zeros(shape, at::TensorOptions().dtype(at::kFloat).device(p.out_device));
     }
     for (std::int64_t i = first; i < first + n; ++i) {
-      window_of(output[i / p.num_windows], p.windows[i % p.num_windows], p.roi, 1).add_(weighted[i - first]);
+      at::Tensor dest = window_of(output[i / p.num_windows], p.windows[i % p.num_windows], p.roi, 1);
+      if (in_place) {
+        dest.addcmul_(batch[i - first], p.weight);
+      } else {
+        dest.add_(batch[i - first]);
+      }
     }
   }
   output.div_(count);
@@ -249,47 +263,63 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
 }
 
 SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predictor& predictor,
-                                          const SlidingWindowOptions& o, bool sigmoid) {
+                                          const SlidingWindowOptions& o, bool sigmoid, std::int64_t finish_bytes) {
   const WindowPlan p = plan_windows(input, predictor, o);
   const std::int64_t width = p.roi[0];  // rows of the first axis held: [done, done + width)
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(p.out_device);
+  const bool in_place = p.x.device() == p.out_device;  // weights multiplied into the sums directly
   SlidingWindowLabels out;
+  // A ring of `width` rows: row r of the current image lives in slot r % width, so no row
+  // is ever moved; a window's rows are at most two runs of slots.
   at::Tensor sums, counts;  // [C, width, padded...], [width, padded...]
   at::Tensor nonfinite;     // counted on the device, read once at the end
-  std::int64_t image = -1, done = 0;
+  std::int64_t image = -1, done = 0, chunk = 1;
+
+  // Runs of slots for rows [from, from + n): f(slot, offset into the rows, length).
+  const auto slot_runs = [&](std::int64_t from, std::int64_t n, const auto& f) {
+    for (std::int64_t k = 0; k < n;) {
+      const std::int64_t slot = (from + k) % width, len = std::min(n - k, width - slot);
+      f(slot, k, len);
+      k += len;
+    }
+  };
 
   // Rows [done, upto) of the current image are final: divided by their weights, turned
-  // into labels (cropped to the unpadded input) and dropped; the rest moves to the front.
+  // into labels (cropped to the unpadded input) and their slots zeroed, `chunk` rows at a
+  // time (the divided values of a few rows exist at once, not of the whole slab).
   const auto finish_rows = [&](std::int64_t upto) {
-    if (upto <= done) return;
-    const std::int64_t rows = upto - done;
-    const at::Tensor mean = sums.narrow(1, 0, rows) / counts.narrow(0, 0, rows);
-    const at::Tensor bad = (~at::isfinite(mean)).sum();
-    nonfinite = nonfinite.defined() ? nonfinite + bad : bad;
-    at::Tensor labels = sigmoid ? (mean > 0).to(at::kByte) : mean.argmax(0, /*keepdim=*/true).to(at::kByte);
-    // Rows inside the unpadded input: padded rows [before, before + size).
-    const std::int64_t lo = std::max(done, p.before[0]), hi = std::min(upto, p.before[0] + p.size[0]);
-    if (hi > lo) {
-      at::Tensor kept = labels.narrow(1, lo - done, hi - lo);
-      for (std::int64_t d = 1; d < p.spatial; ++d) kept = kept.narrow(1 + d, p.before[d], p.size[d]);
-      out.labels[image].narrow(1, lo - p.before[0], hi - lo).copy_(kept);
+    for (std::int64_t from = done; from < upto;) {
+      const std::int64_t slot = from % width, rows = std::min({chunk, upto - from, width - slot});
+      const at::Tensor mean = sums.narrow(1, slot, rows) / counts.narrow(0, slot, rows);
+      const at::Tensor bad = (~at::isfinite(mean)).sum();
+      nonfinite = nonfinite.defined() ? nonfinite + bad : bad;
+      // Rows inside the unpadded input: padded rows [before, before + size).
+      const std::int64_t lo = std::max(from, p.before[0]), hi = std::min(from + rows, p.before[0] + p.size[0]);
+      if (hi > lo) {
+        at::Tensor kept = mean.narrow(1, lo - from, hi - lo);
+        for (std::int64_t d = 1; d < p.spatial; ++d) kept = kept.narrow(1 + d, p.before[d], p.size[d]);
+        at::Tensor dest = out.labels[image].narrow(1, lo - p.before[0], hi - lo);
+        if (sigmoid) {
+          dest.copy_(kept > 0);
+        } else {
+          dest.copy_(kept.argmax(0, /*keepdim=*/true));
+        }
+      }
+      sums.narrow(1, slot, rows).zero_();
+      counts.narrow(0, slot, rows).zero_();
+      from += rows;
     }
-    const std::int64_t keep = width - rows;  // rows still collecting windows
-    if (keep > 0) {
-      sums.narrow(1, 0, keep).copy_(sums.narrow(1, rows, keep).clone());
-      counts.narrow(0, 0, keep).copy_(counts.narrow(0, rows, keep).clone());
-    }
-    sums.narrow(1, std::max<std::int64_t>(keep, 0), std::min(rows, width)).zero_();
-    counts.narrow(0, std::max<std::int64_t>(keep, 0), std::min(rows, width)).zero_();
-    done = upto;
+    done = std::max(done, upto);
   };
 
   const std::int64_t total = p.batch * p.num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
-    const at::Tensor weighted = weighted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
+    const at::Tensor batch =
+        in_place ? predicted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1)
+                 : weighted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
     if (!sums.defined()) {
-      const std::int64_t channels = weighted.size(1);
+      const std::int64_t channels = batch.size(1);
       out.classes = channels;
       std::vector<std::int64_t> shape{channels, width}, labels_shape{p.batch, sigmoid ? channels : 1};
       shape.insert(shape.end(), p.padded.begin() + 1, p.padded.end());
@@ -297,6 +327,8 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
       sums = at::zeros(shape, f32);
       counts = at::zeros(at::IntArrayRef(shape).slice(1), f32);
       out.labels = at::empty(labels_shape, at::TensorOptions().dtype(at::kByte).device(p.out_device));
+      const std::int64_t row_bytes = std::max<std::int64_t>(1, sums.numel() / width * 4);
+      chunk = std::clamp<std::int64_t>(finish_bytes / row_bytes, 1, width);
     }
     for (std::int64_t i = first; i < first + n; ++i) {
       if (i / p.num_windows != image) {  // a new image: the last one's rows are all final
@@ -306,9 +338,19 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
       }
       std::vector<std::int64_t> start = p.windows[i % p.num_windows];
       finish_rows(start[0]);  // later windows of this image start at start[0] or after
-      start[0] -= done;
-      window_of(sums, start, p.roi, 1).add_(weighted[i - first]);
-      window_of(counts, start, p.roi, 0).add_(p.weight_out);
+      const at::Tensor prediction = batch[i - first];
+      slot_runs(start[0], width, [&](std::int64_t slot, std::int64_t offset, std::int64_t len) {
+        std::vector<std::int64_t> at = start, roi = p.roi;
+        at[0] = slot;
+        roi[0] = len;
+        at::Tensor dest = window_of(sums, at, roi, 1);
+        if (in_place) {  // (prediction * weight) + sums: MONAI's operations, one pass, no product held
+          dest.addcmul_(prediction.narrow(1, offset, len), p.weight.narrow(0, offset, len));
+        } else {
+          dest.add_(prediction.narrow(1, offset, len));
+        }
+        window_of(counts, at, roi, 0).add_(p.weight_out.narrow(0, offset, len));
+      });
     }
   }
   finish_rows(p.padded[0]);

@@ -194,11 +194,14 @@ TEST(SlidingWindow, LabelsSlabBySlabEqualThoseOfTheWholeOutput) {
     const Predictor& predict = c.shape.size() == 5 && !c.sigmoid ? conv : any_dims;
     SCOPED_TRACE(str("shape ", at::IntArrayRef(c.shape), " roi ", at::IntArrayRef(c.roi)));
     const at::Tensor want = predicted_labels(sliding_window_inference(input, predict, o), c.sigmoid);
-    const SlidingWindowLabels got = sliding_window_labels(input, predict, o, c.sigmoid);
-    EXPECT_EQ(got.labels.scalar_type(), at::kByte);
-    ASSERT_EQ(got.labels.sizes(), want.sizes());
-    EXPECT_TRUE(at::equal(got.labels, want));
-    EXPECT_EQ(got.nonfinite, 0);
+    // Finished a few MiB at a time (the default) and one row at a time.
+    for (const std::int64_t finish_bytes : {std::int64_t{16} << 20, std::int64_t{1}}) {
+      const SlidingWindowLabels got = sliding_window_labels(input, predict, o, c.sigmoid, finish_bytes);
+      EXPECT_EQ(got.labels.scalar_type(), at::kByte);
+      ASSERT_EQ(got.labels.sizes(), want.sizes());
+      EXPECT_TRUE(at::equal(got.labels, want)) << "finish_bytes " << finish_bytes;
+      EXPECT_EQ(got.nonfinite, 0);
+    }
   }
   // A window that returns NaN: every value it touched counts, as in the whole output.
   SlidingWindowOptions o;
@@ -215,6 +218,8 @@ TEST(SlidingWindow, LabelsSlabBySlabEqualThoseOfTheWholeOutput) {
   calls = 0;
   EXPECT_GT(whole, 0);
   EXPECT_EQ(sliding_window_labels(input, nan_once, o, false).nonfinite, whole);
+  calls = 0;
+  EXPECT_EQ(sliding_window_labels(input, nan_once, o, false, 1).nonfinite, whole);
 }
 
 TEST(SlidingWindow, BadOptionsThrowValueErrorNamingTheArgumentAndValue) {

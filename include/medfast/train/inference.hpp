@@ -93,15 +93,19 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
 /// weighted sums are kept for roi_size[0] rows of the first spatial axis only: windows
 /// come first axis slowest, so rows before the next window's start are final; they are
 /// divided by their weights (the same float32 operations, in the same order, as the whole
-/// output), labelled and dropped. Peak memory: C x roi_x x Y x Z floats instead of
-/// C x X x Y x Z. `nonfinite`: values of the divided output that were NaN or infinite.
+/// output), labelled and dropped, `finish_bytes` of divided values at a time. The rows are
+/// held in a ring (no row is moved), and where the output is on the windows' device each
+/// prediction is weighted straight into it (addcmul: no weighted copy of a batch). Peak
+/// memory: C x roi_x x Y x Z floats instead of C x X x Y x Z. `nonfinite`: values of the
+/// divided output that were NaN or infinite.
 struct SlidingWindowLabels {
   at::Tensor labels;
   std::int64_t nonfinite = 0;  ///< blended outputs that are NaN or infinite
   std::int64_t classes = 0;    ///< the predictor's output channels
 };
 SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predictor& predictor,
-                                          const SlidingWindowOptions& options, bool sigmoid);
+                                          const SlidingWindowOptions& options, bool sigmoid,
+                                          std::int64_t finish_bytes = std::int64_t{16} << 20);
 
 /// The importance map MONAI uses for a window: ones, or the product over axes of
 /// exp(-x^2 / (2 sigma^2)) with x centred on the window and sigma = sigma_scale * roi
