@@ -61,7 +61,7 @@ TEST(ConfigKeys, EverySectionAndKindHasItsTableFromTheFieldList) {
   for (const auto& t : tables) {
     for (const auto& r : t.rows) {
       EXPECT_FALSE(r.help.empty()) << t.section << "." << r.key;
-      EXPECT_NO_THROW((void)nlohmann::json::parse(r.default_value)) << t.section << "." << r.key;
+      EXPECT_FALSE(nlohmann::json::parse(r.default_value, nullptr, false).is_discarded()) << t.section << "." << r.key;
     }
   }
   // The kind's own defaults: AdamW decays by 0.01.
