@@ -36,6 +36,7 @@ struct InferArgs {
   std::string checkpoint, config, output, device = "cpu", amp = "false";
   std::vector<std::string> inputs;
   std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
+  std::string tta;                // none | flips; empty: the config's validation.tta
   bool json = false;
 };
 
@@ -276,6 +277,7 @@ int run_infer(const InferArgs& a, Context& ctx) {
   nlohmann::json sw = nlohmann::json::object();
   for (const auto& s : a.sets) train::apply_override(sw, s);
   o.sliding_window = sw;
+  o.tta = a.tta;
   if (a.checkpoint.empty() == a.config.empty()) {
     throw ValueError("infer: pass either --checkpoint (a medfast checkpoint) or --config (a run config with model.pretrained)");
   }
@@ -382,6 +384,9 @@ Command register_infer(CLI::App& root) {
   app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();
   app->add_option("--set", a->sets, "Sliding-window override: roi_size=[96,96,96], sw_batch_size=4, overlap=0.5, mode=gaussian");
+  app->add_option("--tta", a->tta,
+                  "Test-time augmentation: none | flips (the mean logits of each window's 8 mirror images: 8x the "
+                  "inference time); default: the config's validation.tta");
   app->add_flag("--json", a->json, "Print the written files as JSON");
   return {app, [a](Context& ctx) { return run_infer(*a, ctx); }};
 }

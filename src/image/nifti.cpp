@@ -129,8 +129,18 @@ Volume volume_from_raw(RawImage raw, const std::string& source) {
     if (slope != 1.0) stored.mul_(slope);
     if (inter != 0.0) stored.add_(inter);
   }
+  const VolumeHeader g = volume_header(h, source);
   Volume v;
   v.data = stored.permute(reverse_dims(h.ndim()));
+  v.affine = g.affine;
+  v.meta = g.meta;
+  return v;
+}
+
+VolumeHeader volume_header(const Header& h, const std::string& source) {
+  VolumeHeader v;
+  const auto shape = h.shape();
+  v.shape.assign(shape.begin(), shape.end());
   try {
     v.affine = h.best_affine();
   } catch (Error& e) {
@@ -150,6 +160,10 @@ Volume volume_from_raw(RawImage raw, const std::string& source) {
   v.meta.descrip = h.descrip;
   v.meta.pixdim = h.pixdim;
   return v;
+}
+
+VolumeHeader read_nifti_header(const std::string& path, const NiftiReadOptions& options) {
+  return volume_header(read_header(path, options), path);
 }
 
 Volume read_nifti(const std::string& path, const NiftiReadOptions& options) {

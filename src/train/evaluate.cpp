@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <future>
+#include <optional>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
@@ -143,10 +145,12 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   ds.fill();
   torch::NoGradGuard no_grad;
   torch::nn::AnyModule run = detail::inference_network(net.meta["config"]["model"], net.any, settings, c.path + ": model");
-  const Predictor predict = [&](const at::Tensor& x) {
-    AutocastGuard autocast(device.type(), precision);
-    return run.forward<at::Tensor>(x);
-  };
+  const Predictor predict = with_tta(
+      [&](const at::Tensor& x) {
+        AutocastGuard autocast(device.type(), precision);
+        return run.forward<at::Tensor>(x);
+      },
+      c.validation.tta);
   EvalResult r;
   MeanMetric dice, hd;
   for (std::size_t i = 0; i < ds.size(); ++i) {
@@ -245,6 +249,7 @@ nlohmann::json InferCase::to_json() const {
   return {{"input", input},
           {"output", output},
           {"read_seconds", read_seconds},
+          {"wait_seconds", wait_seconds},
           {"infer_seconds", infer_seconds},
           {"write_seconds", write_seconds},
           {"peak_rss_bytes", peak_rss_bytes}};
@@ -265,6 +270,15 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     for (const auto& [k, v] : o.sliding_window.items()) sw[k] = v;
   }
   const SlidingWindowOptions swo = SlidingWindowOptions::from_json(sw, "sliding_window");
+  Tta tta = Tta::none;  // --tta, else the config's validation.tta
+  const nlohmann::json tta_config = cfg.value("validation", nlohmann::json::object()).value("tta", nlohmann::json("none"));
+  const std::string tta_name = !o.tta.empty() ? o.tta : tta_config.is_string() ? tta_config.get<std::string>() : "";
+  if (const auto t = parse_choice<Tta>(tta_name)) {
+    tta = *t;
+  } else {
+    throw ValueError(str(o.tta.empty() ? "validation.tta" : "--tta", ": expected ", choice_list<Tta>(), ", got '",
+                         o.tta.empty() ? tta_config.dump() : o.tta, "'"));
+  }
   transforms::Compose chain = transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
   chain.set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
@@ -275,70 +289,128 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
   torch::nn::AnyModule run = detail::inference_network(cfg.at("model"), net.any, settings, "model");
-  const Predictor predict = [&](const at::Tensor& x) {
-    AutocastGuard autocast(device.type(), precision);
-    return run.forward<at::Tensor>(x);
+  const Predictor predict = with_tta(
+      [&](const at::Tensor& x) {
+        AutocastGuard autocast(device.type(), precision);
+        return run.forward<at::Tensor>(x);
+      },
+      tta);
+  if (message && tta != Tta::none) {
+    const std::int64_t calls = tta_forwards(tta, static_cast<std::int64_t>(swo.roi_size.size()));
+    message(str("test-time augmentation ", name_of(tta), ": ", calls, " network calls per window, each mirror image ",
+                "costing about what the whole inference costs without it (", calls, "x)"));
+  }
+  // Three stages overlap across files: reading and preprocessing file i + 1 (one file
+  // ahead) and writing file i - 1 run on their own threads while file i is inferred, so a
+  // folder takes about the sum of its inferences. Each stage is timed on its own thread.
+  struct Prepared {
+    Sample sample;
+    VolumeHeader original;  // the input's grid, from its header
+    double read_seconds = 0;
   };
-  std::vector<InferCase> written;
   using Clock = std::chrono::steady_clock;
-  for (const auto& file : files) {
+  const auto prepare = [&](const std::string& file) {
+    const auto started = Clock::now();
+    Prepared p;
+    p.sample.meta = {{image_key, file}};
+    chain.apply(p.sample);
+    p.original = read_nifti_header(file);
+    if (p.original.shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
+    p.read_seconds = seconds_since(started);
+    return p;
+  };
+  // Labels [C, X, Y, Z] of `img` back onto the input's grid and written; returns the seconds.
+  const auto write = [&](const at::Tensor& labels, const Affine& affine, const VolumeHeader& original,
+                         const std::string& path) {
+    const auto started = Clock::now();
+    // Output voxel o (input index) -> world -> prediction index.
+    const std::array<std::int64_t, 3> grid{original.shape[0], original.shape[1], original.shape[2]};
+    const bool same_grid = affine == original.affine && labels.size(1) == grid[0] && labels.size(2) == grid[1] &&
+                           labels.size(3) == grid[2];
+    const Affine out_to_in = affine.inverse() * original.affine;
+    const at::Tensor back = same_grid ? labels  // no spatial step in the chain: the grid is the input's
+                                      : transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true,
+                                                                          /*zeros_outside=*/true, {0, 0, 0}, grid);
+    Volume out;
+    out.data = back.size(0) == 1 ? back[0] : back.permute({1, 2, 3, 0}).contiguous();  // masks: X, Y, Z, C
+    out.affine = original.affine;
+    out.meta = original.meta;
+    out.meta.disk_datatype = 0;
+    out.meta.scl_slope = out.meta.scl_inter = 0;
+    out.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
+    out.meta.descrip = "medfast infer";
+    NiftiWriteOptions wo;
+    wo.threads = settings.threads();
+    write_nifti(path, out, wo);
+    return seconds_since(started);
+  };
+  const auto with_file = [](const std::string& file, auto&& f) {
     try {
-      InferCase c;
-      c.input = file;
-      auto started = Clock::now();
-      Sample s;
-      s.meta = {{image_key, file}};
-      chain.apply(s);
-      const Volume& img = s.volume(image_key);
-      c.read_seconds = seconds_since(started);
-      started = Clock::now();
-      // The labels slab by slab: the whole output (classes x the volume, float32) is never held.
-      const SlidingWindowLabels result =
-          sliding_window_labels(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo, sigmoid);
-      if (result.nonfinite > 0) {
-        throw Error(str("the network's output holds NaN or infinity at ", result.nonfinite,
-                        " values: no labels written (check the checkpoint's weights and the image's voxels)"));
-      }
-      const at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
-      c.infer_seconds = seconds_since(started);
-      started = Clock::now();
-      // Back onto the input's grid: output voxel o (input index) -> world -> prediction index.
-      const Volume original = read_image(file);
-      const auto shape = original.shape();
-      if (shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
-      const std::array<std::int64_t, 3> grid{shape[0], shape[1], shape[2]};
-      const bool same_grid = img.affine == original.affine && labels.size(1) == grid[0] && labels.size(2) == grid[1] &&
-                             labels.size(3) == grid[2];
-      const Affine out_to_in = img.affine.inverse() * original.affine;
-      const at::Tensor back = same_grid ? labels  // no spatial step in the chain: the grid is the input's
-                                        : transforms::resample_index_affine(labels, out_to_in, grid, /*nearest=*/true,
-                                                                            /*zeros_outside=*/true, {0, 0, 0}, grid);
-      Volume out;
-      out.data = back.size(0) == 1 ? back[0] : back.permute({1, 2, 3, 0}).contiguous();  // masks: X, Y, Z, C
-      out.affine = original.affine;
-      out.meta = original.meta;
-      out.meta.disk_datatype = 0;
-      out.meta.scl_slope = out.meta.scl_inter = 0;
-      out.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
-      out.meta.descrip = "medfast infer";
-      const std::string path = output_dir + "/" + output_name(file, o.suffix);
-      NiftiWriteOptions wo;
-      wo.threads = settings.threads();
-      write_nifti(path, out, wo);
-      c.output = path;
-      c.write_seconds = seconds_since(started);
-      c.peak_rss_bytes = os::peak_rss_bytes();
-      if (message) {
-        message(str(file, " -> ", path, " (read ", format_seconds(c.read_seconds), ", inference ",
-                    format_seconds(c.infer_seconds), ", write ", format_seconds(c.write_seconds), "; peak RSS ",
-                    format_bytes(c.peak_rss_bytes), ")"));
-      }
-      written.push_back(std::move(c));
-      if (o.on_progress) o.on_progress(written.size(), files.size());
+      return f();
     } catch (Error& e) {
       e.add_context(str("infer ", file));
       throw;
     }
+  };
+
+  std::vector<InferCase> written;
+  std::optional<InferCase> writing_case;  // the case whose write is under way
+  std::future<double> writing;
+  // Waits for the write under way; reports its case.
+  const auto finish_write = [&] {
+    if (!writing_case) return;
+    InferCase c = std::move(*writing_case);
+    writing_case.reset();
+    c.write_seconds = with_file(c.input, [&] { return writing.get(); });
+    c.peak_rss_bytes = os::peak_rss_bytes();
+    if (message) {
+      message(str(c.input, " -> ", c.output, " (read ", format_seconds(c.read_seconds), ", inference ",
+                  format_seconds(c.infer_seconds), ", write ", format_seconds(c.write_seconds), "; peak RSS ",
+                  format_bytes(c.peak_rss_bytes), ")"));
+    }
+    written.push_back(std::move(c));
+    if (o.on_progress) o.on_progress(written.size(), files.size());
+  };
+  if (files.empty()) return written;
+  std::future<Prepared> next = std::async(std::launch::async, prepare, files[0]);
+  try {
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const std::string& file = files[i];
+      InferCase c;
+      c.input = file;
+      auto started = Clock::now();
+      Prepared p = with_file(file, [&] { return next.get(); });
+      c.wait_seconds = seconds_since(started);
+      c.read_seconds = p.read_seconds;
+      if (i + 1 < files.size()) next = std::async(std::launch::async, prepare, files[i + 1]);
+      const Volume& img = p.sample.volume(image_key);
+      started = Clock::now();
+      // The labels slab by slab: the whole output (classes x the volume, float32) is never held.
+      const SlidingWindowLabels result = with_file(file, [&] {
+        SlidingWindowLabels r = sliding_window_labels(img.data.unsqueeze(0).to(device, at::kFloat), predict, swo, sigmoid);
+        if (r.nonfinite > 0) {
+          throw Error(str("the network's output holds NaN or infinity at ", r.nonfinite,
+                          " values: no labels written (check the checkpoint's weights and the image's voxels)"));
+        }
+        return r;
+      });
+      at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
+      c.infer_seconds = seconds_since(started);
+      finish_write();  // the previous file's
+      c.output = output_dir + "/" + output_name(file, o.suffix);
+      writing = std::async(std::launch::async, [&write, labels = std::move(labels), affine = img.affine,
+                                                original = std::move(p.original), path = c.output] {
+        return write(labels, affine, original, path);
+      });
+      writing_case = std::move(c);
+    }
+    finish_write();
+  } catch (...) {
+    // Nothing is left running: the read ahead is waited for and dropped; a write under way
+    // finishes (its file is whole or absent: write_nifti renames a complete file into place).
+    if (next.valid()) next.wait();
+    if (writing.valid()) writing.wait();
+    throw;
   }
   return written;
 }

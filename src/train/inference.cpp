@@ -96,6 +96,45 @@ SlidingWindowOptions SlidingWindowOptions::from_json(const nlohmann::json& j, co
   return o;
 }
 
+std::int64_t tta_forwards(Tta tta, std::int64_t spatial) {
+  return tta == Tta::flips ? std::int64_t{1} << spatial : 1;
+}
+
+Predictor with_tta(Predictor predictor, Tta tta) {
+  if (tta == Tta::none) return predictor;
+  return [predictor = std::move(predictor)](const at::Tensor& x) {
+    const std::int64_t n = x.size(0), spatial = x.dim() - 2, mirrors = std::int64_t{1} << spatial;
+    // Mirror m flips spatial axis d where bit d of m is set; `first` is axis 0's index.
+    const auto axes_of = [&](std::int64_t m, std::int64_t first) {
+      std::vector<std::int64_t> axes;
+      for (std::int64_t d = 0; d < spatial; ++d) {
+        if (m >> d & 1) axes.push_back(first + d);
+      }
+      return axes;
+    };
+    const auto mirrored = [&](const at::Tensor& t, std::int64_t m, std::int64_t first) {
+      return m == 0 ? t : t.flip(axes_of(m, first));
+    };
+    // Copy k of the n * mirrors inputs is window k / mirrors in mirror k % mirrors.
+    at::Tensor sum;
+    for (std::int64_t first = 0; first < n * mirrors; first += n) {
+      std::vector<at::Tensor> copies;
+      for (std::int64_t k = first; k < first + n; ++k) copies.push_back(mirrored(x.narrow(0, k / mirrors, 1), k % mirrors, 2));
+      const at::Tensor out = predictor(at::cat(copies));
+      if (!out.defined() || out.dim() != x.dim() || out.size(0) != n) return out;  // the caller names the bad shape
+      const at::Tensor y = out.to(at::kFloat);
+      if (!sum.defined()) {
+        std::vector<std::int64_t> shape = y.sizes().vec();
+        sum = at::zeros(shape, y.options());
+      }
+      for (std::int64_t k = first; k < first + n; ++k) {
+        sum[k / mirrors].add_(mirrored(y[k - first], k % mirrors, 1));  // one window: spatial axes from 1
+      }
+    }
+    return sum.div_(static_cast<double>(mirrors));
+  };
+}
+
 at::Tensor importance_map(const std::vector<std::int64_t>& roi_size, BlendMode mode, double sigma_scale,
                           c10::Device device) {
   if (roi_size.empty()) throw ValueError("importance_map: roi_size is empty");

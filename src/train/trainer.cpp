@@ -119,10 +119,12 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   const std::int64_t classes = model.classes;
   MeanMetric dice, hd;
   torch::nn::AnyModule run = detail::inference_network(c.model, model.any, c.settings, c.path + ": model");
-  const Predictor predict = [&](const at::Tensor& x) {
-    AutocastGuard autocast(device.type(), precision);
-    return run.forward<at::Tensor>(x);
-  };
+  const Predictor predict = with_tta(
+      [&](const at::Tensor& x) {
+        AutocastGuard autocast(device.type(), precision);
+        return run.forward<at::Tensor>(x);
+      },
+      c.validation.tta);
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
     const detail::CaseScores scores =

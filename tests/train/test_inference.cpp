@@ -222,6 +222,62 @@ TEST(SlidingWindow, LabelsSlabBySlabEqualThoseOfTheWholeOutput) {
   EXPECT_EQ(sliding_window_labels(input, nan_once, o, false, 1).nonfinite, whole);
 }
 
+// Test-time augmentation (issue 26): flips is the mean of the predictor over every mirror
+// image, each flipped back (nnU-Net's mirroring), computed here independently in float64;
+// the mirrored copies of a window share a forward batch of the caller's size.
+TEST(TestTimeAugmentation, FlipsAverageEveryMirrorImageFlippedBack) {
+  at::manual_seed(11);
+  const at::Tensor w = at::randn({2, 1, 3, 3, 3}), b = at::randn({2});
+  const auto conv = [&](const at::Tensor& t) { return at::conv3d(t, w.to(t.scalar_type()), b.to(t.scalar_type()), 1, 1); };
+  std::vector<at::Tensor> calls;
+  const Predictor recording = [&](const at::Tensor& t) {
+    calls.push_back(t.clone());
+    return conv(t);
+  };
+  const at::Tensor x = at::randn({3, 1, 6, 5, 4});
+  const at::Tensor got = with_tta(recording, Tta::flips)(x);
+  // Independently: sum over the 8 subsets of {2, 3, 4} of flip(conv(flip(x))), in float64.
+  const at::Tensor xd = x.to(at::kDouble);
+  at::Tensor want = at::zeros({3, 2, 6, 5, 4}, at::kDouble);
+  for (int m = 0; m < 8; ++m) {
+    std::vector<std::int64_t> axes;
+    for (int d = 0; d < 3; ++d) {
+      if (m & (1 << d)) axes.push_back(2 + d);
+    }
+    want += axes.empty() ? conv(xd) : conv(xd.flip(axes)).flip(axes);
+  }
+  want /= 8;
+  ASSERT_EQ(got.sizes(), want.sizes());
+  EXPECT_EQ(got.scalar_type(), at::kFloat);
+  EXPECT_LT(max_rel_diff(got, want), 1e-5);
+  // 8 calls of 3 windows: the first holds window 0 as it is, flipped along X, along Y, along both.
+  ASSERT_EQ(calls.size(), 8u);
+  for (const auto& c : calls) EXPECT_EQ(c.size(0), 3);
+  EXPECT_TRUE(at::equal(calls[0][0], x[0]));
+  EXPECT_TRUE(at::equal(calls[0][1], x[0].flip({1})));
+  EXPECT_TRUE(at::equal(calls[0][2], x[0].flip({2})));
+  EXPECT_TRUE(at::equal(calls[1][0], x[0].flip({1, 2})));
+  EXPECT_TRUE(at::equal(calls[7][2], x[2].flip({1, 2, 3})));
+  EXPECT_EQ(tta_forwards(Tta::flips, 3), 8);
+  EXPECT_EQ(tta_forwards(Tta::none, 3), 1);
+
+  // A predictor that commutes with mirroring gives its own output; none is the predictor itself.
+  const Predictor pointwise = [](const at::Tensor& t) { return at::cat({t * 2 + 1, -t}, 1); };
+  EXPECT_LT((with_tta(pointwise, Tta::flips)(x) - pointwise(x)).abs().max().item<double>(), 1e-6);
+  EXPECT_TRUE(at::equal(with_tta(pointwise, Tta::none)(x), pointwise(x)));
+  // Through the sliding window, in 2D too; half-precision outputs are averaged in float32.
+  SlidingWindowOptions o;
+  o.roi_size = {4, 4};
+  o.overlap = 0.5;
+  o.sw_batch_size = 3;
+  const at::Tensor x2 = at::randn({1, 1, 9, 7});
+  const at::Tensor sw = sliding_window_inference(x2, with_tta([](const at::Tensor& t) { return (t * 3).to(at::kHalf); }, Tta::flips), o);
+  EXPECT_LT((sw - 3 * x2).abs().max().item<double>(), 1e-2);
+  // A predictor returning the wrong batch is named by the sliding window, not hidden.
+  expect_error([&] { sliding_window_inference(x2, with_tta([](const at::Tensor& t) { return t.narrow(0, 0, 1); }, Tta::flips), o); },
+               "the predictor returned");
+}
+
 TEST(SlidingWindow, BadOptionsThrowValueErrorNamingTheArgumentAndValue) {
   const at::Tensor input = at::randn({1, 1, 6, 6, 6});
   const Predictor identity = [](const at::Tensor& t) { return t; };

@@ -707,6 +707,54 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   EXPECT_NE(r.err.find("train.epochs"), std::string::npos) << r.err;
 }
 
+// Test-time augmentation (issue 26): validation.tta: flips scores validation and eval with
+// the mirrored windows' mean; infer takes it from the checkpoint or from --tta.
+TEST(TrainCli, TestTimeFlipsInValidationEvalAndInfer) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["validation"]["tta"] = "flips";
+  test::write_file(dir / "run.json", c.dump());
+  const std::string bin = test::medfast_binary() + " --threads 1 ";
+  auto r = test::run(bin + "train --config " + dir / "run.json" + " --set train.epochs=1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto res = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(res["history"][0]["dice"].is_number());
+  r = test::run(bin + "eval --checkpoint " + dir / "run/last.ckpt" + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NEAR(nlohmann::json::parse(r.out)["mean_dice"].get<double>(), res["history"][0]["dice"].get<double>(), 1e-9);
+  // A config's validation.tta: none scores without it.
+  r = test::run(bin + "eval --checkpoint " + dir / "run/last.ckpt" + " --config " + dir / "run.json" +
+                " --set validation.tta=none --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["mean_dice"].is_number());
+
+  const std::string input = dir / "data/imagesTr/spleen_5.nii.gz";
+  r = test::run(bin + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "flips");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("test-time augmentation flips: 8 network calls per window"), std::string::npos) << r.out;
+  r = test::run(bin + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "none" +
+                " --tta none");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("test-time augmentation"), std::string::npos) << r.out;
+  r = test::run(bin + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "again" +
+                " --tta flips");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const at::Tensor flips = read_nifti(dir / "flips/spleen_5_seg.nii.gz").data,
+                   again = read_nifti(dir / "again/spleen_5_seg.nii.gz").data,
+                   none = read_nifti(dir / "none/spleen_5_seg.nii.gz").data;
+  EXPECT_TRUE(at::equal(flips, again));
+  EXPECT_EQ(flips.sizes(), none.sizes());
+
+  // Bad values name where they came from.
+  r = test::run(bin + "infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input + " --output " + dir / "x" +
+                " --tta sideways");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--tta: expected none | flips, got 'sideways'"), std::string::npos) << r.err;
+  r = test::run(bin + "train --config " + dir / "run.json" + " --set validation.tta=sideways --set train.run_dir=" + dir / "r2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("validation.tta"), std::string::npos) << r.err;
+}
+
 // `medfast export`: model.pt (MONAI's state_dict; the format and names are checked against
 // MONAI's goldens in tests/nn/test_monai_parity.cpp, the bundle against MONAI 1.3.2 itself by
 // bench/monai_export_check.py) and configs/; model.pretrained reads the weights back bit for

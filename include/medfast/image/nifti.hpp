@@ -8,7 +8,9 @@
 /// (which libtorch 1.13 cannot hold) is widened losslessly to int32/int64 and
 /// the on-disk type is kept in meta.disk_datatype, which the writer restores.
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "medfast/core/settings.hpp"
 #include "medfast/image/nifti_raw.hpp"
@@ -31,6 +33,18 @@ struct NiftiWriteOptions {
 
 /// Reads a .nii or .nii.gz file. Throws FormatError/OsError naming the path and field.
 Volume read_nifti(const std::string& path, const NiftiReadOptions& options = {});
+
+/// A NIfTI file's geometry and metadata without its voxels: the shape read_nifti's tensor
+/// would have (nibabel's order), the affine and the meta it would carry.
+struct VolumeHeader {
+  std::vector<std::int64_t> shape;
+  Affine affine;
+  VolumeMeta meta;
+};
+/// Reads the header only (cheap, also for .nii.gz); throws as read_nifti does.
+VolumeHeader read_nifti_header(const std::string& path, const NiftiReadOptions& options = {});
+/// The VolumeHeader of a parsed header; `source` names the file in errors.
+VolumeHeader volume_header(const nifti::Header& header, const std::string& source);
 
 /// Turns raw bytes into a Volume (adopts the buffer; widens and scales as above).
 Volume volume_from_raw(nifti::RawImage raw, const std::string& source);

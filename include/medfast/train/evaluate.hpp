@@ -50,6 +50,7 @@ struct InferOptions {
   std::string device = "cpu";
   nlohmann::json amp = false;
   nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
+  std::string tta;                ///< none | flips; empty: the checkpoint's validation.tta
   std::string suffix = "_seg";
   /// With no checkpoint: a run config (its deterministic chain, sliding window and a model
   /// with `pretrained` weights), read from `config_path`.
@@ -61,9 +62,10 @@ struct InferOptions {
 /// One input's outcome: where the labels went, and the seconds and memory it took.
 struct InferCase {
   std::string input, output;
-  double read_seconds = 0;   ///< the deterministic chain (reading and preprocessing)
+  double read_seconds = 0;   ///< the deterministic chain (reading and preprocessing), read ahead
+  double wait_seconds = 0;   ///< how long inference waited for that read (0 when it was ahead)
   double infer_seconds = 0;  ///< sliding-window inference and the labels (argmax)
-  double write_seconds = 0;  ///< back onto the input's grid and written
+  double write_seconds = 0;  ///< back onto the input's grid and written, behind the next inference
   std::uint64_t peak_rss_bytes = 0;  ///< the process's peak resident memory after the case
   nlohmann::json to_json() const;
 };

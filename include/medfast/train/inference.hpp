@@ -79,6 +79,22 @@ struct SlidingWindowOptions {
 /// [n, C_in, roi...] -> [n, C_out, roi...]
 using Predictor = std::function<at::Tensor(const at::Tensor&)>;
 
+/// Test-time augmentation: none, or nnU-Net's mirroring (flips).
+enum class Tta { none, flips };
+constexpr std::array<Choice<Tta>, 2> choices(Tta) { return {{{Tta::none, "none"}, {Tta::flips, "flips"}}}; }
+
+/// Network calls per window with `tta` over `spatial` axes: 1, or 2^spatial with flips.
+std::int64_t tta_forwards(Tta tta, std::int64_t spatial);
+
+/// `predictor` with test-time augmentation. flips: each window and its mirror images along
+/// every non-empty subset of the spatial axes (7 more in 3D), each output flipped back, the
+/// logits summed in float32 in a fixed order (the identity first) and divided by their
+/// number (nnU-Net's mirroring averages logits). The mirrored copies go to `predictor`
+/// window by window, all mirror images of a window side by side, n at a time for a call of
+/// n windows: a forward batch is as large as without TTA and holds a window's mirror images
+/// together; there are 2^spatial times as many. none: `predictor` itself.
+Predictor with_tta(Predictor predictor, Tta tta);
+
 /// input [B, C_in, X, Y, Z] (any number of spatial axes matching roi_size; reflect
 /// and replicate padding need 1 to 3); returns [B, C_out, X, Y, Z], float32, on
 /// options.device, as MONAI computes it (see the file comment). The windows given

@@ -70,10 +70,15 @@ struct TrainOptions {
 struct ValidationOptions {
   int interval = 1;   ///< validate every `interval` epochs (and after the last)
   bool hd95 = false;  ///< also the 95th-percentile Hausdorff distance per class
+  Tta tta = Tta::none;  ///< test-time augmentation of validation, eval and (by default) infer
   static constexpr auto fields() {
     using O = ValidationOptions;
     return std::make_tuple(field("interval", &O::interval, "validate every N epochs, and after the last"),
-                           field("hd95", &O::hd95, "also the 95th-percentile Hausdorff distance per class (mm)"));
+                           field("hd95", &O::hd95, "also the 95th-percentile Hausdorff distance per class (mm)"),
+                           field("tta", &O::tta,
+                                 "test-time augmentation for validation, eval and infer: flips averages the "
+                                 "logits of each window's 8 mirror images (nnU-Net's mirroring; 8 forwards "
+                                 "per window, each flip one more)"));
   }
   /// Throws ValueError naming the key: an interval below 1.
   void validate() const;
