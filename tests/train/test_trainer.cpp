@@ -755,6 +755,60 @@ TEST(TrainCli, TestTimeFlipsInValidationEvalAndInfer) {
   EXPECT_NE(r.err.find("validation.tta"), std::string::npos) << r.err;
 }
 
+// infer over several files reads the next one and writes the previous one while the current
+// one is inferred: the same labels as one file at a time, every case reported in order; a bad
+// file in the middle stops there with its name, after the files before it were written whole.
+TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  const auto images = os::list_directory(dir / "data/imagesTr");
+  ASSERT_GE(images.size(), 3u);
+  std::vector<std::string> inputs;
+  for (std::size_t i = 0; i < 3; ++i) inputs.push_back(dir / ("data/imagesTr/" + images[i]));
+  InferOptions io;
+  std::vector<std::string> said;
+  std::vector<std::size_t> progress;
+  io.on_progress = [&](std::size_t done, std::size_t total) {
+    EXPECT_EQ(total, 3u);
+    progress.push_back(done);
+  };
+  const auto all = infer(dir / "run/last.ckpt", inputs, dir / "all", io, one_thread(),
+                         [&](const std::string& m) { said.push_back(m); });
+  ASSERT_EQ(all.size(), 3u);
+  EXPECT_EQ(progress, (std::vector<std::size_t>{1, 2, 3}));
+  ASSERT_EQ(said.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(all[i].input, inputs[i]);
+    EXPECT_EQ(said[i].rfind(inputs[i] + " -> ", 0), 0u) << said[i];
+    EXPECT_GT(all[i].read_seconds, 0);
+    EXPECT_GE(all[i].wait_seconds, 0);
+    EXPECT_GT(all[i].write_seconds, 0);
+    EXPECT_TRUE(all[i].to_json().contains("wait_seconds"));
+    const auto one = infer(dir / "run/last.ckpt", {inputs[i]}, dir / ("one" + std::to_string(i)), InferOptions{}, one_thread());
+    const Volume a = read_nifti(all[i].output), b = read_nifti(one.at(0).output);
+    EXPECT_TRUE(at::equal(a.data, b.data)) << inputs[i];
+    EXPECT_EQ(a.affine.max_abs_diff(b.affine), 0.0);
+  }
+  // The second of three is not a NIfTI file.
+  test::write_file(dir / "broken.nii", "not a nifti");
+  const std::vector<std::string> mixed{inputs[0], dir / "broken.nii", inputs[2]};
+  try {
+    infer(dir / "run/last.ckpt", mixed, dir / "mixed", InferOptions{}, one_thread());
+    ADD_FAILURE() << "no error for broken.nii";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("broken.nii"), std::string::npos) << e.what();
+  }
+  const auto file_name = [](const std::string& path) { return path.substr(path.rfind('/') + 1); };
+  const Volume first = read_nifti(dir / ("mixed/" + file_name(all[0].output)));
+  EXPECT_TRUE(at::equal(first.data, read_nifti(all[0].output).data));
+  EXPECT_FALSE(os::exists(dir / ("mixed/" + file_name(all[2].output))));
+  for (const auto& name : os::list_directory(dir / "mixed")) {
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << "a temporary file was left: " << name;
+  }
+}
+
 // `medfast export`: model.pt (MONAI's state_dict; the format and names are checked against
 // MONAI's goldens in tests/nn/test_monai_parity.cpp, the bundle against MONAI 1.3.2 itself by
 // bench/monai_export_check.py) and configs/; model.pretrained reads the weights back bit for
