@@ -6,7 +6,7 @@ own inferer compared with medfast's (`medfast infer` of the same volume with
 model.pretrained: the exported model.pt, so the round trip is in it too).
 
     /usr/bin/python3 bench/monai_export_check.py [--medfast build/medfast]
-        [--monai ../shared/peers/monai-1.3.2] [--work DIR] [--networks UNet,SegResNet,SwinUNETR]
+        [--monai ../shared/peers/monai-1.3.2] [--work DIR] [--networks UNet,SegResNet,SwinUNETR,DynUNet]
 
 For each network: a short medfast run (the built-in default's synthetic data, 2 epochs,
 the network swapped in), export, then in this process MONAI builds and loads it. Checks:
@@ -40,9 +40,12 @@ NETWORKS = {
     # 64: MONAI's instance norm refuses the 1x1x1 bottleneck a 32^3 window has.
     "SwinUNETR": {"name": "SwinUNETR", "img_size": [64, 64, 64], "in_channels": 1, "out_channels": 2,
                   "feature_size": 12, "depths": [1, 1, 1, 1]},
+    "DynUNet": {"name": "DynUNet", "in_channels": 1, "out_channels": 2, "kernel_size": [3, 3, [3, 3, 1], 3],
+                "strides": [1, 2, [2, 2, 1], 2], "upsample_kernel_size": [2, [2, 2, 1], 2], "filters": [8, 16, 32, 32],
+                "res_block": True, "deep_supervision": True, "deep_supr_num": 1},
 }
-ROI = {"UNet": [32, 32, 32], "SegResNet": [32, 32, 32], "SwinUNETR": [64, 64, 64]}
-SYNTH = {"UNet": "96,96,64", "SegResNet": "96,96,64", "SwinUNETR": "128,128,112"}  # its foreground holds a window
+ROI = {"UNet": [32, 32, 32], "SegResNet": [32, 32, 32], "SwinUNETR": [64, 64, 64], "DynUNet": [32, 32, 32]}
+SYNTH = {"UNet": "96,96,64", "SegResNet": "96,96,64", "SwinUNETR": "128,128,112", "DynUNet": "96,96,64"}
 
 
 def run(cmd, **kw):

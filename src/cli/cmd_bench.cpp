@@ -11,6 +11,7 @@
 #include "medfast/io/tensor_file.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
@@ -128,7 +129,11 @@ int run_step(const StepArgs& a, Context& ctx) {
       if (p.dim() == 5) p.set_data(p.data().contiguous(format));
     }
   }
-  const std::int64_t classes = nn::output_channels(nn::parse_network(spec, "--model"), "--model");
+  const nn::NetworkSpec parsed = nn::parse_network(spec, "--model");
+  const std::int64_t classes = nn::output_channels(parsed, "--model");
+  const std::vector<double> supervision =
+      parsed.deep_supervision_outputs > 0 ? nn::deep_supervision_weights(parsed.deep_supervision_outputs)
+                                          : std::vector<double>{};
   const at::Tensor x = torch::rand(a.input).contiguous(format);
   const at::Tensor y = torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}).to(at::kFloat);
   train::LossOptions lo;
@@ -144,7 +149,8 @@ int run_step(const StepArgs& a, Context& ctx) {
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     const auto t0 = Clock::now();
     opt->zero_grad();
-    at::Tensor l = loss(net.forward<at::Tensor>(x), y);
+    const at::Tensor out = net.forward<at::Tensor>(x);
+    at::Tensor l = supervision.empty() ? loss(out, y) : train::deep_supervision_loss(loss, out, y, supervision);
     const double f = since(t0);
     const auto t1 = Clock::now();
     l.backward();

@@ -14,7 +14,8 @@ namespace medfast::nn {
 #define MEDFAST_NETWORKS(X)                  \
   X("UNet", unet_network)           /* unet.cpp */ \
   X("SegResNet", segresnet_network) /* segresnet.cpp */ \
-  X("SwinUNETR", swin_unetr_network) /* swin_unetr.cpp */
+  X("SwinUNETR", swin_unetr_network) /* swin_unetr.cpp */ \
+  X("DynUNet", dynunet_network)     /* dynunet.cpp */
 
 #define MEDFAST_NETWORK_ENTRY(name, entry) NetworkSpec entry(ConfigReader& arguments, const std::string& where);
 MEDFAST_NETWORKS(MEDFAST_NETWORK_ENTRY)

@@ -101,11 +101,15 @@ std::size_t save_state_dict_file(const std::string& path, const torch::nn::Modul
   pk.ordered_dict();
   pk.mark();
   std::vector<at::Tensor> storages;
+  std::map<const void*, std::size_t> written;  // a tensor's implementation -> its storage's key
   for (const auto& [name, t] : tensors) {
-    // Each tensor its own contiguous CPU storage (as torch.save of a state_dict whose
-    // tensors share no storage).
-    const at::Tensor data = t.detach().to(at::kCPU).contiguous().clone();
-    const std::string key = std::to_string(storages.size());
+    // Each tensor its own contiguous CPU storage; a tensor the module holds under two names
+    // (DynUNet's skip_layers, as MONAI's) is one storage, as torch.save writes it.
+    const auto same = written.find(t.unsafeGetTensorImpl());
+    const bool shared = same != written.end();
+    const at::Tensor data = shared ? storages[same->second] : t.detach().to(at::kCPU).contiguous().clone();
+    const std::string key = std::to_string(shared ? same->second : storages.size());
+    if (!shared) written.emplace(t.unsafeGetTensorImpl(), storages.size());
     pk.text(name);
     pk.global("torch._utils", "_rebuild_tensor_v2");
     pk.mark();
@@ -130,7 +134,7 @@ std::size_t save_state_dict_file(const std::string& path, const torch::nn::Modul
     }
     pk.tuple();
     pk.reduce();
-    storages.push_back(data);
+    if (!shared) storages.push_back(data);
   }
   pk.setitems();
   pk.stop();

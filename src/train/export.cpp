@@ -30,6 +30,13 @@ nlohmann::json monai_network_def(const nlohmann::json& model, const std::string&
     if (def["norm"] == "group") def["norm"] = nlohmann::json::array({"GROUP", {{"num_groups", def["num_groups"]}}});
     if (def["dropout_prob"].is_number() && def["dropout_prob"].get<double>() == 0) def["dropout_prob"] = nullptr;
   }
+  if (spec.name == "DynUNet") {
+    // MONAI's default instance norm has affine parameters, which its name alone does not.
+    def["norm_name"] = def["norm_name"] == "instance" ? nlohmann::json::array({"INSTANCE", {{"affine", true}}})
+                                                      : nlohmann::json("BATCH");
+    if (def["filters"].empty()) def["filters"] = nullptr;
+    if (def["dropout"].is_number() && def["dropout"].get<double>() == 0) def["dropout"] = nullptr;
+  }
   return def;
 }
 

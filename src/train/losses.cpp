@@ -70,6 +70,19 @@ LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& w
 
 Loss::Loss(LossOptions options) : options_(std::move(options)) { options_.validate(); }
 
+at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, const at::Tensor& target,
+                                 const std::vector<double>& weights) {
+  MEDFAST_CHECK_T(ValueError, stacked.defined() && stacked.dim() >= 4 && stacked.size(1) == static_cast<std::int64_t>(weights.size()),
+                  "deep supervision: expected ", weights.size(), " outputs stacked on axis 1, got ",
+                  stacked.defined() ? stacked.sizes() : at::IntArrayRef{});
+  at::Tensor total;
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    const at::Tensor l = loss(stacked.select(1, static_cast<std::int64_t>(i)).to(at::kFloat), target) * weights[i];
+    total = total.defined() ? total + l : l;
+  }
+  return total;
+}
+
 at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) const {
   const LossOptions& o = options_;
   MEDFAST_CHECK_T(ValueError, input.defined() && target.defined(), name_of(o.name), " loss: input and target must be defined");

@@ -20,6 +20,7 @@
 #include "medfast/core/trace.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
+#include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
 #include "medfast/nn/unet.hpp"
@@ -396,6 +397,8 @@ class Run {
     so.enabled = precision_ == Precision::fp16;
     scaler_ = std::make_unique<GradScaler>(so);
     loss_fn_ = std::make_unique<Loss>(c_.loss);
+    const std::int64_t outputs = nn::parse_network(c_.model, c_.path + ": model").deep_supervision_outputs;
+    if (outputs > 0) supervision_weights_ = nn::deep_supervision_weights(outputs);
     result_.run_dir = t_.run_dir;
   }
 
@@ -529,7 +532,8 @@ class Run {
     with_context(where, [&] {
       AutocastGuard autocast(device_.type(), precision_);
       const at::Tensor logits = model_.forward(x);
-      loss = (*loss_fn_)(logits.to(at::kFloat), y);
+      loss = supervision_weights_.empty() ? (*loss_fn_)(logits.to(at::kFloat), y)
+                                          : deep_supervision_loss(*loss_fn_, logits, y, supervision_weights_);
     });
     if (cb_.loss_filter) loss = cb_.loss_filter(rec.epoch, rec.steps + 1, loss);
     clock_->lap(&StageTimes::forward);
@@ -745,6 +749,7 @@ class Run {
   std::unique_ptr<GradScaler> scaler_;
   std::unique_ptr<detail::StageClock> clock_;
   std::unique_ptr<Loss> loss_fn_;
+  std::vector<double> supervision_weights_;  // deep supervision's loss weights (none: one output)
   TrainResult result_;
 };
 

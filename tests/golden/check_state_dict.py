@@ -36,12 +36,18 @@ def main():
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         sys.exit(f"{args.file}: names differ from MONAI's: missing {missing[:5]}, extra {extra[:5]}; "
                  f"first difference in order at {first}: {got[first:first + 1]} vs {want[first:first + 1]}")
+    # A tensor the network holds under several names (DynUNet's skip_layers) is one storage
+    # in the file, as torch.save writes it, and holds what was set last, by the last name.
+    last = {}
+    for name, _, _ in case["state_dict"]:
+        last[sd[name].data_ptr()] = name
     for name, shape, dtype in case["state_dict"]:
         t = sd[name]
+        source = last[t.data_ptr()]
         dt = getattr(torch, dtype)
         if t.dtype != dt or list(t.shape) != shape:
             sys.exit(f"{args.file}: {name}: {t.dtype} {list(t.shape)}, MONAI's is {dt} {shape}")
-        expect = torch.from_numpy(values(name, shape)).to(dt) if dt.is_floating_point else buffer_value(name, shape, dt)
+        expect = torch.from_numpy(values(source, shape)).to(dt) if dt.is_floating_point else buffer_value(name, shape, dt)
         if not torch.equal(t, expect):
             sys.exit(f"{args.file}: {name}: values differ (largest |diff| "
                      f"{(t.double() - expect.double()).abs().max().item()})")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden forward outputs of MONAI 1.3.2's UNet, SegResNet and SwinUNETR (v1, v2) with every
+"""Golden forward outputs of MONAI 1.3.2's UNet, SegResNet, SwinUNETR (v1, v2) and DynUNet with every
 parameter set by monai_formula.values(name, shape), on monai_formula.input_values(shape).
 
     PYTHONPATH=<the MONAI 1.3.2 peer folder> /usr/bin/python3 tests/golden/make_monai_networks.py
@@ -44,6 +44,22 @@ CASES = [
     ("swinunetr_v2",
      {"name": "SwinUNETR", "img_size": [64, 64, 32], "in_channels": 1, "out_channels": 2, "feature_size": 12,
       "depths": [2, 2, 2, 2], "num_heads": [3, 6, 12, 24], "use_v2": True}, [1, 1, 64, 64, 32]),
+    # nnU-Net's network: anisotropic kernels and strides; residual blocks with deep supervision
+    # (instance norm: the training-mode forward, stacked heads included, is deterministic).
+    ("dynunet_aniso",
+     {"name": "DynUNet", "spatial_dims": 3, "in_channels": 1, "out_channels": 2,
+      "kernel_size": [[3, 3, 1], [3, 3, 3], [3, 3, 3], 3], "strides": [1, [2, 2, 1], 2, 2],
+      "upsample_kernel_size": [[2, 2, 1], 2, 2], "filters": [4, 8, 16, 32], "norm_name": "instance"},
+     [1, 1, 32, 24, 16]),
+    ("dynunet_res_ds",
+     {"name": "DynUNet", "spatial_dims": 3, "in_channels": 2, "out_channels": 3,
+      "kernel_size": [3, 3, 3, 3, 3], "strides": [1, 2, 2, 2, 2], "upsample_kernel_size": [2, 2, 2, 2],
+      "filters": [4, 8, 16, 32, 48], "norm_name": "instance", "res_block": True, "deep_supervision": True,
+      "deep_supr_num": 2, "trans_bias": True}, [1, 2, 32, 32, 32]),
+    ("dynunet_batch",
+     {"name": "DynUNet", "spatial_dims": 3, "in_channels": 1, "out_channels": 2,
+      "kernel_size": [3, 3, 3], "strides": [2, 2, 2], "upsample_kernel_size": [2, 2],
+      "filters": [4, 8, 16], "norm_name": "batch", "res_block": True}, [1, 1, 16, 16, 16]),
 ]
 
 
@@ -69,11 +85,14 @@ def install_einops_permute():
 
 
 def monai_network(spec):
-    from monai.networks.nets import SegResNet, SwinUNETR, UNet
+    from monai.networks.nets import DynUNet, SegResNet, SwinUNETR, UNet
     args = {k: v for k, v in spec.items() if k != "name"}
     if spec["name"] == "UNet":
         args["norm"] = args["norm"].upper()
         return UNet(**args)
+    if spec["name"] == "DynUNet":
+        args["norm_name"] = ("INSTANCE", {"affine": True}) if args["norm_name"] == "instance" else "BATCH"
+        return DynUNet(**args)
     if spec["name"] == "SegResNet":
         return SegResNet(**args)
     return SwinUNETR(**args)
@@ -102,10 +121,15 @@ def main():
                 if is_formula_set(name, t):
                     t.copy_(torch.from_numpy(values(name, list(t.shape))))
             y = net(torch.from_numpy(input_values(shape))).numpy()
+            if spec.get("deep_supervision"):  # training mode: the output and the heads, stacked
+                y_train = net.train()(torch.from_numpy(input_values(shape))).numpy()
+                net.eval()
         out["networks"][key] = {
             "model": spec, "input_shape": shape,
             "state_dict": [[name, list(t.shape), str(t.dtype).replace("torch.", "")] for name, t in sd.items()],
             "output": output_summary(y)}
+        if spec.get("deep_supervision"):
+            out["networks"][key]["train_output"] = output_summary(y_train)
         print("%-20s %3d tensors  output %s  sum %.6g" % (key, len(sd), list(y.shape), y.sum()))
     with open(OUT, "w") as f:
         json.dump(out, f, indent=1)

@@ -121,6 +121,11 @@ TEST_P(MonaiParity, SameNamesShapesAndOutputAsMonai) {
   net.ptr()->eval();
   const at::Tensor y = net.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>()));
   expect_output(y, c["output"], GetParam());
+  if (c.contains("train_output")) {  // deep supervision: the output and the heads, stacked
+    net.ptr()->train();
+    const at::Tensor stacked = net.forward<at::Tensor>(formula_input(c["input_shape"].get<std::vector<std::int64_t>>()));
+    expect_output(stacked, c["train_output"], GetParam() + " (training mode)");
+  }
 }
 
 // Models out (`medfast export`): the state_dict medfast writes is MONAI's (names in
@@ -216,7 +221,8 @@ TEST(InferenceNetwork, BatchNormFoldedIntoTheConvolutionsGivesMonaisOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Networks, MonaiParity,
                          ::testing::Values("unet_res2_batch", "unet_res0_instance", "segresnet", "segresnet_deconv",
-                                           "swinunetr_v1", "swinunetr_v2"));
+                                           "swinunetr_v1", "swinunetr_v2", "dynunet_aniso", "dynunet_res_ds",
+                                           "dynunet_batch"));
 
 // ---------------------------------------------------------------------------------------------
 // model.pretrained: a state_dict written by python3-torch (tests/golden/write_state_dict.py,
@@ -233,7 +239,7 @@ std::string write_state_dict(const std::string& dir, const std::string& key, con
 
 TEST(Pretrained, MonaiStateDictLoadsThroughModelPretrained) {
   test::TempDir dir;
-  for (const std::string key : {"unet_res2_batch", "segresnet", "swinunetr_v1"}) {
+  for (const std::string key : {"unet_res2_batch", "segresnet", "swinunetr_v1", "dynunet_res_ds"}) {
     SCOPED_TRACE(key);
     const auto& c = reference()["networks"][key];
     nlohmann::json spec = c["model"];

@@ -10,6 +10,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/fields.hpp"
+#include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/segresnet.hpp"
 #include "medfast/nn/swin_unetr.hpp"
@@ -178,6 +179,79 @@ TEST(Networks, SegResNetRejectsBadArguments) {
             std::string::npos);
   EXPECT_NE(bad_name(R"({"name": "UNet", "norm": "group"})").find("model: argument norm: 'group' is not one of instance | batch | none"),
             std::string::npos);
+}
+
+// DynUNet (nnU-Net's network; its outputs and names against MONAI: test_monai_parity.cpp).
+TEST(Networks, DynUNetShapesDeepSupervisionAndInitialWeights) {
+  DynUNetOptions o;
+  o.kernel_size = nlohmann::json::parse("[[3, 3, 1], 3, 3]");
+  o.strides = nlohmann::json::parse("[1, [2, 2, 1], 2]");
+  o.upsample_kernel_size = nlohmann::json::parse("[[2, 2, 1], 2]");
+  o.filters = {4, 8, 16, 99};  // extra entries are ignored, as MONAI's
+  o.out_channels = 3;
+  o.deep_supervision = true;
+  o.deep_supr_num = 1;
+  o.res_block = true;
+  DynUNet net(o);
+  const at::Tensor x = torch::randn({2, 1, 16, 12, 8});
+  net->train();
+  const at::Tensor stacked = net->forward(x);
+  EXPECT_EQ(stacked.sizes().vec(), (std::vector<std::int64_t>{2, 2, 3, 16, 12, 8}));  // the output and one head
+  net->eval();
+  EXPECT_EQ(net->forward(x).sizes().vec(), (std::vector<std::int64_t>{2, 3, 16, 12, 8}));
+  // Sizes the strides do not divide are named with the divisor.
+  const std::string odd = value_error([&] { net->forward(torch::randn({1, 1, 16, 12, 7})); });
+  EXPECT_NE(odd.find("divisible"), std::string::npos) << odd;
+  EXPECT_NE(odd.find("2 along axis 2"), std::string::npos) << odd;  // z strides 1, 1, 2
+  // MONAI's initial weights: Kaiming normal (a = 0.01) convolutions, zero biases.
+  const auto params = net->named_parameters();
+  const at::Tensor w = params["bottleneck.conv2.conv.weight"];  // 16 x 16 x 3 x 3 x 3: fan_in 432
+  EXPECT_NEAR(w.std().item<double>(), std::sqrt(2.0 / (1 + 1e-4) / 432), 0.006);
+  EXPECT_TRUE(params["output_block.conv.conv.bias"].eq(0).all().item<bool>());
+  // One tensor under two names, as MONAI's skip_layers.
+  EXPECT_TRUE(params["input_block.conv1.conv.weight"].is_same(params["skip_layers.downsample.conv1.conv.weight"]));
+  // nnU-Net's filters by default: min(32 * 2^level, 320).
+  DynUNetOptions d;
+  d.kernel_size = nlohmann::json::parse("[3, 3, 3, 3, 3, 3, 3]");
+  d.strides = nlohmann::json::parse("[1, 2, 2, 2, 2, 2, 2]");
+  d.upsample_kernel_size = nlohmann::json::parse("[2, 2, 2, 2, 2, 2]");
+  EXPECT_EQ(d.level_filters(), (std::vector<std::int64_t>{32, 64, 128, 256, 320, 320, 320}));
+  // Loss weights: 1 / 2^i normalised.
+  const auto weights = deep_supervision_weights(3);
+  ASSERT_EQ(weights.size(), 3u);
+  EXPECT_NEAR(weights[0], 4.0 / 7, 1e-12);
+  EXPECT_NEAR(weights[1], 2.0 / 7, 1e-12);
+  EXPECT_NEAR(weights[2], 1.0 / 7, 1e-12);
+  EXPECT_EQ(parse_network(nlohmann::json::parse(R"({"name": "DynUNet", "deep_supervision": true, "deep_supr_num": 2})"))
+                .deep_supervision_outputs,
+            3);
+  EXPECT_EQ(parse_network(nlohmann::json::parse(R"({"name": "DynUNet"})")).deep_supervision_outputs, 0);
+}
+
+TEST(Networks, DynUNetRejectsBadArguments) {
+  auto bad = [](auto edit) {
+    DynUNetOptions o;
+    edit(o);
+    return value_error([&] { DynUNet{o}; });
+  };
+  EXPECT_NE(bad([](auto& o) { o.kernel_size = nlohmann::json::parse("[3, 3]"); o.strides = nlohmann::json::parse("[1, 2]"); })
+                .find("at least 3"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.strides = nlohmann::json::parse("[1, 2, 2, 2]"); }).find("same length"), std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.upsample_kernel_size = nlohmann::json::parse("[2, 2]"); }).find("upsample_kernel_size has 2"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.kernel_size = nlohmann::json::parse("[3, [3, 3], 3, 3, 3]"); }).find("kernel_size[1]"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.strides = nlohmann::json::parse("[1, 0, 2, 2, 2]"); }).find("strides[1] 0 must be >= 1"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.kernel_size = nlohmann::json::parse("[1, 3, 3, 3, 3]"); o.strides = nlohmann::json::parse("[3, 2, 2, 2, 2]"); })
+                .find("negative padding"),
+            std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.filters = {8, 16}; }).find("filters has 2"), std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.deep_supervision = true; o.deep_supr_num = 4; }).find("deep_supr_num 4"), std::string::npos);
+  EXPECT_NE(bad([](auto& o) { o.dropout = 1.5; }).find("dropout"), std::string::npos);
+  const std::string norm = value_error([] { parse_network(nlohmann::json::parse(R"({"name": "DynUNet", "norm_name": "group"})")); });
+  EXPECT_NE(norm.find("norm_name: 'group' is not one of instance | batch"), std::string::npos) << norm;
 }
 
 TEST(Networks, SwinUNETRParameterCountsEqualMonai) {
@@ -430,6 +504,10 @@ TEST(Networks, EachNetworkTakesMonaisArgumentNames) {
             sorted({"img_size", "in_channels", "out_channels", "depths", "num_heads", "feature_size", "norm_name",
                     "drop_rate", "attn_drop_rate", "dropout_path_rate", "normalize", "spatial_dims", "downsample",
                     "use_v2"}));
+  EXPECT_EQ(keys("DynUNet"),
+            sorted({"spatial_dims", "in_channels", "out_channels", "kernel_size", "strides", "upsample_kernel_size",
+                    "filters", "dropout", "norm_name", "deep_supervision", "deep_supr_num", "res_block",
+                    "trans_bias"}));
   const NetworkSpec seg = parse_network(
       nlohmann::json::parse(R"({"name": "SegResNet", "act": "LeakyReLU", "upsample_mode": "DeConv", "out_channels": 4})"));
   EXPECT_EQ(seg.arguments["act"], "leakyrelu");
@@ -451,7 +529,8 @@ TEST(Networks, ArgumentsAreWrittenBackWholeFromOneDeclaration) {
   expect_written_back_whole<UNetOptions>("UNet");
   expect_written_back_whole<SegResNetOptions>("SegResNet");
   expect_written_back_whole<SwinUNETROptions>("SwinUNETR");
-  EXPECT_EQ(network_names(), (std::vector<std::string>{"UNet", "SegResNet", "SwinUNETR"}));
+  expect_written_back_whole<DynUNetOptions>("DynUNet");
+  EXPECT_EQ(network_names(), (std::vector<std::string>{"UNet", "SegResNet", "SwinUNETR", "DynUNet"}));
   const NetworkSpec swin = parse_network(
       nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 64, "norm_name": "BATCH", "out_channels": 3})"));
   EXPECT_EQ(swin.arguments["img_size"], nlohmann::json::parse("[64, 64, 64]"));  // one number stands for three
@@ -463,7 +542,7 @@ TEST(Networks, ArgumentsAreWrittenBackWholeFromOneDeclaration) {
                                                                          R"({"name": "UNet", "norm": "batch"})"))
                                                                          .ptr()));
   const std::string unknown = value_error([] { parse_network(nlohmann::json::parse(R"({"name": "VNet"})"), "m"); });
-  EXPECT_NE(unknown.find("unknown network 'VNet' (expected UNet, SegResNet or SwinUNETR)"), std::string::npos)
+  EXPECT_NE(unknown.find("unknown network 'VNet' (expected UNet, SegResNet, SwinUNETR or DynUNet)"), std::string::npos)
       << unknown;
 }
 

@@ -241,5 +241,29 @@ TEST(LossOneHot, ArgmaxOneHotPicksTheFirstMaximum) {
   EXPECT_TRUE(at::equal(argmax_one_hot(ties).select(1, 0), at::ones({1, 2})));
 }
 
+// Deep supervision: the weighted sum of the loss of each stacked output against one target.
+TEST(Losses, DeepSupervisionWeighsEachStackedOutput) {
+  at::manual_seed(5);
+  LossOptions lo;
+  lo.to_onehot_y = lo.softmax = true;
+  const Loss loss(lo);
+  const at::Tensor stacked = at::randn({2, 3, 2, 6, 5, 4}).requires_grad_();
+  const at::Tensor target = at::randint(0, 2, {2, 1, 6, 5, 4});
+  const std::vector<double> w{4.0 / 7, 2.0 / 7, 1.0 / 7};
+  const at::Tensor got = deep_supervision_loss(loss, stacked, target, w);
+  double want = 0;
+  for (int i = 0; i < 3; ++i) want += w[static_cast<std::size_t>(i)] * loss(stacked.select(1, i), target).item<double>();
+  EXPECT_NEAR(got.item<double>(), want, 1e-6);
+  got.backward();
+  EXPECT_TRUE(stacked.grad().defined());
+  EXPECT_GT(stacked.grad().select(1, 2).abs().sum().item<double>(), 0);  // every output is trained
+  try {
+    deep_supervision_loss(loss, stacked, target, {0.5, 0.5});
+    ADD_FAILURE() << "no error for 2 weights and 3 outputs";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 2 outputs stacked on axis 1"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace medfast::train

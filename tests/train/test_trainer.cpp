@@ -809,6 +809,32 @@ TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
   }
 }
 
+// DynUNet with deep supervision trains (the heads' losses weighted as nnU-Net's), validates
+// on the full-size output, evaluates from its checkpoint and exports MONAI's network_def.
+TEST(Trainer, DynUNetWithDeepSupervisionTrainsEvaluatesAndExports) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["model"] = nlohmann::json::parse(R"({"name": "DynUNet", "in_channels": 1, "out_channels": 2,
+      "kernel_size": [3, 3, 3], "strides": [1, 2, 2], "upsample_kernel_size": [2, 2], "filters": [4, 8, 16],
+      "deep_supervision": true, "deep_supr_num": 1, "res_block": true})");
+  const TrainResult r = Trainer(c, "", one_thread()).run(false);
+  ASSERT_EQ(r.history.size(), 2u);
+  for (const auto& e : r.history) {
+    EXPECT_TRUE(std::isfinite(e.loss));
+    ASSERT_TRUE(e.dice.has_value());
+    EXPECT_TRUE(std::isfinite(*e.dice));
+  }
+  EvalOptions eo;
+  const EvalResult er = evaluate(dir / "run/last.ckpt", nullptr, "", one_thread(), eo);
+  EXPECT_NEAR(er.mean_dice, *r.history.back().dice, 1e-9);
+  const auto def = monai_network_def(c["model"], "model");
+  EXPECT_EQ(def["_target_"], "monai.networks.nets.DynUNet");
+  EXPECT_EQ(def["norm_name"], nlohmann::json::parse(R"(["INSTANCE", {"affine": true}])"));
+  EXPECT_TRUE(def["dropout"].is_null());
+  EXPECT_EQ(def["filters"], nlohmann::json::parse("[4, 8, 16]"));
+  EXPECT_EQ(def["deep_supr_num"], 1);
+}
+
 // `medfast export`: model.pt (MONAI's state_dict; the format and names are checked against
 // MONAI's goldens in tests/nn/test_monai_parity.cpp, the bundle against MONAI 1.3.2 itself by
 // bench/monai_export_check.py) and configs/; model.pretrained reads the weights back bit for

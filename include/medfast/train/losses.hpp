@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "medfast/core/fields.hpp"
 
@@ -95,6 +96,13 @@ class Loss {
  private:
   LossOptions options_;
 };
+
+/// Deep supervision (nnU-Net's): `stacked` [B, n, C, spatial...] (a network's training
+/// outputs, the full-size one first, the heads resized to it) against one target:
+/// sum over i of weights[i] * loss(stacked[:, i], target), in float32. ValueError when the
+/// stack and the weights differ in number.
+at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, const at::Tensor& target,
+                                 const std::vector<double>& weights);
 
 /// [B, 1, ...] class indices (any integer or float dtype; floats are truncated) to a
 /// float32 one-hot [B, num_classes, ...] (MONAI's one_hot). Throws ValueError when a
