@@ -131,9 +131,7 @@ int run_step(const StepArgs& a, Context& ctx) {
   }
   const nn::NetworkSpec parsed = nn::parse_network(spec, "--model");
   const std::int64_t classes = nn::output_channels(parsed, "--model");
-  const std::vector<double> supervision =
-      parsed.deep_supervision_outputs > 0 ? nn::deep_supervision_weights(parsed.deep_supervision_outputs)
-                                          : std::vector<double>{};
+  const std::vector<double>& supervision = parsed.deep_supervision_weights;
   const at::Tensor x = torch::rand(a.input).contiguous(format);
   const at::Tensor y = torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}).to(at::kFloat);
   train::LossOptions lo;

@@ -309,13 +309,13 @@ torch::Tensor DynUNetImpl::forward(torch::Tensor x) {
   return torch::stack(all, 1);
 }
 
-std::vector<double> deep_supervision_weights(std::int64_t outputs) {
+std::vector<double> deep_supervision_weights(std::int64_t outputs, bool drop_lowest) {
+  if (outputs < 1) throw ValueError(str("deep supervision: ", outputs, " outputs"));
   std::vector<double> w;
+  for (std::int64_t i = 0; i < outputs; ++i) w.push_back(1.0 / static_cast<double>(std::int64_t{1} << i));
+  if (drop_lowest && outputs > 1) w.back() = 0;
   double sum = 0;
-  for (std::int64_t i = 0; i < outputs; ++i) {
-    w.push_back(1.0 / static_cast<double>(std::int64_t{1} << i));
-    sum += w.back();
-  }
+  for (const double v : w) sum += v;
   for (double& v : w) v /= sum;
   return w;
 }
@@ -324,7 +324,9 @@ std::vector<double> deep_supervision_weights(std::int64_t outputs) {
 NetworkSpec dynunet_network(ConfigReader& arguments, const std::string& where) {
   NetworkSpec spec = detail::network_spec<DynUNetOptions, DynUNet>(arguments, "DynUNet", where);
   if (spec.arguments.value("deep_supervision", false)) {
-    spec.deep_supervision_outputs = 1 + spec.arguments.value("deep_supr_num", std::int64_t{1});
+    const auto heads = spec.arguments.value("deep_supr_num", std::int64_t{1});
+    const auto levels = static_cast<std::int64_t>(spec.arguments["strides"].size());
+    spec.deep_supervision_weights = deep_supervision_weights(1 + heads, heads == levels - 2);
   }
   return spec;
 }

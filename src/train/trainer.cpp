@@ -397,8 +397,7 @@ class Run {
     so.enabled = precision_ == Precision::fp16;
     scaler_ = std::make_unique<GradScaler>(so);
     loss_fn_ = std::make_unique<Loss>(c_.loss);
-    const std::int64_t outputs = nn::parse_network(c_.model, c_.path + ": model").deep_supervision_outputs;
-    if (outputs > 0) supervision_weights_ = nn::deep_supervision_weights(outputs);
+    supervision_weights_ = nn::parse_network(c_.model, c_.path + ": model").deep_supervision_weights;
     result_.run_dir = t_.run_dir;
   }
 

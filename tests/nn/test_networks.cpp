@@ -216,16 +216,24 @@ TEST(Networks, DynUNetShapesDeepSupervisionAndInitialWeights) {
   d.strides = nlohmann::json::parse("[1, 2, 2, 2, 2, 2, 2]");
   d.upsample_kernel_size = nlohmann::json::parse("[2, 2, 2, 2, 2, 2]");
   EXPECT_EQ(d.level_filters(), (std::vector<std::int64_t>{32, 64, 128, 256, 320, 320, 320}));
-  // Loss weights: 1 / 2^i normalised.
-  const auto weights = deep_supervision_weights(3);
+  // Loss weights: 1 / 2^i normalised; nnU-Net's lowest decoder output (just above the
+  // bottleneck) dropped where the stack reaches it.
+  const auto weights = deep_supervision_weights(3, false);
   ASSERT_EQ(weights.size(), 3u);
   EXPECT_NEAR(weights[0], 4.0 / 7, 1e-12);
   EXPECT_NEAR(weights[1], 2.0 / 7, 1e-12);
   EXPECT_NEAR(weights[2], 1.0 / 7, 1e-12);
+  // 5 levels: 2 heads stop above the lowest decoder level; 3 reach it (nnU-Net's K = 4 outputs).
   EXPECT_EQ(parse_network(nlohmann::json::parse(R"({"name": "DynUNet", "deep_supervision": true, "deep_supr_num": 2})"))
-                .deep_supervision_outputs,
-            3);
-  EXPECT_EQ(parse_network(nlohmann::json::parse(R"({"name": "DynUNet"})")).deep_supervision_outputs, 0);
+                .deep_supervision_weights,
+            (std::vector<double>{4.0 / 7, 2.0 / 7, 1.0 / 7}));
+  const auto all = parse_network(nlohmann::json::parse(R"({"name": "DynUNet", "deep_supervision": true, "deep_supr_num": 3})"))
+                       .deep_supervision_weights;
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_NEAR(all[0], 8.0 / 14, 1e-12);
+  EXPECT_NEAR(all[2], 2.0 / 14, 1e-12);
+  EXPECT_EQ(all[3], 0.0);
+  EXPECT_TRUE(parse_network(nlohmann::json::parse(R"({"name": "DynUNet"})")).deep_supervision_weights.empty());
 }
 
 TEST(Networks, DynUNetRejectsBadArguments) {

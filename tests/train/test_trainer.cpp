@@ -815,8 +815,8 @@ TEST(Trainer, DynUNetWithDeepSupervisionTrainsEvaluatesAndExports) {
   test::TempDir dir;
   nlohmann::json c = tiny_config(dir);
   c["model"] = nlohmann::json::parse(R"({"name": "DynUNet", "in_channels": 1, "out_channels": 2,
-      "kernel_size": [3, 3, 3], "strides": [1, 2, 2], "upsample_kernel_size": [2, 2], "filters": [4, 8, 16],
-      "deep_supervision": true, "deep_supr_num": 1, "res_block": true})");
+      "kernel_size": [3, 3, 3, 3], "strides": [1, 2, 2, 2], "upsample_kernel_size": [2, 2, 2],
+      "filters": [4, 8, 16, 16], "deep_supervision": true, "deep_supr_num": 1, "res_block": true})");
   const TrainResult r = Trainer(c, "", one_thread()).run(false);
   ASSERT_EQ(r.history.size(), 2u);
   for (const auto& e : r.history) {
@@ -831,7 +831,7 @@ TEST(Trainer, DynUNetWithDeepSupervisionTrainsEvaluatesAndExports) {
   EXPECT_EQ(def["_target_"], "monai.networks.nets.DynUNet");
   EXPECT_EQ(def["norm_name"], nlohmann::json::parse(R"(["INSTANCE", {"affine": true}])"));
   EXPECT_TRUE(def["dropout"].is_null());
-  EXPECT_EQ(def["filters"], nlohmann::json::parse("[4, 8, 16]"));
+  EXPECT_EQ(def["filters"], nlohmann::json::parse("[4, 8, 16, 16]"));
   EXPECT_EQ(def["deep_supr_num"], 1);
 }
 

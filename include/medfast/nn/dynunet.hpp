@@ -19,7 +19,7 @@
 /// Deep supervision: in training mode the forward returns [N, 1 + deep_supr_num, C, X, Y, Z],
 /// the output first, then each head's output (levels 1 .. deep_supr_num, highest first)
 /// resized to the output's size by nearest interpolation (MONAI's stacking); in eval mode the
-/// output alone. deep_supervision_weights() gives nnU-Net's loss weights for that stack.
+/// output alone. The loss weights of that stack are nnU-Net's (deep_supervision_weights).
 #include <torch/nn/module.h>
 
 #include <array>
@@ -104,8 +104,10 @@ class DynUNetImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DynUNet);
 
-/// nnU-Net's deep-supervision loss weights for `outputs` stacked outputs (the full-size
-/// output first): 1 / 2^i, normalised to sum 1.
-std::vector<double> deep_supervision_weights(std::int64_t outputs);
+/// nnU-Net v2's deep-supervision loss weights for `outputs` stacked outputs (the full-size
+/// output first): 1 / 2^i, normalised to sum 1, with the last (lowest-resolution) output's
+/// weight 0 when `drop_lowest`: nnU-Net drops its lowest decoder output, which a DynUNet's
+/// stack holds when deep_supr_num = levels - 2 (every decoder level). ValueError for < 1.
+std::vector<double> deep_supervision_weights(std::int64_t outputs, bool drop_lowest);
 
 }  // namespace medfast::nn

@@ -37,9 +37,9 @@ struct NetworkSpec {
   /// less work, made from the trained one (UNet with batch norm: each batch norm folded
   /// into the convolution before it). Empty where the network has nothing to fold.
   std::function<torch::nn::AnyModule(const torch::nn::AnyModule&)> for_inference;
-  /// Deep supervision: in training mode the network returns this many outputs stacked on
-  /// axis 1 (the full-size output first), to be weighted by deep_supervision_weights; 0: one.
-  std::int64_t deep_supervision_outputs = 0;
+  /// Deep supervision: in training mode the network returns one output per weight, stacked
+  /// on axis 1 (the full-size output first); the loss is their weighted sum. Empty: one output.
+  std::vector<double> deep_supervision_weights;
 };
 
 /// Reads a `model` section. Throws ConfigError naming the key (with `where`, e.g. the
@@ -86,7 +86,7 @@ NetworkSpec network_spec(ConfigReader& arguments, const std::string& name, const
   read_fields(arguments, o);
   arguments.finish();
   construct(where, [&] { o.validate(); });
-  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }, field_docs<Options>(), {}, 0};
+  return NetworkSpec{name, fields_json(o), [o] { return torch::nn::AnyModule(Module(o)); }, field_docs<Options>(), {}, {}};
 }
 
 }  // namespace detail
