@@ -140,7 +140,7 @@ int run_step(const StepArgs& a, Context& ctx) {
   train::OptimizerOptions oo;
   oo.name = "Adam";
   oo.lr = 1e-4;
-  auto opt = train::make_optimizer(net.ptr()->parameters(), oo);
+  auto opt = train::make_optimizer(nn::unique_tensors(net.ptr()->parameters()), oo);
   std::vector<double> fwd, bwd, step, val_nograd, val_inference;
   using Clock = std::chrono::steady_clock;
   net.ptr()->train();

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <unordered_set>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/registry.hpp"
@@ -66,6 +68,15 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
     log::info(where, ": ", r.tensors, " tensors (", r.elements, " values) from ", file);
   }
   return net;
+}
+
+std::vector<at::Tensor> unique_tensors(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& t : tensors) {
+    if (seen.insert(t.unsafeGetTensorImpl()).second) out.push_back(t);
+  }
+  return out;
 }
 
 torch::nn::AnyModule inference_network(const NetworkSpec& spec, const torch::nn::AnyModule& trained) {

@@ -200,7 +200,7 @@ UNet fold_batch_norm(UNetImpl& trained) {
 
 std::int64_t count_parameters(const torch::nn::Module& module) {
   std::int64_t n = 0;
-  for (const auto& p : module.parameters()) {
+  for (const auto& p : unique_tensors(module.parameters())) {
     if (p.requires_grad()) n += p.numel();
   }
   return n;

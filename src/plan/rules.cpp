@@ -76,6 +76,16 @@ Topology pool_and_conv_sized(const Spacing& spacing, const Size& size, std::int6
   return t;
 }
 
+// The coarsest axis as nnU-Net's np.argmax finds it in its (z, y, x) arrays: of equal
+// spacings, the last in x, y, z.
+int coarsest_axis(const Spacing& s) {
+  int worst = 2;
+  for (int d = 1; d >= 0; --d) {
+    if (s[d] > s[worst]) worst = d;
+  }
+  return worst;
+}
+
 Size as_size(const Shape& s) { return {static_cast<double>(s[0]), static_cast<double>(s[1]), static_cast<double>(s[2])}; }
 
 }  // namespace
@@ -108,7 +118,7 @@ Spacing target_spacing(const std::vector<Spacing>& spacings, const std::vector<S
     target[d] = percentile(sp, 50);
     size[d] = percentile(sz, 50);
   }
-  const int worst = static_cast<int>(std::max_element(target.begin(), target.end()) - target.begin());
+  const int worst = coarsest_axis(target);
   double other_spacing = 0, other_size = 0;
   bool first = true;
   for (int d = 0; d < 3; ++d) {
@@ -182,7 +192,7 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
     }
   }
   const Spacing inv{1 / spacing[0], 1 / spacing[1], 1 / spacing[2]};
-  const double scale = std::cbrt(256.0 * 256.0 * 256.0 / (inv[0] * inv[1] * inv[2]));
+  const double scale = std::pow(256.0 * 256.0 * 256.0 / (inv[0] * inv[1] * inv[2]), 1.0 / 3);  // Python's ** (1/3)
   Size init{};
   for (int d = 0; d < 3; ++d) init[d] = std::min(round_half_even(inv[d] * scale), median_shape[d]);
   PatchPlan p;
@@ -230,10 +240,11 @@ std::array<T, 3> unpermuted(const std::array<T, 3>& a, const std::array<int, 3>&
 
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::int64_t classes, double dataset_voxels,
                      double reference) {
-  // nnU-Net plans with the coarsest axis first (its transpose_forward), the others in order.
-  const int worst = static_cast<int>(std::max_element(spacing.begin(), spacing.end()) - spacing.begin());
+  // nnU-Net plans with the coarsest axis first (its transpose_forward), the others in its
+  // array order, z, y, x.
+  const int worst = coarsest_axis(spacing);
   std::array<int, 3> order{worst, 0, 0};
-  for (int d = 0, k = 1; d < 3; ++d) {
+  for (int d = 2, k = 1; d >= 0; --d) {
     if (d != worst) order[k++] = d;
   }
   PatchPlan p = plan_patch_ordered(permuted(spacing, order), permuted(median_shape, order), classes, dataset_voxels,

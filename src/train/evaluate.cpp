@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <future>
 #include <optional>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/dataset.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -407,10 +409,16 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     finish_write();
   } catch (...) {
     // Nothing is left running: the read ahead is waited for and dropped; a write under way
-    // finishes (its file is whole or absent: write_nifti renames a complete file into place).
+    // finishes (write_nifti renames a complete file into place) and is reported as any other,
+    // or, had it failed too, logged (the first error is the one thrown).
+    const std::exception_ptr first = std::current_exception();
     if (next.valid()) next.wait();
-    if (writing.valid()) writing.wait();
-    throw;
+    try {
+      finish_write();
+    } catch (const std::exception& e) {
+      log::warn(e.what());
+    }
+    std::rethrow_exception(first);
   }
   return written;
 }

@@ -383,7 +383,10 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
         at[0] = slot;
         roi[0] = len;
         at::Tensor dest = window_of(sums, at, roi, 1);
-        if (in_place) {  // (prediction * weight) + sums: MONAI's operations, one pass, no product held
+        // sums + prediction * weight in one pass, no product held. MONAI rounds the product
+        // before adding; a kernel that fuses the two (CUDA's) rounds once: the labels may
+        // then differ at exact ties (the inference bench checks they differ nowhere else).
+        if (in_place) {
           dest.addcmul_(prediction.narrow(1, offset, len), p.weight.narrow(0, offset, len));
         } else {
           dest.add_(prediction.narrow(1, offset, len));

@@ -77,6 +77,7 @@ at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, co
                   stacked.defined() ? stacked.sizes() : at::IntArrayRef{});
   at::Tensor total;
   for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] == 0) continue;  // not computed: a NaN there must not reach the step (0 * NaN)
     const at::Tensor l = loss(stacked.select(1, static_cast<std::int64_t>(i)).to(at::kFloat), target) * weights[i];
     total = total.defined() ? total + l : l;
   }

@@ -385,11 +385,13 @@ class Run {
     model_ = build_model(c_, device_);
     if (distributed_) {
       torch::NoGradGuard g;
-      comm_->broadcast_coalesced(model_.module->parameters(), 0);
-      comm_->broadcast_coalesced(model_.module->buffers(), 0);
+      comm_->broadcast_coalesced(nn::unique_tensors(model_.module->parameters()), 0);
+      comm_->broadcast_coalesced(nn::unique_tensors(model_.module->buffers()), 0);
     }
-    params_ = model_.module->parameters();
-    buffers_ = model_.module->buffers();
+    // Each tensor once: a module registered under two names (DynUNet, as MONAI's) lists its
+    // tensors twice, which would step them twice and unscale their gradients twice.
+    params_ = nn::unique_tensors(model_.module->parameters());
+    buffers_ = nn::unique_tensors(model_.module->buffers());
     // DDP: gradients are averaged in buckets that start while backward runs.
     if (distributed_) grad_sync_ = comm_->gradient_sync(params_);
     optimizer_ = make_optimizer(params_, c_.optimizer);

@@ -117,11 +117,20 @@ def plan(spacing, median_shape, classes, n_voxels, reference=560e6):
 
 def main():
     f = json.load(sys.stdin)
-    target = target_spacing(f["spacings"], f["shapes"])
-    new_shapes = [np.round(np.array(s) / target * np.array(sh)) for s, sh in zip(f["spacings"], f["shapes"])]
+    # nnU-Net reads NIfTI with SimpleITK: arrays, spacings and shapes in (z, y, x) order. The
+    # rules run in that order; the results are given back in (x, y, z).
+    spacings = [list(s)[::-1] for s in f["spacings"]]
+    shapes = [list(s)[::-1] for s in f["shapes"]]
+    target = target_spacing(spacings, shapes)
+    new_shapes = [np.round(np.array(s) / target * np.array(sh)) for s, sh in zip(spacings, shapes)]
     median = np.median(np.vstack(new_shapes), 0)
-    out = {"target_spacing": [float(v) for v in target], "median_shape": [float(v) for v in median]}
-    out.update(plan(target, median, f["classes"], float(np.prod(median)) * len(f["shapes"])))
+    out = {"target_spacing": [float(v) for v in target[::-1]], "median_shape": [float(v) for v in median[::-1]]}
+    planned = plan(target, median, f["classes"], float(np.prod(median)) * len(shapes))
+    for k in ("patch", "divisor"):
+        planned[k] = planned[k][::-1]
+    for k in ("strides", "kernels"):
+        planned[k] = [v[::-1] for v in planned[k]]
+    out.update(planned)
     table = {"ct": "ct", "nonorm": "none", "zscore": "zscore", "rescale_to_0_1": "rescale_to_0_1"}
     out["normalization"] = [table.get(c.casefold(), "zscore") for c in f.get("channels", [])]
     rel = float(np.median(f["relative_sizes"])) if f.get("relative_sizes") else 1.0

@@ -208,8 +208,18 @@ TEST(Networks, DynUNetShapesDeepSupervisionAndInitialWeights) {
   const at::Tensor w = params["bottleneck.conv2.conv.weight"];  // 16 x 16 x 3 x 3 x 3: fan_in 432
   EXPECT_NEAR(w.std().item<double>(), std::sqrt(2.0 / (1 + 1e-4) / 432), 0.006);
   EXPECT_TRUE(params["output_block.conv.conv.bias"].eq(0).all().item<bool>());
-  // One tensor under two names, as MONAI's skip_layers.
+  // One tensor under two names, as MONAI's skip_layers: libtorch lists it twice, training
+  // and counting take each once (MONAI's count for this network: 21668, from the peer).
   EXPECT_TRUE(params["input_block.conv1.conv.weight"].is_same(params["skip_layers.downsample.conv1.conv.weight"]));
+  EXPECT_GT(net->parameters().size(), unique_tensors(net->parameters()).size());
+  DynUNetOptions m;
+  m.kernel_size = nlohmann::json::parse("[3, 3, 3]");
+  m.strides = nlohmann::json::parse("[1, 2, 2]");
+  m.upsample_kernel_size = nlohmann::json::parse("[2, 2]");
+  m.filters = {4, 8, 16};
+  m.deep_supervision = true;
+  m.res_block = true;
+  EXPECT_EQ(count_parameters(*DynUNet(m)), 21668);
   // nnU-Net's filters by default: min(32 * 2^level, 320).
   DynUNetOptions d;
   d.kernel_size = nlohmann::json::parse("[3, 3, 3, 3, 3, 3, 3]");

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
@@ -257,6 +258,10 @@ TEST(Losses, DeepSupervisionWeighsEachStackedOutput) {
   got.backward();
   EXPECT_TRUE(stacked.grad().defined());
   EXPECT_GT(stacked.grad().select(1, 2).abs().sum().item<double>(), 0);  // every output is trained
+  // A weight of 0 (nnU-Net's lowest output) is not scored: its NaN does not reach the loss.
+  at::Tensor two = at::randn({2, 2, 2, 6, 5, 4});
+  two.select(1, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+  EXPECT_NEAR(deep_supervision_loss(loss, two, target, {1.0, 0.0}).item<double>(), loss(two.select(1, 0), target).item<double>(), 1e-7);
   try {
     deep_supervision_loss(loss, stacked, target, {0.5, 0.5});
     ADD_FAILURE() << "no error for 2 weights and 3 outputs";

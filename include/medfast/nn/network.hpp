@@ -54,11 +54,16 @@ torch::nn::AnyModule make_network(const nlohmann::json& spec, const std::string&
 /// ConfigError naming `where` if the network has no such argument.
 std::int64_t output_channels(const NetworkSpec& spec, const std::string& where = "model");
 
-/// The network to run for inference: spec.for_inference(trained), on trained's device in
-/// eval mode, or `trained` itself where the spec has no such function. The result shares
-/// nothing with `trained` (training may go on changing it). Its outputs equal trained's eval
-/// outputs up to float rounding (tested against MONAI's goldens).
+/// The network to run for inference: spec.for_inference(trained), a new network on trained's
+/// device in eval mode that shares no tensor with `trained` (training may go on changing
+/// it), or `trained` itself where the spec has no such function. Its outputs equal trained's
+/// eval outputs up to float rounding (tested against MONAI's goldens).
 torch::nn::AnyModule inference_network(const NetworkSpec& spec, const torch::nn::AnyModule& trained);
+
+/// `tensors` without repeats (the same tensor twice, as libtorch's Module::parameters() lists
+/// a module registered under two names, e.g. DynUNet's skip_layers), first occurrences in
+/// order. What optimizers, loss scalers, gradient sync and counts must be given.
+std::vector<at::Tensor> unique_tensors(const std::vector<at::Tensor>& tensors);
 
 /// The network names parse_network knows, in the table's order.
 std::vector<std::string> network_names();

@@ -6,7 +6,9 @@
 /// reader and `medfast plan` build on these (issue 23); docs/plan.md gives each rule's source
 /// and reason.
 ///
-/// Axes are the image's (x, y, z). Where nnU-Net breaks ties by numpy's ordering, so do these.
+/// Axes are the image's (x, y, z). nnU-Net reads NIfTI with SimpleITK, whose arrays are
+/// (z, y, x): where it breaks ties by numpy's order in those arrays, so do these (the
+/// coarsest of equal axes is the last in x, y, z; the others are planned z, y, x).
 #include <array>
 #include <cstdint>
 #include <string>
@@ -66,7 +68,8 @@ Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::
 /// proxy exceeds `reference` (nnU-Net: 560e6 for its 8 GB reference GPU and batch size 2),
 /// the axis with the largest patch / median-shape ratio shrinks by its divisor; the batch is
 /// round(reference / estimate * 2), at most 5% of the dataset's voxels, at least 2. Planned
-/// as nnU-Net does, with the coarsest axis first (its transpose), and given back in x, y, z.
+/// as nnU-Net does, with the coarsest axis first (its transpose) and the others z, y, x, and
+/// given back in x, y, z.
 struct PatchPlan {
   Topology topology;
   std::vector<std::int64_t> features;

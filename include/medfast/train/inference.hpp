@@ -111,7 +111,8 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
 /// divided by their weights (the same float32 operations, in the same order, as the whole
 /// output), labelled and dropped, `finish_bytes` of divided values at a time. The rows are
 /// held in a ring (no row is moved), and where the output is on the windows' device each
-/// prediction is weighted straight into it (addcmul: no weighted copy of a batch). Peak
+/// prediction is weighted straight into it (addcmul: no weighted copy of a batch; where the
+/// kernel fuses multiply and add, one rounding less than MONAI's). Peak
 /// memory: C x roi_x x Y x Z floats instead of C x X x Y x Z. `nonfinite`: values of the
 /// divided output that were NaN or infinite.
 struct SlidingWindowLabels {

@@ -99,8 +99,8 @@ class Loss {
 
 /// Deep supervision (nnU-Net's): `stacked` [B, n, C, spatial...] (a network's training
 /// outputs, the full-size one first, the heads resized to it) against one target:
-/// sum over i of weights[i] * loss(stacked[:, i], target), in float32. ValueError when the
-/// stack and the weights differ in number.
+/// sum over i of weights[i] * loss(stacked[:, i], target), in float32; outputs of weight 0
+/// are not scored. ValueError when the stack and the weights differ in number.
 at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, const at::Tensor& target,
                                  const std::vector<double>& weights);
 
