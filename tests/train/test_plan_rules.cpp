@@ -2,15 +2,19 @@
 // independent numpy statement (tests/golden/nnunet_rules.py) on hand-made fingerprints: an
 // isotropic CT, an anisotropic MR with 5 mm slices, images smaller than any patch, two
 // modalities, and a coarse axis with many voxels (no anisotropy rule).
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "medfast/core/error.hpp"
 #include "medfast/nn/dynunet.hpp"
+#include "medfast/plan/fingerprint.hpp"
 #include "medfast/plan/rules.hpp"
 #include "test_util.hpp"
 
@@ -147,6 +151,57 @@ TEST(PlanRules, BadInputIsAValueError) {
   EXPECT_THROW(intensity_stats({}), ValueError);
   EXPECT_THROW(nn::deep_supervision_weights(0, true), ValueError);
   EXPECT_EQ(nn::deep_supervision_weights(1, true), std::vector<double>{1.0});
+}
+
+// One case's fingerprint: the crop to the nonzero region of any channel, its share of the
+// image, foreground samples drawn from the cropped foreground only, the same for a seed.
+TEST(PlanFingerprint, CropsToNonzeroAndSamplesTheForeground) {
+  at::Tensor image = at::zeros({2, 20, 16, 10});
+  image[0].narrow(0, 3, 10).narrow(1, 2, 12).narrow(2, 1, 8).fill_(-5);  // channel 0: x 3..12, y 2..13, z 1..8
+  image[1][15][14][9] = 7;                                               // channel 1 widens the box to 15, 14, 9
+  at::Tensor label = at::zeros({1, 20, 16, 10}, at::kByte);
+  label[0].narrow(0, 5, 2).narrow(1, 4, 2).narrow(2, 2, 2).fill_(1);  // 8 foreground voxels
+  image[0].narrow(0, 5, 2).narrow(1, 4, 2).narrow(2, 2, 2).fill_(100);
+  image[1].narrow(0, 5, 2).narrow(1, 4, 2).narrow(2, 2, 2).fill_(3);
+  const CaseFingerprint f = case_fingerprint(image, label, {0.8, 0.8, 2.5}, 500, 1234, "case 1");
+  EXPECT_EQ(f.shape_after_crop, (Shape{13, 13, 9}));  // x 3..15, y 2..14, z 1..9
+  EXPECT_DOUBLE_EQ(f.relative_size, 13.0 * 13 * 9 / (20.0 * 16 * 10));
+  EXPECT_EQ(f.foreground_voxels, 8);
+  ASSERT_EQ(f.samples.size(), 2u);
+  ASSERT_EQ(f.samples[0].size(), 500u);
+  for (const double v : f.samples[0]) EXPECT_EQ(v, 100);
+  for (const double v : f.samples[1]) EXPECT_EQ(v, 3);
+  // Varied foreground values: every sample is one of them, and a seed repeats its draws.
+  at::Tensor ramp = image.clone();
+  ramp[0].narrow(0, 5, 2).narrow(1, 4, 2).narrow(2, 2, 2).copy_(at::arange(8, at::kFloat).reshape({2, 2, 2}) + 10);
+  const CaseFingerprint a = case_fingerprint(ramp, label, {1, 1, 1}, 400, 7, "ramp"),
+                        b = case_fingerprint(ramp, label, {1, 1, 1}, 400, 7, "ramp");
+  EXPECT_EQ(a.samples, b.samples);
+  std::set<double> seen(a.samples[0].begin(), a.samples[0].end());
+  EXPECT_EQ(seen.size(), 8u);  // 400 draws of 8 values reach them all
+  EXPECT_EQ(*seen.begin(), 10);
+  EXPECT_EQ(*seen.rbegin(), 17);
+  // No foreground: no samples; an all-zero image keeps its whole shape.
+  const CaseFingerprint none = case_fingerprint(at::zeros({1, 6, 5, 4}), at::zeros({6, 5, 4}, at::kByte), {1, 1, 1}, 10, 1, "empty");
+  EXPECT_EQ(none.shape_after_crop, (Shape{6, 5, 4}));
+  EXPECT_EQ(none.relative_size, 1.0);
+  EXPECT_TRUE(none.samples[0].empty());
+  EXPECT_EQ(none.foreground_voxels, 0);
+  // Bad input names the case.
+  const auto message = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const ValueError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no ValueError)");
+  };
+  EXPECT_NE(message([&] { case_fingerprint(image, at::zeros({20, 16, 9}), {1, 1, 1}, 1, 1, "case 9"); }).find("case 9: the label's shape"),
+            std::string::npos);
+  EXPECT_NE(message([&] { case_fingerprint(image, label, {1, 0, 1}, 1, 1, "case 9"); }).find("case 9: spacing 0 along axis 1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { case_fingerprint(image[0], label, {1, 1, 1}, 1, 1, "case 9"); }).find("case 9: expected an image"),
+            std::string::npos);
 }
 
 }  // namespace
