@@ -170,10 +170,18 @@ void StageClock::flush(StageTimes& times) {
   impl_->steps.clear();
 }
 
-torch::nn::AnyModule inference_network(const nlohmann::json& model, const torch::nn::AnyModule& trained,
-                                       const Settings& settings, const std::string& where) {
-  if (!settings.get_bool("fold_batch_norm")) return trained;
-  return nn::inference_network(nn::parse_network(without_pretrained(model), where), trained);
+Predictor inference_predictor(const nlohmann::json& model, const torch::nn::AnyModule& trained,
+                              const Settings& settings, const std::string& where, c10::Device device,
+                              Precision precision, Tta tta) {
+  torch::nn::AnyModule run = settings.get_bool("fold_batch_norm")
+                                 ? nn::inference_network(nn::parse_network(without_pretrained(model), where), trained)
+                                 : trained;
+  return with_tta(
+      [run, type = device.type(), precision](const at::Tensor& x) mutable {
+        AutocastGuard autocast(type, precision);
+        return run.forward<at::Tensor>(x);
+      },
+      tta);
 }
 
 c10::Device parse_device(const std::string& name, const std::string& what) {

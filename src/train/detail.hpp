@@ -12,6 +12,7 @@
 #include "medfast/cache/sample.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/profile/events.hpp"
+#include "medfast/train/amp.hpp"
 #include "medfast/train/inference.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/trainer.hpp"
@@ -36,11 +37,14 @@ nlohmann::json without_pretrained(nlohmann::json model);
 /// (evaluate.cpp).
 Loaded load_network(const std::string& checkpoint, c10::Device device);
 
-/// The network validation, eval and infer run: nn::inference_network of `trained` (a UNet
-/// with batch norm folded into its convolutions), or `trained` itself where the
-/// fold_batch_norm setting is off. `model`: the config's model section it was built from.
-torch::nn::AnyModule inference_network(const nlohmann::json& model, const torch::nn::AnyModule& trained,
-                                       const Settings& settings, const std::string& where);
+/// The predictor validation, eval and infer run: nn::inference_network of `trained` (a UNet
+/// with batch norm folded into its convolutions; `trained` itself where the fold_batch_norm
+/// setting is off), autocast to `precision` on `device`, with test-time augmentation `tta`.
+/// `model`: the config's model section `trained` was built from. The predictor holds the
+/// network it runs.
+Predictor inference_predictor(const nlohmann::json& model, const torch::nn::AnyModule& trained,
+                              const Settings& settings, const std::string& where, c10::Device device,
+                              Precision precision, Tta tta);
 
 /// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
 /// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).

@@ -171,6 +171,7 @@ struct WindowPlan {
   at::Device out_device{at::kCPU};
   at::Tensor weight;      // importance map, on the input's device
   at::Tensor weight_out;  // the same on the output's device
+  bool in_place = false;  // output on the windows' device: predictions weighted straight into it
 };
 
 WindowPlan plan_windows(const at::Tensor& input_, const Predictor& predictor, const SlidingWindowOptions& o) {
@@ -228,14 +229,17 @@ WindowPlan plan_windows(const at::Tensor& input_, const Predictor& predictor, co
   }
   p.weight = importance_map(p.roi, o.mode, o.sigma_scale, p.x.device());
   p.weight_out = p.weight.to(p.out_device);
+  p.in_place = p.x.device() == p.out_device;
   return p;
 }
 
-// Windows first .. first + n - 1 (numbered image-major) through the predictor: its output,
-// checked, in float32 on the window device: [n, C, roi...]. `channels`: the channels of
-// earlier batches (-1 for the first).
-at::Tensor predicted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
-                           std::int64_t channels) {
+// Windows first .. first + n - 1 (numbered image-major) through the predictor, checked, in
+// float32: [n, C, roi...]. Where the plan accumulates in place, the predictions as they are
+// (add_window weights them); else weighted by the importance map on the window device and
+// moved to the output device (MONAI weights in the prediction's dtype). `channels`: the
+// channels of earlier batches (-1 for the first).
+at::Tensor window_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
+                        std::int64_t channels) {
   trace::Range range("window_batch", "validation");
   range.arg("first", static_cast<double>(first)).arg("windows", static_cast<double>(n));
   std::vector<at::Tensor> crops;
@@ -252,14 +256,21 @@ at::Tensor predicted_batch(const WindowPlan& p, const Predictor& predictor, std:
                          channels >= 0 ? std::to_string(channels) : std::string("channels"), ", ",
                          shape_string(p.roi).substr(1)));
   }
-  return pred.detach().to(at::kFloat);
+  const at::Tensor prediction = pred.detach().to(at::kFloat);
+  return p.in_place ? prediction : (prediction * p.weight).to(p.out_device);
 }
 
-// predicted_batch weighted by the importance map in float32 on the window device, then moved
-// to the output device (MONAI weights in the prediction's dtype).
-at::Tensor weighted_batch(const WindowPlan& p, const Predictor& predictor, std::int64_t first, std::int64_t n,
-                          std::int64_t channels) {
-  return (predicted_batch(p, predictor, first, n, channels) * p.weight).to(p.out_device);
+// dest += a window_batch row (or rows `offset` .. `offset` + dest's first-axis length of it)
+// as weighted output. In place: sums + prediction * weight in one pass, no product held.
+// MONAI rounds the product before adding; a kernel that fuses the two (CUDA's) rounds once:
+// the labels may then differ at exact ties (the inference bench checks they differ nowhere else).
+void add_window(const WindowPlan& p, at::Tensor dest, const at::Tensor& row, std::int64_t offset = 0) {
+  const std::int64_t len = dest.size(1);
+  if (p.in_place) {
+    dest.addcmul_(row.narrow(1, offset, len), p.weight.narrow(0, offset, len));
+  } else {
+    dest.add_(row.narrow(1, offset, len));
+  }
 }
 
 }  // namespace
@@ -273,25 +284,17 @@ at::Tensor sliding_window_inference(const at::Tensor& input, const Predictor& pr
   for (const auto& start : p.windows) window_of(count[0][0], start, p.roi, 0).add_(p.weight_out);
 
   at::Tensor output;
-  const bool in_place = p.x.device() == p.out_device;  // as sliding_window_labels: the same float32 steps
   const std::int64_t total = p.batch * p.num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
-    const std::int64_t channels = output.defined() ? output.size(1) : -1;
-    const at::Tensor batch = in_place ? predicted_batch(p, predictor, first, n, channels)
-                                      : weighted_batch(p, predictor, first, n, channels);
+    const at::Tensor batch = window_batch(p, predictor, first, n, output.defined() ? output.size(1) : -1);
     if (!output.defined()) {
       std::vector<std::int64_t> shape{p.batch, batch.size(1)};
       shape.insert(shape.end(), p.padded.begin(), p.padded.end());
       output = at::zeros(shape, at::TensorOptions().dtype(at::kFloat).device(p.out_device));
     }
     for (std::int64_t i = first; i < first + n; ++i) {
-      at::Tensor dest = window_of(output[i / p.num_windows], p.windows[i % p.num_windows], p.roi, 1);
-      if (in_place) {
-        dest.addcmul_(batch[i - first], p.weight);
-      } else {
-        dest.add_(batch[i - first]);
-      }
+      add_window(p, window_of(output[i / p.num_windows], p.windows[i % p.num_windows], p.roi, 1), batch[i - first]);
     }
   }
   output.div_(count);
@@ -306,7 +309,6 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
   const WindowPlan p = plan_windows(input, predictor, o);
   const std::int64_t width = p.roi[0];  // rows of the first axis held: [done, done + width)
   const auto f32 = at::TensorOptions().dtype(at::kFloat).device(p.out_device);
-  const bool in_place = p.x.device() == p.out_device;  // weights multiplied into the sums directly
   SlidingWindowLabels out;
   // A ring of `width` rows: row r of the current image lives in slot r % width, so no row
   // is ever moved; a window's rows are at most two runs of slots.
@@ -354,9 +356,7 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
   const std::int64_t total = p.batch * p.num_windows;
   for (std::int64_t first = 0; first < total; first += o.sw_batch_size) {
     const std::int64_t n = std::min(o.sw_batch_size, total - first);
-    const at::Tensor batch =
-        in_place ? predicted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1)
-                 : weighted_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
+    const at::Tensor batch = window_batch(p, predictor, first, n, sums.defined() ? sums.size(0) : -1);
     if (!sums.defined()) {
       const std::int64_t channels = batch.size(1);
       out.classes = channels;
@@ -377,20 +377,11 @@ SlidingWindowLabels sliding_window_labels(const at::Tensor& input, const Predict
       }
       std::vector<std::int64_t> start = p.windows[i % p.num_windows];
       finish_rows(start[0]);  // later windows of this image start at start[0] or after
-      const at::Tensor prediction = batch[i - first];
       slot_runs(start[0], width, [&](std::int64_t slot, std::int64_t offset, std::int64_t len) {
         std::vector<std::int64_t> at = start, roi = p.roi;
         at[0] = slot;
         roi[0] = len;
-        at::Tensor dest = window_of(sums, at, roi, 1);
-        // sums + prediction * weight in one pass, no product held. MONAI rounds the product
-        // before adding; a kernel that fuses the two (CUDA's) rounds once: the labels may
-        // then differ at exact ties (the inference bench checks they differ nowhere else).
-        if (in_place) {
-          dest.addcmul_(prediction.narrow(1, offset, len), p.weight.narrow(0, offset, len));
-        } else {
-          dest.add_(prediction.narrow(1, offset, len));
-        }
+        add_window(p, window_of(sums, at, roi, 1), batch[i - first], offset);
         window_of(counts, at, roi, 0).add_(p.weight_out.narrow(0, offset, len));
       });
     }

@@ -119,13 +119,8 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   torch::NoGradGuard no_grad;
   const std::int64_t classes = model.classes;
   MeanMetric dice, hd;
-  torch::nn::AnyModule run = detail::inference_network(c.model, model.any, c.settings, c.path + ": model");
-  const Predictor predict = with_tta(
-      [&](const at::Tensor& x) {
-        AutocastGuard autocast(device.type(), precision);
-        return run.forward<at::Tensor>(x);
-      },
-      c.validation.tta);
+  const Predictor predict =
+      detail::inference_predictor(c.model, model.any, c.settings, c.path + ": model", device, precision, c.validation.tta);
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
     const detail::CaseScores scores =
