@@ -4,10 +4,10 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/random.hpp"
 
 namespace medfast::plan {
 
@@ -54,10 +54,9 @@ CaseFingerprint case_fingerprint(const at::Tensor& image, const at::Tensor& labe
   f.foreground_voxels = fg.numel();
   f.samples.resize(static_cast<std::size_t>(image.size(0)));
   if (fg.numel() == 0 || samples_per_channel == 0) return f;
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<std::int64_t> pick(0, fg.numel() - 1);
+  Rng rng(seed);  // the project's generator: the same draws with any standard library
   std::vector<std::int64_t> chosen(static_cast<std::size_t>(samples_per_channel));
-  for (auto& c : chosen) c = pick(rng);
+  for (auto& c : chosen) c = rng.integer(0, fg.numel() - 1);
   const at::Tensor at_fg =
       fg.index_select(0, at::from_blob(chosen.data(), {samples_per_channel}, at::kLong).clone().to(fg.device()));
   for (std::int64_t c = 0; c < image.size(0); ++c) {  // the same voxels for every channel

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/stats.hpp"
 
 namespace medfast::plan {
 
@@ -93,13 +94,7 @@ Size as_size(const Shape& s) { return {static_cast<double>(s[0]), static_cast<do
 double percentile(std::vector<double> values, double q) {
   if (values.empty()) throw ValueError("percentile: no values");
   if (!(q >= 0 && q <= 100)) throw ValueError(str("percentile: q ", q, " is outside [0, 100]"));
-  std::sort(values.begin(), values.end());
-  const double at = q / 100.0 * static_cast<double>(values.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(at));
-  const std::size_t hi = std::min(lo + 1, values.size() - 1);
-  const double t = at - static_cast<double>(lo), a = values[lo], b = values[hi];
-  // numpy's _lerp: from the nearer end, so that t = 1 gives b exactly.
-  return t >= 0.5 ? b - (b - a) * (1 - t) : a + (b - a) * t;
+  return numpy_percentile(values, q);
 }
 
 Spacing target_spacing(const std::vector<Spacing>& spacings, const std::vector<Shape>& shapes_after_crop) {

@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/stats.hpp"
 #include "medfast/train/losses.hpp"
 
 namespace medfast::train {
@@ -152,19 +153,6 @@ std::vector<double> squared_distance_transform(const std::vector<std::uint8_t>& 
   return d;
 }
 
-/// numpy.percentile(values, p) with the default linear interpolation; reorders values.
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return kNaN;
-  const double rank = p / 100.0 * static_cast<double>(values.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(rank));
-  std::nth_element(values.begin(), values.begin() + lo, values.end());
-  const double a = values[lo];
-  if (lo + 1 >= values.size()) return a;
-  const double b = *std::min_element(values.begin() + lo + 1, values.end());
-  const double t = rank - static_cast<double>(lo);
-  return t < 0.5 ? a + (b - a) * t : b - (b - a) * (1.0 - t);  // numpy's _lerp
-}
-
 /// Distances (mm) from each edge voxel of `from` to the nearest edge voxel of `to`.
 std::vector<double> surface_distances(const std::vector<std::uint8_t>& from, const std::vector<std::uint8_t>& to,
                                       const Grid& g, const std::vector<double>& spacing) {
@@ -211,7 +199,7 @@ double hausdorff95(const bool* pred, const bool* gt, const Grid& full, const std
   const std::vector<std::uint8_t> edge_p = edges(p, box), edge_g = edges(g, box);
   std::vector<double> pred_to_gt = surface_distances(edge_p, edge_g, box, spacing);
   std::vector<double> gt_to_pred = surface_distances(edge_g, edge_p, box, spacing);
-  return std::max(percentile(pred_to_gt, 95.0), percentile(gt_to_pred, 95.0));
+  return std::max(numpy_percentile(pred_to_gt, 95.0), numpy_percentile(gt_to_pred, 95.0));
 }
 
 }  // namespace

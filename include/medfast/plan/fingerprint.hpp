@@ -24,8 +24,8 @@ struct CaseFingerprint {
 /// `image` [C, X, Y, Z] (any real dtype), `label` [X, Y, Z] or [1, X, Y, Z] (integers; > 0 is
 /// foreground), `spacing` in mm. Crops both to the bounding box of voxels where any channel is
 /// nonzero (nnU-Net's crop_to_nonzero: the whole image where none is), then draws
-/// `samples_per_channel` foreground voxels per channel, with replacement, uniformly, from a
-/// generator seeded with `seed` (nnU-Net draws 1e8 / cases with numpy's seed 1234: the same
+/// `samples_per_channel` foreground voxels per channel, with replacement, uniformly, from
+/// medfast's Rng seeded with `seed` (nnU-Net draws 1e8 / cases with numpy's seed 1234: the same
 /// distribution, not the same draws). No foreground: no samples. ValueError naming `where`
 /// for shapes that do not match or a spacing that is not positive.
 CaseFingerprint case_fingerprint(const at::Tensor& image, const at::Tensor& label, const Spacing& spacing,
