@@ -19,6 +19,7 @@
   X("CropForeground", crop_foreground)           /* spatial.cpp */   \
   X("FgBgToIndices", fg_bg_to_indices)           /* indices.cpp */   \
   X("ResizeWithPadOrCrop", resize_with_pad_or_crop) /* spatial.cpp */ \
+  X("SpatialPad", spatial_pad)                   /* spatial.cpp */   \
   X("CastToType", cast_to_type)                  /* intensity.cpp */ \
   X("EnsureType", ensure_type)                   /* intensity.cpp */ \
   X("ToDevice", to_device)                       /* intensity.cpp */

@@ -415,8 +415,33 @@ class ResizeWithPadOrCrop final : public Transform {
   ResizeWithPadOrCropOptions o_;
 };
 
+class SpatialPad final : public Transform {
+ public:
+  explicit SpatialPad(SpatialPadOptions o) : o_(std::move(o)) { require_keys(o_.keys, "SpatialPad"); }
+  std::string name() const override { return "SpatialPad"; }
+  nlohmann::json config() const override { return fields_json(o_); }
+  void apply(Sample& s) const override {
+    for (const auto& key : o_.keys) {
+      const Shape3 n = spatial_shape(s.volume(key).data, key);
+      Shape3 start{}, end{};
+      bool pad = false;
+      for (int axis = 0; axis < 3; ++axis) {
+        const std::int64_t extra = std::max<std::int64_t>(0, o_.spatial_size[axis] - n[axis]);
+        start[axis] = -(extra / 2);  // symmetric: the extra voxel after
+        end[axis] = n[axis] + extra - extra / 2;
+        pad = pad || extra > 0;
+      }
+      if (pad) crop_or_pad(s, {key}, start, end, o_.value);
+    }
+  }
+
+ private:
+  SpatialPadOptions o_;
+};
+
 }  // namespace
 
+TransformPtr make_spatial_pad(const SpatialPadOptions& o) { return std::make_shared<SpatialPad>(o); }
 TransformPtr make_ensure_channel_first(const EnsureChannelFirstOptions& o) { return std::make_shared<EnsureChannelFirst>(o); }
 TransformPtr make_orientation(const OrientationOptions& o) { return std::make_shared<Orientation>(o); }
 TransformPtr make_spacing(const SpacingOptions& o) { return std::make_shared<Spacing>(o); }
@@ -450,6 +475,14 @@ TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
   const std::string mode = a.text("mode", "constant");
   if (mode != "constant") a.fail("mode", str("'", mode, "' is not supported (only constant padding)"));
   return make_resize_with_pad_or_crop(o);
+}
+
+TransformPtr spatial_pad(Args& a, const nlohmann::json&) {
+  const auto o = read_options<SpatialPadOptions>(a);
+  const std::string method = a.text("method", "symmetric"), mode = a.text("mode", "constant");
+  if (method != "symmetric") a.fail("method", str("'", method, "' is not supported (only symmetric)"));
+  if (mode != "constant") a.fail("mode", str("'", mode, "' is not supported (only constant padding)"));
+  return make_spatial_pad(o);
 }
 
 }  // namespace registry

@@ -318,6 +318,31 @@ TEST(Transforms, ResizeWithPadOrCropCentresLikeMonai) {
                      "mode: 'edge' is not supported");
 }
 
+TEST(Transforms, SpatialPadPadsSymmetricallyLikeMonai) {
+  Sample s;
+  Volume v;
+  v.data = at::arange(8 * 5 * 3, at::kFloat).view({1, 8, 5, 3}) + 1;
+  s.volumes["image"] = v;
+  make_spatial_pad({{"image"}, {6, 8, 6}, -1.0})->apply(s);
+  const Volume& out = s.volume("image");
+  // x: 8 >= 6 stays; y: 5 -> 8 pads 1 before, 2 after (MONAI: extra // 2 first); z: 3 -> 6, 1 and 2.
+  EXPECT_EQ(out.shape(), (std::vector<std::int64_t>{1, 8, 8, 6}));
+  EXPECT_EQ(out.affine(0, 3), 0);
+  EXPECT_EQ(out.affine(1, 3), -1);
+  EXPECT_EQ(out.affine(2, 3), -1);
+  EXPECT_TRUE(out.data.narrow(2, 1, 5).narrow(3, 1, 3).equal(v.data));
+  EXPECT_EQ(out.data.eq(-1).sum().item<std::int64_t>(), 8 * 8 * 6 - 8 * 5 * 3);
+  // Already large enough: unchanged, the same tensor.
+  Sample big;
+  big.volumes["image"] = v;
+  make_spatial_pad({{"image"}, {4, 4, 3}, 0.0})->apply(big);
+  EXPECT_TRUE(big.volume("image").data.is_same(v.data));
+  EXPECT_VALUE_ERROR(make("SpatialPad", nlohmann::json::parse(R"({"keys": "image", "spatial_size": 4, "mode": "edge"})")),
+                     "mode: 'edge' is not supported");
+  EXPECT_VALUE_ERROR(make("SpatialPad", nlohmann::json::parse(R"({"keys": "image", "spatial_size": 4, "method": "end"})")),
+                     "method: 'end' is not supported");
+}
+
 TEST(Transforms, NormalizeIntensityMatchesTheFormula) {
   Sample s;
   Volume v;

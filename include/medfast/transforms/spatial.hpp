@@ -73,11 +73,26 @@ struct ResizeWithPadOrCropOptions {
   }
 };
 
+/// MONAI's SpatialPad (method symmetric, mode constant): each axis padded to at least
+/// spatial_size (<= 0 or smaller than the image: unchanged), the extra voxel after.
+struct SpatialPadOptions {
+  std::vector<std::string> keys;
+  Shape3 spatial_size{};
+  double value = 0;  ///< constant padding value
+  static constexpr auto fields() {
+    using O = SpatialPadOptions;
+    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+                           field("spatial_size", &O::spatial_size, "smallest output size: one whole number or three").repeats(3).must(),
+                           field("value", &O::value, "the padding value"));
+  }
+};
+
 TransformPtr make_ensure_channel_first(const EnsureChannelFirstOptions& o);
 TransformPtr make_orientation(const OrientationOptions& o);
 TransformPtr make_spacing(const SpacingOptions& o);
 TransformPtr make_crop_foreground(const CropForegroundOptions& o);
 TransformPtr make_resize_with_pad_or_crop(const ResizeWithPadOrCropOptions& o);
+TransformPtr make_spatial_pad(const SpatialPadOptions& o);
 
 /// Crops (start >= 0, end <= size) or pads (start < 0, end > size) every key
 /// to [start, end) per spatial axis and moves the origin accordingly. With
