@@ -18,7 +18,8 @@ struct SynthArgs {
   std::string out;
   int cases = kDefaultSynthCases;
   std::string size;
-  std::vector<double> spacing;
+  std::vector<std::string> spacing;  ///< "X,Y,Z" or three words (each a number or lo-hi)
+  std::string modality = "CT";
   std::uint64_t seed = 0;
   std::string format = "nifti";
   bool json = false;
@@ -94,7 +95,12 @@ Command register_data(CLI::App& root) {
   synth->add_option("--size", a->size,
                     str("X,Y,Z voxels, each a size or a range lo-hi drawn per case [default ", kDefaultSynthSizeMin[0],
                         ",", kDefaultSynthSizeMin[1], ",", kDefaultSynthSizeMin[2], "-", kDefaultSynthSizeMax[2], "]"));
-  synth->add_option("--spacing", a->spacing, "Voxel spacing in mm: X,Y,Z [default 0.8,0.8,5]")->delimiter(',')->expected(3);
+  synth->add_option("--spacing", a->spacing,
+                    "Voxel spacing in mm: X,Y,Z, each a number or a range lo-hi drawn per case [default 0.8,0.8,5]")
+      ->expected(1, 3);
+  synth->add_option("--modality", a->modality,
+                    "CT: Hounsfield units; MR: T1-like intensities, 0 outside the body, scaled per case (NIfTI only)")
+      ->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed: the same seed writes the same files")->capture_default_str();
   synth->add_option("--format", a->format,
                     "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder and a DICOM SEG "
@@ -122,7 +128,12 @@ Command register_data(CLI::App& root) {
     o.out_dir = a->out;
     o.set_cases(a->cases);
     if (!a->size.empty()) o.set_size(a->size);
-    if (!a->spacing.empty()) o.set_spacing({a->spacing[0], a->spacing[1], a->spacing[2]});
+    if (!a->spacing.empty()) {
+      std::string spec;
+      for (const auto& w : a->spacing) spec += (spec.empty() ? "" : ",") + w;
+      o.set_spacing_spec(spec);
+    }
+    o.set_modality(a->modality);
     o.seed = a->seed;
     o.threads = ctx.settings.threads();
     o.gzip_level = static_cast<int>(ctx.settings.get_int("gzip_level"));

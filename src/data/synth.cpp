@@ -65,6 +65,45 @@ SynthOptions& SynthOptions::set_spacing(const std::array<double, 3>& v) {
   return *this;
 }
 
+SynthOptions& SynthOptions::set_spacing_spec(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = spec.find(',', start);
+    parts.push_back(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (parts.size() != 3) {
+    throw ValueError(str("data synth: --spacing '", spec, "': expected X,Y,Z in mm, each a number or a range lo-hi"));
+  }
+  SynthOptions next = *this;
+  for (int i = 0; i < 3; ++i) {
+    const std::string what = str("data synth: --spacing '", spec, "' axis ", i);
+    const auto dash = parts[i].find('-', 1);  // (not a leading minus: validate() names it)
+    next.spacing[i] = parse_double(parts[i].substr(0, dash), what);
+    next.spacing_max[i] = dash == std::string::npos ? 0 : parse_double(parts[i].substr(dash + 1), what);
+  }
+  next.validate();
+  *this = next;
+  return *this;
+}
+
+SynthOptions& SynthOptions::set_modality(const std::string& v) {
+  if (v != "CT" && v != "MR") throw ValueError(str("data synth: --modality is '", v, "'; expected CT or MR"));
+  modality = v;
+  return *this;
+}
+
+std::array<double, 3> SynthOptions::spacing_of(int index) const {
+  std::array<double, 3> s = spacing;
+  Rng rng(derive_seed({seed, static_cast<std::uint64_t>(index), 0x5ac1}));
+  for (int i = 0; i < 3; ++i) {
+    if (spacing_max[i] > spacing[i]) s[i] = std::round(rng.uniform(spacing[i], spacing_max[i]) * 1000) / 1000;
+  }
+  return s;
+}
+
 void SynthOptions::validate() const {
   for (int i = 0; i < 3; ++i) {
     if (size_min[i] < 8 || size_max[i] < size_min[i] || size_max[i] > 4096) {
@@ -74,8 +113,14 @@ void SynthOptions::validate() const {
     if (!(spacing[i] > 0) || !std::isfinite(spacing[i])) {
       throw ValueError(str("data synth: --spacing: axis ", i, " is ", spacing[i], "; expected a positive number"));
     }
+    if (spacing_max[i] != 0 && !(spacing_max[i] >= spacing[i] && std::isfinite(spacing_max[i]))) {
+      throw ValueError(str("data synth: --spacing: axis ", i, " is ", spacing[i], "-", spacing_max[i],
+                           "; expected lo <= hi"));
+    }
   }
   if (cases < 1) throw ValueError(str("data synth: cases is ", cases, "; expected at least 1"));
+  if (modality != "CT" && modality != "MR") throw ValueError(str("data synth: modality is '", modality, "'; expected CT or MR"));
+  if (modality == "MR" && format == "dicom") throw ValueError("data synth: --modality MR is written as NIfTI only (--format nifti)");
 }
 
 namespace {
@@ -97,7 +142,7 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
   std::array<std::int64_t, 3> n{};
   for (int i = 0; i < 3; ++i) n[i] = rng.integer(o.size_min[i], o.size_max[i]);
   const auto [nx, ny, nz] = n;
-  const auto [sx, sy, sz] = o.spacing;
+  const auto [sx, sy, sz] = o.spacing_of(index);
 
   // Body: an elliptic cylinder filling most of the field of view, with a fat
   // layer and a spine behind it. Sizes are fractions of the field of view so
@@ -121,6 +166,12 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
   const double organ_hu = rng.uniform(90, 130);
   const double tissue_hu = rng.uniform(30, 50);
   const double noise_hu = rng.uniform(12, 25);
+  // MR: T1-like (fat bright, bone dark), nothing outside the body, the whole case scaled by
+  // a factor of its own (from its own generator: CT's draws stay as they were).
+  const bool mr = o.modality == "MR";
+  Rng mr_rng(derive_seed({o.seed, static_cast<std::uint64_t>(index), 0x3a7}));
+  const double mr_scale = mr ? mr_rng.uniform(0.5, 2.0) : 1;
+  const double mr_organ = mr_rng.uniform(480, 560), mr_tissue = mr_rng.uniform(280, 330);
 
   at::Tensor image = at::empty({nz, ny, nx}, at::kShort);  // file order: x fastest
   at::Tensor label = at::empty({nz, ny, nx}, at::kByte);
@@ -134,22 +185,30 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
         const double x = static_cast<double>(i), y = static_cast<double>(j);
         const double dx = (x - bcx) / brx, dy = (y - bcy) / bry;
         const double body = dx * dx + dy * dy;
-        double hu;
+        double hu, mr_value;
         std::uint8_t l = 0;
         if (body > 1.0) {
           hu = -1000 + noise.normal() * 5;
+          mr_value = 0;
         } else if (body > (1 - fat) * (1 - fat)) {
           hu = -100 + noise.normal() * noise_hu;
+          mr_value = 800;  // T1: fat bright
         } else if (spine.value(x, y, 0) <= 1.0) {
           hu = 450 + noise.normal() * noise_hu * 2;
+          mr_value = 150;  // bone dark
         } else if (organ.value(x, y, z) <= 1.0) {
           hu = organ_hu + noise.normal() * noise_hu;
+          mr_value = mr_organ;
           l = 1;
         } else {
           hu = tissue_hu + noise.normal() * noise_hu;
+          mr_value = mr_tissue;
         }
         const std::size_t at = (static_cast<std::size_t>(k) * ny + j) * nx + i;
-        img[at] = static_cast<std::int16_t>(std::lround(std::max(-1024.0, std::min(3071.0, hu))));
+        if (mr) {  // the same noise draws, scaled to MR's: nothing outside the body
+          hu = mr_value == 0 ? 0.0 : std::max(1.0, (mr_value + noise.normal() * noise_hu * 1.5) * mr_scale);
+        }
+        img[at] = static_cast<std::int16_t>(std::lround(std::max(-1024.0, std::min(mr ? 32000.0 : 3071.0, hu))));
         lab[at] = l;
       }
     }
@@ -171,7 +230,7 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
   c.image.meta.qform_code = 1;  // scanner
   c.image.meta.sform_code = 1;
   c.image.meta.xyzt_units = 2 + 8;
-  c.image.meta.descrip = "medfast data synth: spleen-like CT";
+  c.image.meta.descrip = mr ? "medfast data synth: organ in MR-like T1" : "medfast data synth: spleen-like CT";
   c.label = c.image;
   c.label.data = label.permute({2, 1, 0});
   c.label.meta.descrip = "medfast data synth: organ label";
@@ -254,12 +313,14 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
     r.bytes += os::stat(o.out_dir + "/" + r.images[i]).size + os::stat(o.out_dir + "/" + r.labels[i]).size;
   }
   nlohmann::json ds;
-  ds["name"] = "SpleenSynth";
-  ds["description"] = "Synthetic spleen-like abdominal CT written by medfast data synth";
+  const bool mr = o.modality == "MR";
+  ds["name"] = mr ? "OrganSynthMR" : "SpleenSynth";
+  ds["description"] = mr ? "Synthetic abdominal MR-like (T1) volumes with one organ, written by medfast data synth"
+                         : "Synthetic spleen-like abdominal CT written by medfast data synth";
   ds["reference"] = "medfast";
   ds["licence"] = "CC0";
   ds["tensorImageSize"] = "3D";
-  ds["modality"] = {{"0", "CT"}};
+  ds["modality"] = {{"0", o.modality}};
   ds["labels"] = {{"0", "background"}, {"1", "spleen"}};
   ds["numTraining"] = o.cases;
   ds["numTest"] = 0;
@@ -272,6 +333,8 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
                          {"size_min", o.size_min},
                          {"size_max", o.size_max},
                          {"spacing", o.spacing}};
+  if (o.spacing_max != std::array<double, 3>{0, 0, 0}) ds["medfast_synth"]["spacing_max"] = o.spacing_max;
+  if (mr) ds["medfast_synth"]["modality"] = o.modality;
   const std::string text = ds.dump(2) + "\n";
   os::write_text_file(o.out_dir + "/dataset.json", text);
   r.bytes += text.size();

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "medfast/core/error.hpp"
 #include "medfast/data/synth.hpp"
@@ -91,6 +92,51 @@ TEST(Synth, BadOptionsAreRejectedWithTheOptionName) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("axis 2"), std::string::npos) << e.what();
   }
+}
+
+TEST(Synth, SpacingDrawnPerCaseAndMrLikeIntensities) {
+  SynthOptions o = small(7);
+  o.set_spacing_spec("0.7-0.9,0.7-0.9,4-6");
+  std::set<double> z;
+  for (int i = 0; i < 6; ++i) {
+    const auto s = o.spacing_of(i);
+    EXPECT_GE(s[0], 0.7);
+    EXPECT_LE(s[0], 0.9);
+    EXPECT_GE(s[2], 4.0);
+    EXPECT_LE(s[2], 6.0);
+    z.insert(s[2]);
+    const auto c = make_synth_case(o, i);
+    EXPECT_NEAR(c.image.spacing()[2], s[2], 1e-9);
+  }
+  EXPECT_GT(z.size(), 3u);
+  // A fixed spacing draws nothing: the CT cases are those of earlier versions.
+  SynthOptions fixed = small(7);
+  fixed.set_spacing_spec("0.8,0.8,5");
+  EXPECT_TRUE(at::equal(make_synth_case(fixed, 1).image.data, make_synth_case(small(7), 1).image.data));
+  // MR: the same anatomy (label), 0 around the body, positive inside, a scale per case.
+  SynthOptions mr = small(7);
+  mr.set_modality("MR");
+  const auto ct_case = make_synth_case(small(7), 1), mr_case = make_synth_case(mr, 1);
+  EXPECT_TRUE(at::equal(ct_case.label.data, mr_case.label.data));
+  const at::Tensor outside = ct_case.image.data.lt(-500);
+  EXPECT_TRUE(mr_case.image.data.masked_select(outside).eq(0).all().item<bool>());
+  EXPECT_TRUE(mr_case.image.data.masked_select(outside.logical_not()).gt(0).all().item<bool>());
+  const double organ = mr_case.image.data.masked_select(mr_case.label.data.gt(0)).to(at::kDouble).mean().item<double>();
+  const double other = make_synth_case(mr, 2).image.data.masked_select(make_synth_case(mr, 2).label.data.gt(0))
+                           .to(at::kDouble).mean().item<double>();
+  EXPECT_GT(std::abs(organ / other - 1), 0.02);  // not calibrated: each case its own scale
+  EXPECT_THROW(SynthOptions().set_modality("PET"), ValueError);
+  EXPECT_THROW(SynthOptions().set_spacing_spec("1,1"), ValueError);
+  EXPECT_THROW(SynthOptions().set_spacing_spec("1,1,5-4"), ValueError);
+  test::TempDir dir;
+  mr.out_dir = dir / "mr";
+  mr.cases = 1;
+  synthesize_dataset(mr);
+  const auto list = nlohmann::json::parse(test::read_file(dir / "mr/dataset.json"));
+  EXPECT_EQ(list["modality"]["0"], "MR");
+  SynthOptions dicom_mr = mr;
+  dicom_mr.set_format("dicom");
+  EXPECT_THROW(synthesize_dataset(dicom_mr), ValueError);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 /// dataset.json). Images are int16 Hounsfield units (air, a body with a fat
 /// layer, a spine, noise, and one organ of random size and place); labels are
 /// uint8 (0 background, 1 organ). Spacing is anisotropic and the affine is
-/// LPS, not RAS, so orientation and spacing code is exercised.
+/// LPS, not RAS, so orientation and spacing code is exercised. Options make the
+/// planner's test sets: a spacing drawn per case, MR-like intensities.
 ///
 /// Each case draws from its own generator seeded with (seed, case index), and
 /// each slice's noise from (seed, case, slice), so the output is identical for
@@ -33,6 +34,12 @@ struct SynthOptions {
   std::array<std::int64_t, 3> size_min = kDefaultSynthSizeMin;
   std::array<std::int64_t, 3> size_max = kDefaultSynthSizeMax;
   std::array<double, 3> spacing = kDefaultSynthSpacing;
+  /// Per axis, where above `spacing`: each case's spacing is drawn uniformly from
+  /// [spacing, spacing_max] (0: every case has `spacing`).
+  std::array<double, 3> spacing_max{0, 0, 0};
+  /// "CT": Hounsfield units (air -1000 around the body); "MR": MR-like intensities, 0 around
+  /// the body, each case scaled by its own factor (MR intensities are not calibrated).
+  std::string modality = "CT";
   std::uint64_t seed = 0;
   int threads = 1;
   int gzip_level = 6;
@@ -47,6 +54,12 @@ struct SynthOptions {
   /// "X,Y,Z" where each entry is a size or a range "lo-hi".
   SynthOptions& set_size(const std::string& spec);
   SynthOptions& set_spacing(const std::array<double, 3>& v);
+  /// "X,Y,Z" where each entry is a spacing or a range "lo-hi" drawn per case.
+  SynthOptions& set_spacing_spec(const std::string& spec);
+  /// "CT" or "MR"; ValueError otherwise.
+  SynthOptions& set_modality(const std::string& v);
+  /// Case `index`'s spacing (drawn from its own generator: the other draws do not change).
+  std::array<double, 3> spacing_of(int index) const;
   /// Throws ValueError naming the bad option.
   void validate() const;
 };
