@@ -59,6 +59,7 @@ const std::vector<std::pair<std::string, std::string>>& torch_commands() {
       {"infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid"},
       {"eval", "Dice per case and mean of a checkpoint on a config's validation items"},
       {"export", "A checkpoint's network for MONAI: model.pt (state_dict) and a bundle config"},
+      {"plan", "Plan a run from a dataset (nnU-Net's rules): spacing, normalization, patch, batch, network"},
       {"launch", "Start N ranks of a medfast command on this machine (torchrun's variables, one GPU per rank)"}};
   return commands;
 }

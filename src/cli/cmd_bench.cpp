@@ -36,6 +36,7 @@ struct StepArgs {
   std::string model = R"({"name": "UNet", "in_channels": 1, "out_channels": 2, "channels": [16, 32, 64, 128, 256], "strides": [2, 2, 2, 2], "num_res_units": 2, "norm": "batch"})";
   std::vector<std::int64_t> input{2, 1, 96, 96, 96};
   int steps = 10, warmup = 3;
+  std::string optimizer = "Adam";
   bool channels_last = false;
   bool json = false;
 };
@@ -138,12 +139,19 @@ int run_step(const StepArgs& a, Context& ctx) {
   lo.to_onehot_y = lo.softmax = true;
   const train::Loss loss(lo);
   train::OptimizerOptions oo;
-  oo.name = "Adam";
+  oo.name = a.optimizer;
   oo.lr = 1e-4;
+  if (a.optimizer == "SGD") oo.momentum = 0.99, oo.nesterov = true;  // nnU-Net's (the plan's)
   auto opt = train::make_optimizer(nn::unique_tensors(net.ptr()->parameters()), oo);
   std::vector<double> fwd, bwd, step, val_nograd, val_inference;
   using Clock = std::chrono::steady_clock;
   net.ptr()->train();
+  // The first step's peak resident memory above what the network, its input and the
+  // optimizer held before it: activations, gradients, optimizer state (what `plan`
+  // estimates). Measured in a fresh process, as nothing freed before is there to reuse.
+  const bool peak_reset = os::reset_peak_rss();
+  const std::uint64_t rss_before = os::peak_rss_bytes();
+  std::uint64_t first_step_increase = 0;
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     const auto t0 = Clock::now();
     opt->zero_grad();
@@ -155,6 +163,7 @@ int run_step(const StepArgs& a, Context& ctx) {
     const double b = since(t1);
     const auto t2 = Clock::now();
     opt->step();
+    if (i == 0) first_step_increase = os::peak_rss_bytes() - rss_before;
     if (i >= a.warmup) fwd.push_back(f), bwd.push_back(b), step.push_back(since(t2));
   }
   net.ptr()->eval();
@@ -183,6 +192,10 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"train_step", median(fwd) + median(bwd) + median(step)},
                            {"eval_forward_no_grad", median(val_nograd)},
                            {"eval_forward_inference_mode", median(val_inference)},
+                           {"optimizer_name", a.optimizer},
+                           {"rss_before_bytes", rss_before},
+                           {"first_step_peak_rss_increase_bytes", first_step_increase},
+                           {"peak_rss_reset", peak_reset},
                            {"blas", os::library_of_symbol("sgemm_")}};
   (void)ctx;
   if (a.json) {
@@ -218,6 +231,9 @@ Command register_bench(CLI::App& root) {
   step->add_option("--input", sa->input, "Batch shape B,C,X,Y,Z")->delimiter(',')->capture_default_str();
   step->add_option("--steps", sa->steps, "Timed steps (the median is reported)")->capture_default_str();
   step->add_option("--warmup", sa->warmup, "Untimed steps first")->capture_default_str();
+  step->add_option("--optimizer", sa->optimizer, "Adam | SGD (SGD: momentum 0.99, Nesterov: nnU-Net's)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"Adam", "SGD"}));
   step->add_flag("--channels-last", sa->channels_last, "Input and 5-D weights in channels-last (NDHWC) memory format");
   step->add_flag("--json", sa->json, "Print JSON");
   return Command{bench, [la, sa, loader, step](Context& ctx) {

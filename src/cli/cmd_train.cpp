@@ -14,6 +14,8 @@
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/plan/dataset.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/export.hpp"
@@ -25,6 +27,7 @@ namespace {
 
 struct TrainArgs {
   std::string config;
+  std::string dataset;  ///< --dataset: plan it (medfast plan) and train the plan
   std::vector<std::string> sets;
   bool resume = false;
   bool overwrite = false;
@@ -207,7 +210,27 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
 int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Collective>& comm,
                const dist::DistOptions& dist_options);
 
-int run_train(const TrainArgs& a, Context& ctx) {
+int run_train(const TrainArgs& given, Context& ctx) {
+  TrainArgs a = given;
+  if (!a.dataset.empty()) {
+    // Plan first: the plan is written to <run_dir>/plan.yaml and trained as --config. A
+    // --set train.run_dir names that folder (and is not applied again to the plan).
+    std::string run_dir;
+    std::vector<std::string> sets;
+    for (const auto& s : a.sets) {
+      if (s.rfind("train.run_dir=", 0) == 0) {
+        run_dir = s.substr(std::string("train.run_dir=").size());
+      } else {
+        sets.push_back(s);
+      }
+    }
+    if (run_dir.empty()) {
+      const std::string folder = os::absolute_path(os::parent_directory(plan::dataset_list_path(a.dataset)));
+      run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
+    }
+    a.config = plan_for_training(a.dataset, run_dir, ctx, a.json);
+    a.sets = sets;
+  }
   // A multi-process run (torchrun or srun set RANK/WORLD_SIZE): join the process
   // group first, so that a missing peer is reported before any work.
   dist::DistOptions dist_options = dist::DistOptions::from(ctx.settings);
@@ -359,8 +382,13 @@ Command register_train(CLI::App& root) {
   auto a = std::make_shared<TrainArgs>();
   auto* app = root.add_subcommand(
       "train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)");
-  app->add_option("--config", a->config, "Run config (YAML/JSON): data, model, loss, optimizer, schedule, validation, train")
-      ->check(CLI::ExistingFile);
+  auto* config = app->add_option("--config", a->config,
+                                  "Run config (YAML/JSON): data, model, loss, optimizer, schedule, validation, train")
+                      ->check(CLI::ExistingFile);
+  app->add_option("--dataset", a->dataset,
+                  "Instead of --config: plan a run for this dataset (a folder with dataset.json, or a list), as "
+                  "`medfast plan` does, write it to <run_dir>/plan.yaml and train it (run_dir: runs/<dataset>)")
+      ->excludes(config);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable), e.g. train.epochs=5");
   app->add_flag("--resume", a->resume, "Continue from run_dir/last.ckpt (bit-identical to an uninterrupted run)");
   app->add_flag("--overwrite", a->overwrite, "Start again in a run_dir that holds a run (its checkpoints and metrics are removed)");

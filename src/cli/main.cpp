@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                                        cli::register_io(app, &cli::torch_device_io()).command, cli::register_cache(app),
                                        cli::register_bench(app), cli::register_train(app),
                                        cli::register_infer(app), cli::register_eval(app), cli::register_export(app),
-                                       cli::register_launch(app), cli::register_trace(app),
+                                       cli::register_launch(app), cli::register_plan(app), cli::register_trace(app),
                                        cli::register_report(app)};
 
   try {

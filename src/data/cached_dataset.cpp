@@ -67,21 +67,18 @@ std::string content_digest(const std::string& path) {
   return hex64(h);
 }
 
-/// What identifies an input: path, size and mtime (or the content's digest); for a DICOM
-/// series folder, those of every file in it, so a slice added, removed or rewritten
-/// changes the key.
-nlohmann::json identity(const std::string& path, bool content_hash) {
+}  // namespace
+
+nlohmann::json file_identity(const std::string& path, bool content_hash) {
   const os::FileInfo fi = os::stat(path);
   if (fi.is_directory) {
     nlohmann::json files = nlohmann::json::array();
-    for (const std::string& f : dicom::files_of(path)) files.push_back(identity(f, content_hash));
+    for (const std::string& f : dicom::files_of(path)) files.push_back(file_identity(f, content_hash));
     return {{"path", path}, {"files", files}};
   }
   if (content_hash) return {{"path", path}, {"xxh3", content_digest(path)}};
   return {{"path", path}, {"size", fi.size}, {"mtime_ns", fi.mtime_ns}};
 }
-
-}  // namespace
 
 CachedDataset::CachedDataset(Dataset dataset, transforms::Compose chain, CacheConfig config)
     : dataset_(std::move(dataset)), chain_(std::move(chain)), config_(std::move(config)) {
@@ -109,7 +106,7 @@ std::string CachedDataset::key(std::size_t i) const {
   const DatasetItem& item = dataset_.items.at(indices_.at(i));
   nlohmann::json inputs = nlohmann::json::object();
   try {
-    for (const auto& [k, path] : item.files) inputs[k] = identity(path, config_.content_hash);
+    for (const auto& [k, path] : item.files) inputs[k] = file_identity(path, config_.content_hash);
     for (const auto& [k, value] : item.attrs) inputs[k] = value;
   } catch (...) {
     rethrow_with_context(item_context(dataset_, indices_.at(i)));

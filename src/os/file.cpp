@@ -309,6 +309,20 @@ std::string parent_directory(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string absolute_path(const std::string& path) {
+  if (!path.empty() && path[0] == '/') return path;
+  std::vector<char> buf(4096);
+  while (::getcwd(buf.data(), buf.size()) == nullptr) {
+    if (errno != ERANGE) throw_os("cannot read the working directory", errno);
+    buf.resize(buf.size() * 2);
+  }
+  std::string dir(buf.data());
+  std::string rest = path;
+  while (rest.rfind("./", 0) == 0) rest = rest.substr(2);
+  if (rest.empty() || rest == ".") return dir;
+  return (dir == "/" ? "" : dir) + "/" + rest;
+}
+
 void sync_directory(const std::string& path) {
   File dir = File::open(path, File::Mode::read, O_DIRECTORY);
   if (int err = consult_hook(Op::fsync, path)) throw_os(str("fsync of directory ", path, " failed"), err);

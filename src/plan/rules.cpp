@@ -178,8 +178,8 @@ Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::
 
 namespace {
 
-PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape, std::int64_t classes,
-                             double dataset_voxels, double reference) {
+PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
+                             const MemoryModel& memory) {
   for (int d = 0; d < 3; ++d) {
     if (!(spacing[d] > 0) || !(median_shape[d] >= 1)) {
       throw ValueError(str("patch plan: spacing and median shape must be positive (axis ", d, ": ", spacing[d], ", ",
@@ -193,9 +193,9 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
   PatchPlan p;
   p.topology = pool_and_conv_sized(spacing, init, 4, 999999);
   p.features = stage_features(p.topology.stages());
-  p.estimate = feature_map_elements(p.topology, p.features, classes);
-  const double ref_bs = 2;
-  while (p.estimate / ref_bs * 2 > reference) {
+  const std::int64_t ref_bs = 2;  // the loop fits a batch of 2 (nnU-Net's reference batch size)
+  p.estimate = memory.cost(p.topology, p.features, ref_bs);
+  while (p.estimate > memory.budget) {
     int axis = 0;
     double worst = -1;
     for (int d = 0; d < 3; ++d) {  // the largest patch / median ratio; ties: the last axis
@@ -207,16 +207,23 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
     const Shape divisor = pool_and_conv(spacing, smaller).divisor;
     Shape patch = p.topology.patch;
     patch[axis] -= divisor[axis];
-    if (patch[axis] < 1) throw ValueError("patch plan: the patch shrank to nothing (reference too small)");
+    if (patch[axis] < 1) {
+      throw ValueError(str("patch plan: no patch fits the memory budget (", memory.budget, memory.unit,
+                           "; the smallest tried needs ", p.estimate, memory.unit, " for a batch of 2)"));
+    }
     p.topology = pool_and_conv(spacing, patch);
     p.features = stage_features(p.topology.stages());
-    p.estimate = feature_map_elements(p.topology, p.features, classes);
+    p.estimate = memory.cost(p.topology, p.features, ref_bs);
   }
   const double patch_voxels = static_cast<double>(p.topology.patch[0]) * static_cast<double>(p.topology.patch[1]) *
                               static_cast<double>(p.topology.patch[2]);
-  const double by_memory = round_half_even(reference / p.estimate * ref_bs);
+  const double fixed = memory.cost(p.topology, p.features, 0);
+  const double per_sample = memory.cost(p.topology, p.features, 1) - fixed;
+  const double fits = (memory.budget - fixed) / per_sample;
+  const double by_memory = memory.round_batch ? round_half_even(fits) : std::floor(fits);
   const double by_dataset = round_half_even(dataset_voxels * 0.05 / patch_voxels);
   p.batch_size = static_cast<std::int64_t>(std::max(std::min(by_memory, by_dataset), 2.0));
+  p.cost = memory.cost(p.topology, p.features, p.batch_size);
   return p;
 }
 
@@ -233,8 +240,24 @@ std::array<T, 3> unpermuted(const std::array<T, 3>& a, const std::array<int, 3>&
 
 }  // namespace
 
+MemoryModel nnunet_memory_model(std::int64_t classes, double reference) {
+  MemoryModel m;
+  m.cost = [classes](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
+    return feature_map_elements(t, features, classes) * static_cast<double>(batch) / 2;
+  };
+  m.budget = reference;
+  m.round_batch = true;
+  m.unit = " feature-map elements";
+  return m;
+}
+
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::int64_t classes, double dataset_voxels,
                      double reference) {
+  return plan_patch(spacing, median_shape, dataset_voxels, nnunet_memory_model(classes, reference));
+}
+
+PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
+                     const MemoryModel& memory) {
   // nnU-Net plans with the coarsest axis first (its transpose_forward), the others in its
   // array order, z, y, x.
   const int worst = coarsest_axis(spacing);
@@ -242,8 +265,7 @@ PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::i
   for (int d = 2, k = 1; d >= 0; --d) {
     if (d != worst) order[k++] = d;
   }
-  PatchPlan p = plan_patch_ordered(permuted(spacing, order), permuted(median_shape, order), classes, dataset_voxels,
-                                   reference);
+  PatchPlan p = plan_patch_ordered(permuted(spacing, order), permuted(median_shape, order), dataset_voxels, memory);
   Topology& t = p.topology;
   for (auto& s : t.strides) s = unpermuted(s, order);
   for (auto& k : t.kernels) k = unpermuted(k, order);

@@ -81,6 +81,12 @@ class CachedDataset {
   mutable std::vector<std::string> keys_;  ///< computed once per item (a content hash reads the file)
 };
 
+/// What identifies an input file: its path, size and mtime (or, with `content_hash`, the
+/// xxh3 of its contents); for a DICOM series folder, those of every file in it, so a slice
+/// added, removed or rewritten changes it. The caches' keys and the planner's fingerprint
+/// cache use it.
+nlohmann::json file_identity(const std::string& path, bool content_hash = false);
+
 /// Runs `chain` on dataset item `index`; errors name the item and its files (the caches'
 /// shared step: CachedDataset and SmartCache).
 Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t index);

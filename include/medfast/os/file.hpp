@@ -128,6 +128,9 @@ void make_directories(const std::string& path);
 /// fsyncs a directory so that a rename inside it is durable.
 void sync_directory(const std::string& path);
 std::string parent_directory(const std::string& path);
+/// `path` from the root: relative paths are taken from the working directory (leading "./"
+/// dropped; nothing else is resolved).
+std::string absolute_path(const std::string& path);
 std::string read_text_file(const std::string& path);
 /// Writes `text` to `path` through an AtomicWriter (temporary name, fsync, rename).
 void write_text_file(const std::string& path, const std::string& text);

@@ -11,6 +11,7 @@
 /// coarsest of equal axes is the last in x, y, z; the others are planned z, y, x).
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,11 +75,30 @@ struct PatchPlan {
   Topology topology;
   std::vector<std::int64_t> features;
   std::int64_t batch_size = 2;
-  double estimate = 0;  ///< feature_map_elements of the final patch
+  double estimate = 0;  ///< the memory model's cost of the final patch at batch 2 (nnU-Net: feature_map_elements)
+  double cost = 0;      ///< its cost at batch_size
 };
 constexpr double kReferenceElements = 560e6;  ///< nnU-Net's UNet_reference_val_3d (8 GB)
+
+/// What the patch loop asks of memory: the cost of one training step of `batch` samples
+/// (linear in the batch) with a topology, and the budget a batch of 2 must fit.
+struct MemoryModel {
+  std::function<double(const Topology&, const std::vector<std::int64_t>& features, std::int64_t batch)> cost;
+  double budget = 0;
+  /// nnU-Net rounds the batch its proxy allows (round(reference / estimate * 2)); medfast's
+  /// byte estimate takes the largest batch that fits.
+  bool round_batch = false;
+  std::string unit = " bytes";  ///< for messages
+};
+/// nnU-Net's: feature_map_elements * batch / 2 against `reference` (its proxy is per batch of 2).
+MemoryModel nnunet_memory_model(std::int64_t classes, double reference = kReferenceElements);
+
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::int64_t classes,
                      double dataset_voxels, double reference = kReferenceElements);
+/// The same loop with another memory model (medfast's estimate in bytes against a budget).
+/// ValueError when not even the smallest patch fits.
+PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
+                     const MemoryModel& memory);
 
 /// A channel's normalization by its name (nnU-Net's table, case-insensitive): CT, noNorm,
 /// zscore, rescale_to_0_1; any other name (MRI, T2, ...) z-scores per image.

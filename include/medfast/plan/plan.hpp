@@ -1,0 +1,107 @@
+#pragma once
+/// \file
+/// `medfast plan`: a dataset fingerprint in, a run config out. nnU-Net v2's rules (rules.hpp)
+/// give the target spacing, the normalization per channel and the network's topology; the
+/// patch and batch size follow nnU-Net's loop with medfast's own estimate of a training
+/// step's memory (training_memory) against a budget: the device's free memory (CUDA) or a
+/// stated fraction of RAM (CPU). The run config is the one `medfast train --config` runs,
+/// written as YAML with each value's reason beside it (docs/plan.md).
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "medfast/plan/dataset.hpp"
+#include "medfast/plan/rules.hpp"
+
+namespace medfast::plan {
+
+/// The network the plan trains (MONAI's DynUNet with nnU-Net's topology).
+struct NetworkPlan {
+  std::int64_t in_channels = 1, out_channels = 2;
+  std::vector<Shape> kernels, strides;  ///< per level (strides[0] is [1, 1, 1])
+  std::vector<std::int64_t> filters;    ///< per level: min(32 * 2^level, 320)
+  std::int64_t deep_supr_num = 0;       ///< 0: no deep supervision (fewer than 3 levels)
+  /// The run config's model section (DynUNet's arguments).
+  nlohmann::ordered_json model_json() const;
+  /// Parameters (MONAI's count: basic blocks without bias, instance norms with affine, the
+  /// output and deep-supervision heads with bias).
+  std::int64_t parameters() const;
+};
+
+/// medfast's estimate of one training step's memory above what the network's weights and
+/// the data held before it (peak resident memory of forward + backward + optimizer step).
+struct MemoryEstimate {
+  double activations = 0;  ///< saved for backward, all samples
+  double transients = 0;   ///< backward's gradient buffers at its widest level, the loss's
+  double parameters = 0;   ///< gradients and optimizer state
+  double total() const { return activations + transients + parameters; }
+};
+constexpr double kStepOverheadBytes = 20.0 * (1 << 20);
+struct MemoryOptions {
+  std::int64_t activation_bytes = 4;  ///< 4: float32; 2: fp16/bf16 autocast (activations of convolutions)
+  std::int64_t optimizer_states = 1;  ///< per parameter: SGD with momentum 1, Adam 2
+};
+/// From the activation sizes of the network's layers, per sample: each convolution block
+/// (convolution, instance norm, leaky ReLU, twice) keeps 6 feature maps of its level, each
+/// decoder block 8 (its concatenated input too); the output and the loss about 10 maps of
+/// classes per output; backward needs about 5 maps of the top level at once. Weights count
+/// as their gradients and optimizer state; a step's fixed working memory (autograd, oneDNN)
+/// adds kStepOverheadBytes (measured with a patch of a few voxels). Checked against measured
+/// peaks by bench/plan_memory_bench.py (docs/benchmarks.md).
+MemoryEstimate training_memory(const NetworkPlan& network, const Shape& patch, std::int64_t batch,
+                               const MemoryOptions& options = {});
+
+/// A channel's normalization and the step that does it.
+struct ChannelNormalization {
+  std::string name;  ///< the list's channel name ("" : unnamed)
+  Normalization scheme = Normalization::zscore;
+  bool use_mask = false;                  ///< z-score over the nonzero region only
+  std::optional<IntensityStats> stats;    ///< CT: the dataset's pooled foreground statistics
+};
+
+struct PlanOptions {
+  std::string device = "cpu";      ///< cpu | cuda | cuda:N
+  std::uint64_t memory_bytes = 0;  ///< the training step's budget; 0: the device's default
+  std::uint64_t device_free_bytes = 0;   ///< CUDA: free memory (the caller asks the device)
+  std::uint64_t host_memory_bytes = 0;   ///< CPU: physical memory (the caller asks the OS)
+  int epochs = 100;
+  std::string run_dir = "runs/plan";
+};
+/// The CPU budget's share of physical memory.
+constexpr double kCpuMemoryFraction = 0.25;
+
+struct Plan {
+  Spacing target_spacing{};
+  Spacing median_shape{};  ///< at the target spacing (what the patch is planned for)
+  PatchPlan patch;
+  NetworkPlan network;
+  std::vector<ChannelNormalization> normalization;
+  std::vector<std::int64_t> classes;  ///< label values (0 first)
+  std::uint64_t budget_bytes = 0;
+  std::string budget_reason;          ///< where the budget came from
+  MemoryEstimate memory;              ///< at the planned patch and batch
+  std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
+  bool amp = false;
+  bool crop_to_nonzero = false;       ///< the nonzero region is under 3/4 of the image (median)
+  std::string device;
+  int epochs = 0;
+  std::string run_dir;
+};
+
+/// The plan for a fingerprint (pure). ValueError when no patch fits the budget.
+Plan make_plan(const DatasetFingerprint& fingerprint, const PlanOptions& options);
+
+/// The run config (`medfast train --config` runs it as it is). `dataset` is the list the
+/// config names (relative paths: to the config's folder).
+nlohmann::json run_config(const DatasetFingerprint& fingerprint, const Plan& plan, const std::string& dataset);
+/// The same as YAML with each value's reason in a comment.
+std::string run_config_yaml(const DatasetFingerprint& fingerprint, const Plan& plan, const std::string& dataset);
+/// `medfast plan --json`: the decisions (target_spacing, median_shape, patch_size,
+/// batch_size, normalization, network, estimated_memory_bytes, ...) and the fingerprint.
+nlohmann::json plan_json(const DatasetFingerprint& fingerprint, const Plan& plan);
+/// A short summary (what `train --dataset` prints first).
+std::string plan_summary(const DatasetFingerprint& fingerprint, const Plan& plan);
+
+}  // namespace medfast::plan

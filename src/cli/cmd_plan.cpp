@@ -1,0 +1,181 @@
+// medfast plan: a dataset in, a run config out (nnU-Net's rules, medfast's memory estimate).
+#include <ATen/Context.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "medfast/core/error.hpp"
+#include "medfast/core/progress.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
+#include "medfast/plan/plan.hpp"
+
+namespace medfast::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string dataset, device, memory, out, run_dir;
+  int epochs = 100;
+  bool json = false, no_cache = false;
+};
+
+std::string stem_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const auto dot = name.find_last_of('.');
+  return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
+}
+
+std::string folder_of(const std::string& path) {
+  const std::string d = os::parent_directory(path);
+  return d.empty() ? "." : d;
+}
+
+/// The kept cases as a list beside the plan (the list's other fields kept), for the run.
+std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::string& out) {
+  nlohmann::json list = nlohmann::json::object();
+  if (!(fp.list.size() > 4 && fp.list.compare(fp.list.size() - 4, 4, ".csv") == 0)) {
+    list = nlohmann::json::parse(os::read_text_file(fp.list));
+  }
+  nlohmann::json training = nlohmann::json::array();
+  for (const auto& item : fp.items) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto& [k, v] : item.files) j[k] = os::absolute_path(v);  // the list may live elsewhere
+    for (const auto& [k, v] : item.attrs) j[k] = v;
+    training.push_back(j);
+  }
+  list["training"] = training;
+  list["numTraining"] = training.size();
+  list["description"] = str("the cases of ", fp.list, " that medfast plan kept (", fp.excluded(), " left out)");
+  const std::string path = folder_of(out) + "/" + stem_of(out) + ".dataset.json";
+  const std::string text = list.dump(2) + "\n";
+  os::AtomicWriter w(path);
+  w.append(text.data(), text.size());
+  w.commit();
+  return path;
+}
+
+struct Planned {
+  plan::DatasetFingerprint fingerprint;
+  plan::Plan plan;
+};
+
+Planned make(const PlanArgs& a, Context& ctx, bool show_progress) {
+  plan::FingerprintOptions fo;
+  fo.threads = ctx.settings.threads();
+  fo.use_cache = !a.no_cache;
+  std::unique_ptr<Progress> progress;
+  if (show_progress) {
+    fo.progress = [&](std::size_t done, std::size_t total) {
+      if (!progress) {
+        progress = std::make_unique<Progress>("fingerprint", total, "cases",
+                                              Progress::style_from(ctx.settings.get("progress")));
+      }
+      progress->update(done);
+    };
+  }
+  Planned p;
+  p.fingerprint = plan::dataset_fingerprint(a.dataset, fo);
+  if (progress) progress->finish(/*clear=*/true);
+  plan::PlanOptions po;
+  po.device = a.device.empty() ? (at::hasCUDA() ? "cuda" : "cpu") : a.device;
+  if (po.device != "cpu" && po.device.rfind("cuda", 0) != 0) {
+    throw ValueError(str("plan: --device '", po.device, "' is not one of cpu | cuda | cuda:N"));
+  }
+  if (!a.memory.empty()) {
+    try {
+      po.memory_bytes = parse_bytes(a.memory);
+    } catch (const std::exception& e) {
+      throw ValueError(str("plan: --memory '", a.memory, "': ", e.what(), " (expected e.g. 8GiB)"));
+    }
+    if (po.memory_bytes == 0) throw ValueError("plan: --memory must be more than 0");
+  }
+  if (po.device != "cpu" && po.memory_bytes == 0) {
+    if (!at::hasCUDA()) throw ValueError(str("plan: --device ", po.device, ": this machine has no CUDA device (give --memory to plan for one)"));
+    const auto free = io::cuda_free_bytes(at::Device(po.device));
+    if (free) po.device_free_bytes = *free;
+  }
+  po.host_memory_bytes = os::machine_info().memory_bytes;
+  po.epochs = a.epochs;
+  po.run_dir = a.run_dir;
+  p.plan = plan::make_plan(p.fingerprint, po);
+  return p;
+}
+
+/// Writes the plan (and, where cases were left out, the list of the kept ones) to `out`;
+/// returns the YAML.
+std::string write_plan(const Planned& p, const std::string& out) {
+  os::make_directories(folder_of(out));
+  const std::string list = p.fingerprint.excluded() > 0 ? write_kept_list(p.fingerprint, out) : p.fingerprint.list;
+  const std::string yaml = plan::run_config_yaml(p.fingerprint, p.plan, os::absolute_path(list));
+  os::AtomicWriter w(out);
+  w.append(yaml.data(), yaml.size());
+  w.commit();
+  return yaml;
+}
+
+int run_plan(const PlanArgs& a, Context& ctx) {
+  PlanArgs args = a;
+  if (args.run_dir.empty()) {  // runs/<the dataset folder's name>
+    const std::string folder = os::absolute_path(folder_of(plan::dataset_list_path(a.dataset)));
+    args.run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
+  }
+  const Planned p = make(args, ctx, !a.json);
+  if (!a.out.empty()) write_plan(p, a.out);
+  if (a.json) {
+    nlohmann::json j = plan::plan_json(p.fingerprint, p.plan);
+    j["out"] = a.out.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.out);
+    print_json(j.dump(2));
+    return 0;
+  }
+  if (a.out.empty()) {
+    std::fputs(plan::run_config_yaml(p.fingerprint, p.plan, os::absolute_path(p.fingerprint.list)).c_str(), stdout);
+    if (p.fingerprint.excluded() > 0) {
+      std::fprintf(stderr,
+                   "medfast: plan: %zu case(s) left out are still in %s, which this config names: give --out to write "
+                   "the plan with a list of the kept cases beside it\n",
+                   p.fingerprint.excluded(), p.fingerprint.list.c_str());
+    }
+  } else {
+    std::printf("%s\nwrote %s\n", plan::plan_summary(p.fingerprint, p.plan).c_str(), a.out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string plan_for_training(const std::string& dataset, const std::string& run_dir, Context& ctx, bool quiet) {
+  PlanArgs a;
+  a.dataset = dataset;
+  a.run_dir = ".";  // the plan is written into the run's folder
+  const Planned p = make(a, ctx, !quiet);
+  const std::string out = run_dir + "/plan.yaml";
+  write_plan(p, out);
+  if (!quiet) std::printf("%s\nwrote %s\n", plan::plan_summary(p.fingerprint, p.plan).c_str(), out.c_str());
+  std::fflush(stdout);
+  return out;
+}
+
+Command register_plan(CLI::App& root) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* app = root.add_subcommand(
+      "plan", "Plan a run from a dataset (nnU-Net's rules): spacing, normalization, patch, batch, network");
+  app->add_option("--dataset", a->dataset, "A folder with dataset.json, or a dataset list (JSON or CSV)")->required();
+  app->add_option("--device", a->device, "cpu | cuda | cuda:N: what the plan is for [default: cuda if there is one]");
+  app->add_option("--memory", a->memory,
+                  str("Memory budget of a training step, e.g. 8GiB [default: CUDA: 90% of the device's free memory; "
+                      "CPU: ", static_cast<int>(plan::kCpuMemoryFraction * 100), "% of the machine's memory]"));
+  app->add_option("--epochs", a->epochs, "train.epochs of the run")->capture_default_str();
+  app->add_option("--run-dir", a->run_dir, "train.run_dir of the run (relative: to the plan's folder) [default: runs/<dataset>]");
+  app->add_option("--out", a->out,
+                  "Write the run config here (YAML; cases left out: a list of the others beside it) [default: print it]");
+  app->add_flag("--no-cache", a->no_cache, "Read every case again (neither read nor write the fingerprint cache)");
+  app->add_flag("--json", a->json, "Print the decisions and the fingerprint as JSON");
+  return {app, [a](Context& ctx) { return run_plan(*a, ctx); }};
+}
+
+}  // namespace medfast::cli

@@ -1,0 +1,480 @@
+// medfast plan: from a dataset fingerprint to a run config, each value with its reason.
+#include "medfast/plan/plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "medfast/core/error.hpp"
+#include "medfast/core/stats.hpp"
+#include "medfast/core/units.hpp"
+
+namespace medfast::plan {
+
+namespace {
+
+using Ordered = nlohmann::ordered_json;
+
+double voxels_of(const Shape& s) {
+  return static_cast<double>(s[0]) * static_cast<double>(s[1]) * static_cast<double>(s[2]);
+}
+std::int64_t volume_of(const Shape& s) { return s[0] * s[1] * s[2]; }
+
+/// nnU-Net's approximate dataset size (approximate_n_voxels_dataset): the median shape's voxels
+/// times the cases; a batch takes at most 5% of it.
+double dataset_voxels_of(const DatasetFingerprint& fp, const Spacing& median_shape) {
+  return median_shape[0] * median_shape[1] * median_shape[2] * static_cast<double>(fp.cases.size());
+}
+
+std::string fmt(double v, int digits = 4) {
+  std::ostringstream o;
+  o.precision(digits);
+  o << v;
+  return o.str();
+}
+std::string fmt3(const std::array<double, 3>& v, int digits = 4) {
+  return str(fmt(v[0], digits), " x ", fmt(v[1], digits), " x ", fmt(v[2], digits));
+}
+std::string fmt3(const Shape& v) { return str(v[0], " x ", v[1], " x ", v[2]); }
+
+const char* scheme_name(Normalization n) {
+  switch (n) {
+    case Normalization::ct: return "CT";
+    case Normalization::zscore: return "zscore";
+    case Normalization::none: return "noNorm";
+    case Normalization::rescale_to_0_1: return "rescale_to_0_1";
+  }
+  return "?";
+}
+
+/// JSON numbers that read back the same and stay short: 6 significant digits.
+double tidy(double v) { return std::stod(fmt(v, 6)); }
+
+/// The run config in order, with reasons by JSON pointer.
+struct Annotated {
+  Ordered config;
+  std::map<std::string, std::string> why;
+};
+
+Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& dataset) {
+  Annotated a;
+  auto& why = a.why;
+  const Shape& patch = p.patch.topology.patch;
+  const std::vector<std::int64_t> patch_v(patch.begin(), patch.end());
+  Ordered det = Ordered::array();
+  std::vector<std::string> det_why;
+  const auto step = [&](Ordered s, std::string reason) {
+    det.push_back(std::move(s));
+    det_why.push_back(std::move(reason));
+  };
+  step({{"name", "LoadImage"}, {"keys", {"image", "label"}}}, "");
+  step({{"name", "EnsureChannelFirst"}, {"keys", {"image", "label"}}}, "");
+  step({{"name", "Orientation"}, {"keys", {"image", "label"}}, {"axcodes", "RAS"}},
+       "every case in one orientation (the plan's axes are RAS)");
+  if (p.crop_to_nonzero) {
+    step({{"name", "CropForeground"}, {"keys", {"image", "label"}}, {"source_key", "image"}},
+         "nnU-Net's crop to the nonzero region: it is under 3/4 of the image (median over cases)");
+  }
+  step({{"name", "Spacing"},
+        {"keys", {"image", "label"}},
+        {"pixdim", {tidy(p.target_spacing[0]), tidy(p.target_spacing[1]), tidy(p.target_spacing[2])}},
+        {"mode", {"bilinear", "nearest"}}},
+       "nnU-Net's target spacing: the median spacing per axis (the 10th percentile on an axis over 3x coarser "
+       "than the others with a third of their voxels)");
+  const ChannelNormalization& n0 = p.normalization.at(0);
+  if (n0.scheme == Normalization::ct) {
+    const IntensityStats& s = *n0.stats;
+    step({{"name", "ScaleIntensityRange"},
+          {"keys", "image"},
+          {"a_min", tidy(s.p00_5)},
+          {"a_max", tidy(s.p99_5)},
+          {"b_min", tidy((s.p00_5 - s.mean) / s.std)},
+          {"b_max", tidy((s.p99_5 - s.mean) / s.std)},
+          {"clip", true}},
+         str("CT: clip to the foreground's 0.5 and 99.5 percentiles (", fmt(s.p00_5), ", ", fmt(s.p99_5),
+             "), then subtract its mean ", fmt(s.mean), " and divide by its std ", fmt(s.std),
+             " (nnU-Net's CTNormalization, as one linear map)"));
+  } else if (n0.scheme == Normalization::zscore) {
+    step({{"name", "NormalizeIntensity"}, {"keys", "image"}, {"nonzero", n0.use_mask}, {"channel_wise", true}},
+         str("z-score each image and channel by its own statistics (nnU-Net's ZScoreNormalization for ",
+             n0.name.empty() ? "unnamed" : n0.name, " channels)",
+             n0.use_mask ? ", over the nonzero region only (the crop removed over a quarter)" : ""));
+  }
+  step({{"name", "SpatialPad"}, {"keys", {"image", "label"}}, {"spatial_size", patch_v}},
+       "cases smaller than the patch are padded to it");
+  step({{"name", "FgBgToIndices"}, {"keys", "label"}, {"fg_postfix", "_fg"}, {"bg_postfix", "_bg"}},
+       "foreground voxels indexed once, for the crops");
+  Ordered random = Ordered::array();
+  std::vector<std::string> random_why;
+  random.push_back({{"name", "RandCropByPosNegLabel"},
+                    {"keys", {"image", "label"}},
+                    {"label_key", "label"},
+                    {"spatial_size", patch_v},
+                    {"pos", 1},
+                    {"neg", 2},
+                    {"num_samples", 1},
+                    {"fg_indices_key", "label_fg"},
+                    {"bg_indices_key", "label_bg"}});
+  random_why.push_back("the planned patch; a third of the crops centred on foreground (nnU-Net's oversampling)");
+  for (int axis = 0; axis < 3; ++axis) {
+    random.push_back({{"name", "RandFlip"}, {"keys", {"image", "label"}}, {"spatial_axis", {axis}}, {"prob", 0.5}});
+    random_why.push_back(axis == 0 ? "nnU-Net mirrors every axis" : "");
+  }
+  random.push_back({{"name", "RandScaleIntensity"}, {"keys", "image"}, {"factors", 0.25}, {"prob", 0.15}});
+  random_why.push_back("nnU-Net's brightness: x * U(0.75, 1.25), p 0.15");
+  random.push_back({{"name", "RandAdjustContrast"}, {"keys", "image"}, {"gamma", {0.7, 1.5}}, {"prob", 0.3}});
+  random_why.push_back(
+      "nnU-Net's gamma (0.7, 1.5), p 0.3; its rotations and scaling are left out: they cost more than a step on a CPU");
+  random.push_back({{"name", "RandGaussianNoise"}, {"keys", "image"}, {"std", 0.1}, {"prob", 0.1}});
+  random_why.push_back("nnU-Net's Gaussian noise, p 0.1");
+
+  Ordered data = Ordered::object();
+  data["dataset"] = dataset;
+  why["/data/dataset"] = fp.excluded() > 0 ? str("the list's cases less the ", fp.excluded(), " left out (see notes)")
+                                           : "the list the plan was made from";
+  data["section"] = "training";
+  data["deterministic"] = det;
+  for (std::size_t i = 0; i < det_why.size(); ++i) {
+    if (!det_why[i].empty()) why[str("/data/deterministic/", i)] = det_why[i];
+  }
+  data["cache"] = {{"kind", "memory"}};
+  why["/data/cache"] = "the preprocessed cases are kept in memory (MONAI's CacheDataset)";
+  data["random"] = random;
+  for (std::size_t i = 0; i < random_why.size(); ++i) {
+    if (!random_why[i].empty()) why[str("/data/random/", i)] = random_why[i];
+  }
+  data["seed"] = 0;
+  data["loader"] = {{"batch_size", p.patch.batch_size}, {"shuffle", true}, {"prefetch", 4}};
+  why["/data/loader"] = str("batch size ", p.patch.batch_size, ": the largest whose estimated step (",
+                            format_bytes(static_cast<std::uint64_t>(p.memory.total())), ") fits the budget of ",
+                            format_bytes(p.budget_bytes), ", at most 5% of the dataset's voxels per batch, at least 2");
+  if (p.validation_cases > 0) {
+    data["validation"] = {{"num", p.validation_cases}};
+    why["/data/validation"] = str("the last ", p.validation_cases, " of ", fp.cases.size(),
+                                  " cases validate (a fifth, as one of nnU-Net's 5 folds)");
+  }
+  a.config["data"] = data;
+
+  a.config["model"] = p.network.model_json();
+  why["/model"] = str("MONAI's DynUNet with nnU-Net's topology for a ", fmt3(patch), " patch at ",
+                      fmt3(p.target_spacing), " mm: ", p.patch.topology.stages(),
+                      " levels, each axis halved while its map keeps 8 voxels and its spacing is under twice the "
+                      "finest; 3-wide kernels once an axis is under twice the finest spacing; ",
+                      p.network.parameters(), " parameters");
+  a.config["loss"] = {{"name", "DiceCE"},          {"to_onehot_y", true}, {"softmax", true},
+                      {"include_background", false}, {"batch", true},       {"smooth_nr", 1e-5},
+                      {"smooth_dr", 1e-5}};
+  why["/loss"] = "nnU-Net's: Dice over the foreground classes, batch Dice, plus cross-entropy";
+  a.config["optimizer"] = {{"name", "SGD"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}, {"weight_decay", 3e-5}};
+  why["/optimizer"] = "nnU-Net's: SGD, Nesterov momentum 0.99, lr 0.01, weight decay 3e-5";
+  a.config["schedule"] = {{"name", "poly"}, {"power", 0.9}};
+  why["/schedule"] = "nnU-Net's polynomial decay";
+  const int interval = std::max(1, p.epochs / 10);
+  a.config["validation"] = {
+      {"interval", interval},
+      {"sliding_window",
+       {{"roi_size", patch_v}, {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)}, {"overlap", 0.5},
+        {"mode", "gaussian"}}}};
+  why["/validation/interval"] = "ten validations over the run";
+  why["/validation/sliding_window"] = "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted";
+  a.config["train"] = {{"run_dir", p.run_dir}, {"epochs", p.epochs}, {"seed", 0}, {"device", p.device}, {"amp", p.amp}};
+  why["/train/epochs"] = "set for your time budget (nnU-Net trains 1000 epochs of 250 steps)";
+  why["/train/amp"] = p.amp ? "float16 autocast on the GPU (what the memory estimate assumes)"
+                            : "float32 on the CPU (what the memory estimate assumes)";
+  return a;
+}
+
+bool is_flow(const Ordered& v) { return !v.is_object(); }
+
+/// Whether a reason is kept for a key below `path` (then the object is written in block style).
+bool has_child_reason(const std::map<std::string, std::string>& why, const std::string& path) {
+  const auto it = why.lower_bound(path + "/");
+  return it != why.end() && it->first.compare(0, path.size() + 1, path + "/") == 0;
+}
+
+void emit(std::ostringstream& out, const Ordered& obj, const std::string& path, int indent,
+          const std::map<std::string, std::string>& why) {
+  const std::string pad(static_cast<std::size_t>(indent), ' ');
+  const auto comment = [&](const std::string& p, const std::string& pad_here) {
+    const auto it = why.find(p);
+    if (it == why.end()) return;
+    // Wrapped at about 100 columns, at spaces.
+    std::string line;
+    std::istringstream words(it->second);
+    for (std::string w; words >> w;) {
+      if (!line.empty() && pad_here.size() + 2 + line.size() + 1 + w.size() > 100) {
+        out << pad_here << "# " << line << "\n";
+        line.clear();
+      }
+      line += (line.empty() ? "" : " ") + w;
+    }
+    if (!line.empty()) out << pad_here << "# " << line << "\n";
+  };
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string p = path + "/" + it.key();
+    comment(p, pad);
+    const Ordered& v = it.value();
+    if (v.is_array() && !v.empty() && v[0].is_object()) {
+      out << pad << it.key() << ":\n";
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        comment(str(p, "/", i), pad + "  ");
+        out << pad << "  - " << v[i].dump() << "\n";
+      }
+    } else if (is_flow(v) || (std::all_of(v.begin(), v.end(), is_flow) && v.size() <= 5 && !has_child_reason(why, p))) {
+      out << pad << it.key() << ": " << v.dump() << "\n";
+    } else {
+      out << pad << it.key() << ":\n";
+      emit(out, v, p, indent + 2, why);
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::ordered_json NetworkPlan::model_json() const {
+  nlohmann::ordered_json k = nlohmann::ordered_json::array(), s = nlohmann::ordered_json::array(),
+                         up = nlohmann::ordered_json::array();
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    k.push_back(kernels[i]);
+    s.push_back(strides[i]);
+    if (i > 0) up.push_back(strides[i]);
+  }
+  nlohmann::ordered_json m = {{"name", "DynUNet"},
+                      {"in_channels", in_channels},
+                      {"out_channels", out_channels},
+                      {"kernel_size", k},
+                      {"strides", s},
+                      {"upsample_kernel_size", up},
+                      {"filters", filters},
+                      {"norm_name", "instance"},
+                      {"deep_supervision", deep_supr_num > 0}};
+  if (deep_supr_num > 0) m["deep_supr_num"] = deep_supr_num;
+  return m;
+}
+
+std::int64_t NetworkPlan::parameters() const {
+  const std::size_t levels = filters.size();
+  std::int64_t n = 0;
+  const auto block = [&](std::int64_t in, std::int64_t out, const Shape& kernel) {
+    n += in * out * volume_of(kernel) + out * out * volume_of(kernel) + 4 * out;  // 2 convolutions, 2 norms
+  };
+  for (std::size_t k = 0; k < levels; ++k) block(k == 0 ? in_channels : filters[k - 1], filters[k], kernels[k]);
+  for (std::size_t k = 0; k + 1 < levels; ++k) {
+    n += filters[k + 1] * filters[k] * volume_of(strides[k + 1]);  // the transposed convolution (no bias)
+    block(2 * filters[k], filters[k], kernels[k + 1]);             // MONAI: the level below's kernel
+  }
+  n += filters[0] * out_channels + out_channels;  // the output block (1x1x1, with bias)
+  for (std::int64_t i = 1; i <= deep_supr_num; ++i) n += filters[static_cast<std::size_t>(i)] * out_channels + out_channels;
+  return n;
+}
+
+MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::int64_t batch,
+                               const MemoryOptions& o) {
+  const std::size_t levels = net.filters.size();
+  Shape s = patch;
+  std::vector<double> voxels;
+  for (std::size_t k = 0; k < levels; ++k) {
+    for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
+    voxels.push_back(voxels_of(s));
+  }
+  double maps = 0;  // feature-map elements kept for backward, one sample
+  for (std::size_t k = 0; k < levels; ++k) maps += 6.0 * static_cast<double>(net.filters[k]) * voxels[k];
+  for (std::size_t k = 0; k + 1 < levels; ++k) maps += 8.0 * static_cast<double>(net.filters[k]) * voxels[k];
+  const double outputs = static_cast<double>(1 + net.deep_supr_num) * static_cast<double>(net.out_channels) * voxels[0];
+  const double b = static_cast<double>(batch);
+  MemoryEstimate m;
+  m.activations = b * (maps * static_cast<double>(o.activation_bytes) + 10.0 * outputs * 4.0);  // the loss in float32
+  // Backward at the top level holds the gradients of its concatenated input, its
+  // convolutions' and norms' outputs at once: about 5 maps there.
+  m.transients = b * 5.0 * static_cast<double>(net.filters[0]) * voxels[0] * static_cast<double>(o.activation_bytes) +
+                 kStepOverheadBytes;
+  m.parameters = static_cast<double>(net.parameters()) * 4.0 * static_cast<double>(1 + o.optimizer_states);
+  return m;
+}
+
+Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
+  if (fp.cases.empty()) throw ValueError(str(fp.list, ": no case to plan with"));
+  Plan p;
+  p.device = o.device;
+  p.amp = o.device.rfind("cuda", 0) == 0;
+  p.epochs = o.epochs;
+  p.run_dir = o.run_dir;
+  if (o.epochs < 1) throw ValueError(str("plan: --epochs must be at least 1, got ", o.epochs));
+  std::vector<Spacing> spacings;
+  std::vector<Shape> shapes;  // after the crop (nnU-Net's shapes_after_crop)
+  std::vector<double> relative;
+  for (const auto& c : fp.cases) {
+    spacings.push_back(c.crop.spacing);
+    shapes.push_back(c.crop.shape_after_crop);
+    relative.push_back(c.crop.relative_size);
+  }
+  p.target_spacing = target_spacing(spacings, shapes);
+  p.median_shape = resampled_median_shape(spacings, shapes, p.target_spacing);
+  p.classes = fp.classes();
+  const std::int64_t out_channels = p.classes.back() + 1;  // class indices 0..max: one output each
+  const double dataset_voxels = dataset_voxels_of(fp, p.median_shape);
+
+  // Normalization per channel (nnU-Net's table by name; the mask rule from the crop's share).
+  const double median_relative = numpy_percentile(relative, 50);
+  for (std::size_t ch = 0; ch < fp.channel_names.size(); ++ch) {
+    ChannelNormalization n;
+    n.name = fp.channel_names[ch];
+    n.scheme = normalization_for(n.name);
+    n.use_mask = use_mask_for_norm(n.scheme, median_relative);
+    if (n.scheme == Normalization::ct) {
+      std::vector<double> pooled;
+      for (const auto& c : fp.cases) pooled.insert(pooled.end(), c.crop.samples[ch].begin(), c.crop.samples[ch].end());
+      n.stats = intensity_stats(pooled);
+      if (!(n.stats->std > 0)) {
+        throw ValueError(str(fp.list, ": channel ", ch, " (CT): the foreground's intensities are all ", n.stats->mean,
+                             "; nothing to normalise by"));
+      }
+    }
+    p.normalization.push_back(n);
+  }
+  for (const auto& n : p.normalization) {
+    if (n.scheme != p.normalization[0].scheme || n.use_mask != p.normalization[0].use_mask) {
+      throw ValueError(str(fp.list, ": channels '", p.normalization[0].name, "' and '", n.name,
+                           "' need different normalizations (", scheme_name(p.normalization[0].scheme), ", ",
+                           scheme_name(n.scheme), "); a plan normalises every channel one way (name them alike, or "
+                           "write the run config's normalization by hand)"));
+    }
+    if (n.scheme == Normalization::rescale_to_0_1) {
+      throw ValueError(str(fp.list, ": channel '", n.name, "': rescale_to_0_1 is not planned yet (use zscore, CT or noNorm)"));
+    }
+  }
+  p.crop_to_nonzero = median_relative < 0.75;
+
+  // The budget and the patch.
+  MemoryOptions mo;
+  mo.activation_bytes = p.amp ? 2 : 4;
+  if (o.memory_bytes > 0) {
+    p.budget_bytes = o.memory_bytes;
+    p.budget_reason = "--memory";
+  } else if (p.amp) {
+    if (o.device_free_bytes == 0) throw ValueError(str("plan: the free memory of ", o.device, " is not known: give --memory"));
+    p.budget_bytes = static_cast<std::uint64_t>(0.9 * static_cast<double>(o.device_free_bytes));
+    p.budget_reason = str("90% of ", o.device, "'s free memory (", format_bytes(o.device_free_bytes), ")");
+  } else {
+    if (o.host_memory_bytes == 0) throw ValueError("plan: the machine's memory is not known: give --memory");
+    p.budget_bytes = static_cast<std::uint64_t>(kCpuMemoryFraction * static_cast<double>(o.host_memory_bytes));
+    p.budget_reason = str(static_cast<int>(kCpuMemoryFraction * 100), "% of the machine's memory (",
+                          format_bytes(o.host_memory_bytes), ")");
+  }
+  const std::int64_t in_channels = static_cast<std::int64_t>(fp.channel_names.size());
+  const auto network_for = [&](const Topology& t, const std::vector<std::int64_t>& features) {
+    NetworkPlan n;
+    n.in_channels = in_channels;
+    n.out_channels = out_channels;
+    n.kernels = t.kernels;
+    n.strides = t.strides;
+    n.filters = features;
+    n.deep_supr_num = t.stages() >= 3 ? static_cast<std::int64_t>(t.stages()) - 2 : 0;
+    return n;
+  };
+  MemoryModel model;
+  model.budget = static_cast<double>(p.budget_bytes);
+  model.cost = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
+    return training_memory(network_for(t, features), t.patch, batch, mo).total();
+  };
+  try {
+    p.patch = plan_patch(p.target_spacing, p.median_shape, dataset_voxels, model);
+  } catch (const ValueError& e) {
+    throw ValueError(str(fp.list, ": ", e.what(), ": raise --memory"));
+  }
+  p.network = network_for(p.patch.topology, p.patch.features);
+  p.memory = training_memory(p.network, p.patch.topology.patch, p.patch.batch_size, mo);
+  p.validation_cases = fp.cases.size() >= 2 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(
+                                                                            static_cast<double>(fp.cases.size()) / 5)))
+                                            : 0;
+  return p;
+}
+
+nlohmann::json run_config(const DatasetFingerprint& fp, const Plan& plan, const std::string& dataset) {
+  return nlohmann::json::parse(build(fp, plan, dataset).config.dump());
+}
+
+std::string run_config_yaml(const DatasetFingerprint& fp, const Plan& p, const std::string& dataset) {
+  const Annotated a = build(fp, p, dataset);
+  std::ostringstream out;
+  out << "# A run config planned by `medfast plan` from " << fp.list << " (" << fp.cases.size() << " of " << fp.listed
+      << " cases";
+  if (fp.excluded() > 0) out << "; " << fp.excluded() << " left out";
+  out << ").\n# Rules and sources: docs/plan.md. Train it with: medfast train --config <this file>\n";
+  out << "# Memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per training step ("
+      << p.budget_reason << ": " << format_bytes(p.budget_bytes) << " budget).\n";
+  for (const auto& n : fp.notes) out << "# note: " << n.text() << "\n";
+  emit(out, a.config, "", 0, a.why);
+  return out.str();
+}
+
+nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
+  nlohmann::json norm = nlohmann::json::array();
+  for (const auto& n : p.normalization) {
+    nlohmann::json j = {{"channel", n.name}, {"kind", scheme_name(n.scheme)}, {"use_nonzero_mask", n.use_mask}};
+    if (n.stats) {
+      j["clip"] = {n.stats->p00_5, n.stats->p99_5};
+      j["mean"] = n.stats->mean;
+      j["std"] = n.stats->std;
+    } else {
+      j["clip"] = nullptr;
+      j["mean"] = nullptr;  // per image
+      j["std"] = nullptr;
+    }
+    norm.push_back(j);
+  }
+  const Topology& t = p.patch.topology;
+  // What nnU-Net's own proxy and 8 GB reference would plan for this fingerprint, beside it.
+  const PatchPlan nnunet =
+      plan_patch(p.target_spacing, p.median_shape, p.network.out_channels, dataset_voxels_of(fp, p.median_shape));
+  return {{"target_spacing", p.target_spacing},
+          {"median_shape", p.median_shape},
+          {"patch_size", t.patch},
+          {"batch_size", p.patch.batch_size},
+          {"normalization", norm},
+          {"crop_to_nonzero", p.crop_to_nonzero},
+          {"classes", p.classes},
+          {"network",
+           {{"name", "DynUNet"},
+            {"strides", t.strides},
+            {"kernel_sizes", t.kernels},
+            {"filters", p.network.filters},
+            {"deep_supr_num", p.network.deep_supr_num},
+            {"parameters", p.network.parameters()}}},
+          {"estimated_memory_bytes", static_cast<std::uint64_t>(p.memory.total())},
+          {"estimated_memory",
+           {{"activations", p.memory.activations}, {"transients", p.memory.transients}, {"parameters", p.memory.parameters}}},
+          {"budget_bytes", p.budget_bytes},
+          {"budget", p.budget_reason},
+          {"nnunet_feature_map_elements", feature_map_elements(t, p.network.filters, p.network.out_channels)},
+          {"nnunet_8gb_reference",
+           {{"patch_size", nnunet.topology.patch}, {"batch_size", nnunet.batch_size}, {"levels", nnunet.topology.stages()}}},
+          {"validation_cases", p.validation_cases},
+          {"device", p.device},
+          {"amp", p.amp},
+          {"epochs", p.epochs},
+          {"fingerprint", fingerprint_json(fp)}};
+}
+
+std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
+  std::ostringstream o;
+  o << "plan for " << fp.list << ": " << fp.cases.size() << " of " << fp.listed << " cases";
+  if (fp.read < fp.cases.size()) o << " (" << fp.cases.size() - std::min(fp.read, fp.cases.size()) << " from the cache)";
+  o << "\n  target spacing " << fmt3(p.target_spacing) << " mm, median shape there " << fmt3(p.median_shape, 5)
+    << "\n  patch " << fmt3(p.patch.topology.patch) << ", batch " << p.patch.batch_size << ", DynUNet "
+    << p.patch.topology.stages() << " levels, " << p.network.parameters() << " parameters"
+    << "\n  normalization: ";
+  for (std::size_t i = 0; i < p.normalization.size(); ++i) {
+    const auto& n = p.normalization[i];
+    o << (i ? "; " : "") << (n.name.empty() ? str("channel ", i) : n.name) << ": " << scheme_name(n.scheme);
+    if (n.stats) o << " clip [" << fmt(n.stats->p00_5) << ", " << fmt(n.stats->p99_5) << "] mean " << fmt(n.stats->mean) << " std " << fmt(n.stats->std);
+    if (n.use_mask) o << " (nonzero region)";
+  }
+  o << "\n  memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per step of a "
+    << format_bytes(p.budget_bytes) << " budget (" << p.budget_reason << ")";
+  for (const auto& n : fp.notes) o << "\n  note: " << n.text();
+  return o.str();
+}
+
+}  // namespace medfast::plan

@@ -1,0 +1,432 @@
+// medfast plan (issue 23): the dataset fingerprint (read once, cached by the files'
+// identities, bad cases named and left out), the plan against nnU-Net v2's rules (stated
+// again in numpy, tests/golden/nnunet_rules.py) on synthetic CT and anisotropic MR sets,
+// the network it plans, and the run config `train` runs, on the command line too.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+#include "medfast/data/pipeline.hpp"
+#include "medfast/data/synth.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/plan/dataset.hpp"
+#include "medfast/plan/plan.hpp"
+#include "medfast/train/run_config.hpp"
+#include "test_util.hpp"
+
+namespace medfast::plan {
+namespace {
+
+SynthOptions synth(const std::string& out, int cases, const std::string& size, const std::string& spacing,
+                   const std::string& modality = "CT") {
+  SynthOptions o;
+  o.out_dir = out;
+  o.set_cases(cases).set_size(size).set_spacing_spec(spacing).set_modality(modality);
+  o.seed = 3;
+  return o;
+}
+
+double voxels(const Shape& s) { return static_cast<double>(s[0]) * static_cast<double>(s[1]) * static_cast<double>(s[2]); }
+
+FingerprintOptions few_samples(int threads = 2) {
+  FingerprintOptions o;
+  o.threads = threads;
+  o.total_samples = 4000;
+  return o;
+}
+
+TEST(PlanDataset, ReadsEveryCaseOnceAndCachesTheSummaries) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "40,36,10-14", "1.2,1.0,3.0"));
+  std::size_t progress_calls = 0;
+  FingerprintOptions o = few_samples();
+  o.progress = [&](std::size_t done, std::size_t total) {
+    ++progress_calls;
+    EXPECT_LE(done, total);
+    EXPECT_EQ(total, 4u);
+  };
+  const DatasetFingerprint a = dataset_fingerprint(dir / "ds", o);
+  EXPECT_EQ(progress_calls, 4u);
+  EXPECT_EQ(a.list, dir / "ds/dataset.json");
+  ASSERT_EQ(a.cases.size(), 4u);
+  EXPECT_EQ(a.listed, 4u);
+  EXPECT_EQ(a.read, 4u);
+  EXPECT_EQ(a.cache_path, dir / "ds/.medfast-fingerprint.cbor");
+  EXPECT_EQ(a.channel_names, std::vector<std::string>{"CT"});
+  EXPECT_EQ(a.classes(), (std::vector<std::int64_t>{0, 1}));
+  for (std::size_t i = 0; i < a.cases.size(); ++i) {
+    const CaseSummary& c = a.cases[i];
+    SCOPED_TRACE(c.image);
+    const Volume image = read_nifti(c.image);
+    EXPECT_EQ(c.axcodes, "LPS");  // the file's; the summary's axes are RAS (a flip: same sizes)
+    EXPECT_EQ(c.shape, (Shape{image.data.size(0), image.data.size(1), image.data.size(2)}));
+    for (int d = 0; d < 3; ++d) EXPECT_NEAR(c.crop.spacing[d], (Spacing{1.2, 1.0, 3.0})[d], 1e-6);
+    std::int64_t voxels = 0;
+    for (const auto& [v, n] : c.label_voxels) voxels += n;
+    EXPECT_EQ(voxels, image.data.numel());
+    const Volume label = read_nifti(c.label);
+    EXPECT_EQ(c.label_voxels.at(1), label.data.gt(0).sum().item<std::int64_t>());
+    EXPECT_EQ(c.crop.foreground_voxels, c.label_voxels.at(1));
+    ASSERT_EQ(c.crop.samples.size(), 1u);
+    EXPECT_EQ(c.crop.samples[0].size(), 1000u);  // 4000 over 4 cases
+    // CT air is -1000, not 0: the nonzero crop keeps the whole image.
+    EXPECT_EQ(c.crop.shape_after_crop, c.shape);
+  }
+  EXPECT_TRUE(a.notes.empty()) << a.notes[0].text();
+
+  // Again: nothing read, the same summaries.
+  const DatasetFingerprint b = dataset_fingerprint(dir / "ds", few_samples());
+  EXPECT_EQ(b.read, 0u);
+  ASSERT_EQ(b.cases.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(b.cases[i].crop.samples, a.cases[i].crop.samples);
+    EXPECT_EQ(b.cases[i].label_voxels, a.cases[i].label_voxels);
+    EXPECT_EQ(b.cases[i].crop.spacing, a.cases[i].crop.spacing);
+  }
+  // Fewer samples: a prefix of the cached ones (still nothing read); more: every case again.
+  FingerprintOptions fewer = few_samples();
+  fewer.total_samples = 400;
+  const DatasetFingerprint c = dataset_fingerprint(dir / "ds", fewer);
+  EXPECT_EQ(c.read, 0u);
+  EXPECT_EQ(c.cases[2].crop.samples[0],
+            std::vector<double>(a.cases[2].crop.samples[0].begin(), a.cases[2].crop.samples[0].begin() + 100));
+  FingerprintOptions more = few_samples();
+  more.total_samples = 8000;
+  EXPECT_EQ(dataset_fingerprint(dir / "ds", more).read, 4u);
+  // A rewritten file is read again, alone.
+  const std::string label = a.cases[1].label;
+  const std::string bytes = test::read_file(label);
+  os::remove_file(label);
+  test::write_file(label, bytes);
+  EXPECT_EQ(dataset_fingerprint(dir / "ds", more).read, 1u);
+  // A damaged cache is read past (every case read again), then rewritten.
+  test::write_file(dir / "ds/.medfast-fingerprint.cbor", "not cbor");
+  EXPECT_EQ(dataset_fingerprint(dir / "ds", more).read, 4u);
+  EXPECT_EQ(dataset_fingerprint(dir / "ds", more).read, 0u);
+  // Without the cache: read, and the file left as it is.
+  FingerprintOptions none = more;
+  none.use_cache = false;
+  const std::string before = test::read_file(dir / "ds/.medfast-fingerprint.cbor");
+  EXPECT_EQ(dataset_fingerprint(dir / "ds", none).read, 4u);
+  EXPECT_EQ(test::read_file(dir / "ds/.medfast-fingerprint.cbor"), before);
+}
+
+TEST(PlanDataset, TheSameFingerprintWithAnyThreadCount) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 3, "32,32,8-12", "1.5,1.5,3.0"));
+  FingerprintOptions one = few_samples(1), three = few_samples(3);
+  one.use_cache = three.use_cache = false;
+  const DatasetFingerprint a = dataset_fingerprint(dir / "ds", one), b = dataset_fingerprint(dir / "ds", three);
+  ASSERT_EQ(a.cases.size(), b.cases.size());
+  for (std::size_t i = 0; i < a.cases.size(); ++i) EXPECT_EQ(a.cases[i].crop.samples, b.cases[i].crop.samples);
+}
+
+/// A list of cases, each a problem the plan must name: which file, what is off, what it did.
+TEST(PlanDataset, BadCasesAreNamedLeftOutOrKept) {
+  test::TempDir dir;
+  const SynthOptions o = synth(dir / "ds", 1, "24,24,8", "1.5,1.5,3.0");
+  os::make_directories(dir / "ds");
+  nlohmann::json training = nlohmann::json::array();
+  const auto write_case = [&](const std::string& name, const Volume& image, const Volume& label) {
+    write_nifti(dir / ("ds/" + name + "_img.nii.gz"), image);
+    write_nifti(dir / ("ds/" + name + "_seg.nii.gz"), label);
+    training.push_back({{"image", "./" + name + "_img.nii.gz"}, {"label", "./" + name + "_seg.nii.gz"}});
+  };
+  for (int i = 0; i < 3; ++i) {  // good cases
+    SynthOptions g = o;
+    g.seed = 10 + static_cast<std::uint64_t>(i);
+    const SynthCase c = make_synth_case(g, 0);
+    write_case(str("good", i), c.image, c.label);
+  }
+  const SynthCase base = make_synth_case(o, 0);
+  {  // two channels where the others have one
+    Volume two = base.image;
+    two.data = at::stack({base.image.data, base.image.data}, 3);
+    write_case("twochannels", two, base.label);
+  }
+  {  // a label value the list does not name
+    Volume l = base.label;
+    l.data = base.label.data * 3;
+    write_case("class3", base.image, l);
+  }
+  {  // a spacing 10x the others' along z
+    Volume img = base.image, l = base.label;
+    img.affine(2, 2) *= 10;
+    l.affine(2, 2) *= 10;
+    write_case("thick", img, l);
+  }
+  {  // no foreground
+    Volume l = base.label;
+    l.data = at::zeros_like(base.label.data);
+    write_case("empty", base.image, l);
+  }
+  {  // a label of another shape
+    Volume l = base.label;
+    l.data = base.label.data.narrow(0, 0, 20).contiguous();
+    write_case("shape", base.image, l);
+  }
+  test::write_file(dir / "ds/garbage_img.nii.gz", "this is not a NIfTI file");
+  training.push_back({{"image", "./garbage_img.nii.gz"}, {"label", "./good0_seg.nii.gz"}});
+  training.push_back({{"image", "./good1_img.nii.gz"}, {"label", "./missing_seg.nii.gz"}});
+  training.push_back({{"image", "./good2_img.nii.gz"}});
+  const nlohmann::json list = {{"modality", {{"0", "CT"}}},
+                               {"labels", {{"0", "background"}, {"1", "organ"}}},
+                               {"training", training}};
+  test::write_file(dir / "ds/dataset.json", list.dump());
+
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds/dataset.json", few_samples());
+  EXPECT_EQ(fp.listed, 11u);
+  std::vector<std::string> kept;
+  for (const auto& c : fp.cases) kept.push_back(c.image.substr(c.image.find_last_of('/') + 1));
+  EXPECT_EQ(kept, (std::vector<std::string>{"good0_img.nii.gz", "good1_img.nii.gz", "good2_img.nii.gz",
+                                            "thick_img.nii.gz", "empty_img.nii.gz"}));
+  EXPECT_EQ(fp.items.size(), fp.cases.size());
+  EXPECT_EQ(fp.excluded(), 6u);
+  const auto note_of = [&](const std::string& file) -> const CaseNote* {
+    for (const auto& n : fp.notes) {
+      if (n.file.find(file) != std::string::npos) return &n;
+    }
+    return nullptr;
+  };
+  const auto expect_note = [&](const std::string& file, bool excluded, const std::string& problem) {
+    SCOPED_TRACE(file);
+    const CaseNote* n = note_of(file);
+    ASSERT_NE(n, nullptr);
+    EXPECT_EQ(n->excluded, excluded);
+    EXPECT_NE(n->problem.find(problem), std::string::npos) << n->problem;
+    EXPECT_NE(n->action.find(excluded ? "left out of the plan and the run" : "kept"), std::string::npos) << n->action;
+  };
+  expect_note("twochannels_img", true, "has 2 channel(s); the list names 1");
+  expect_note("class3_seg", true, "label values 3 are not among the list's labels (0, 1)");
+  expect_note("thick_img", false, "is 10x coarser than the median");
+  expect_note("empty_img", false, "no foreground");
+  expect_note("shape_img", true, "is not the image's");
+  expect_note("garbage_img", true, "cannot be read");
+  expect_note("garbage_img", true, "garbage_img.nii.gz");
+  expect_note("good1_img", true, "the label file " + dir / "ds/missing_seg.nii.gz" + " does not exist");
+  expect_note("good2_img", true, "the list gives it no 'label' file");
+  // What the plan prints names each.
+  const Plan p = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, 2, "run"});
+  const std::string summary = plan_summary(fp, p);
+  for (const char* f : {"twochannels_img", "class3_seg", "thick_img", "empty_img", "shape_img", "garbage_img", "missing_seg"}) {
+    EXPECT_NE(summary.find(f), std::string::npos) << f << "\n" << summary;
+  }
+}
+
+TEST(PlanDataset, NothingToPlanWithIsAFormatErrorNamingTheList) {
+  test::TempDir dir;
+  EXPECT_NE(test::error_of<FormatError>([&] { dataset_fingerprint(dir / "nothing"); }).find("no such dataset folder or list file"),
+            std::string::npos);
+  os::make_directories(dir / "empty");
+  EXPECT_NE(test::error_of<FormatError>([&] { dataset_fingerprint(dir / "empty"); }).find("the folder has no dataset.json"),
+            std::string::npos);
+  synthesize_dataset(synth(dir / "ds", 2, "24,24,8", "1.5,1.5,3.0"));
+  // Every label empty.
+  for (const char* name : {"spleen_0", "spleen_1"}) {
+    Volume l = read_nifti(dir / str("ds/labelsTr/", name, ".nii.gz"));
+    l.data.zero_();
+    write_nifti(dir / str("ds/labelsTr/", name, ".nii.gz"), l);
+  }
+  std::string e = test::error_of<FormatError>([&] { dataset_fingerprint(dir / "ds", few_samples()); });
+  EXPECT_NE(e.find(dir / "ds/dataset.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("no label has any foreground"), std::string::npos) << e;
+  // Every image unreadable: each named.
+  for (const char* name : {"spleen_0", "spleen_1"}) test::write_file(dir / str("ds/imagesTr/", name, ".nii.gz"), "x");
+  e = test::error_of<FormatError>([&] { dataset_fingerprint(dir / "ds", few_samples()); });
+  EXPECT_NE(e.find("no case can be planned with"), std::string::npos) << e;
+  EXPECT_NE(e.find("spleen_0.nii.gz"), std::string::npos) << e;
+  EXPECT_NE(e.find("spleen_1.nii.gz"), std::string::npos) << e;
+  test::write_file(dir / "ds/dataset.json", R"({"training": []})");
+  e = test::error_of<FormatError>([&] { dataset_fingerprint(dir / "ds", few_samples()); });
+  EXPECT_NE(e.find("lists no cases"), std::string::npos) << e;
+}
+
+/// The plan's target spacing and normalization against nnU-Net's rules computed in numpy
+/// from the same fingerprint (the done-when's check on a spleen-like and an anisotropic set).
+void expect_rules_of_nnunet(const DatasetFingerprint& fp, const Plan& p) {
+  nlohmann::json f = {{"spacings", nlohmann::json::array()}, {"shapes", nlohmann::json::array()},
+                      {"relative_sizes", nlohmann::json::array()}, {"channels", fp.channel_names},
+                      {"classes", p.network.out_channels}};
+  std::vector<double> pooled;
+  for (const auto& c : fp.cases) {
+    f["spacings"].push_back(c.crop.spacing);
+    f["shapes"].push_back(c.crop.shape_after_crop);
+    f["relative_sizes"].push_back(c.crop.relative_size);
+    pooled.insert(pooled.end(), c.crop.samples[0].begin(), c.crop.samples[0].end());
+  }
+  f["samples"] = {pooled};
+  test::TempDir dir;
+  test::write_file(dir / "f.json", f.dump());
+  const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/nnunet_rules.py < " + dir / "f.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto want = nlohmann::json::parse(r.out);
+  for (int d = 0; d < 3; ++d) EXPECT_NEAR(p.target_spacing[d], want["target_spacing"][d].get<double>(), 1e-12);
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(p.median_shape[d], want["median_shape"][d].get<double>());
+  // What nnU-Net itself would plan with its 8 GB reference, as plan --json reports it.
+  const nlohmann::json j = plan_json(fp, p);
+  EXPECT_EQ(j["nnunet_8gb_reference"]["patch_size"], want["patch"]);
+  EXPECT_EQ(j["nnunet_8gb_reference"]["batch_size"], want["batch_size"]);
+  ASSERT_EQ(p.normalization.size(), 1u);
+  const std::string scheme = want["normalization"][0];
+  EXPECT_EQ(p.normalization[0].scheme == Normalization::ct ? "ct" : "zscore", scheme);
+  EXPECT_EQ(p.normalization[0].use_mask, want["use_mask"][0].get<bool>());
+  if (scheme == "ct") {
+    const auto& s = want["stats"][0];
+    const IntensityStats& got = *p.normalization[0].stats;
+    EXPECT_NEAR(got.mean, s["mean"].get<double>(), 1e-9 * std::abs(s["mean"].get<double>()));
+    EXPECT_NEAR(got.std, s["std"].get<double>(), 1e-9 * s["std"].get<double>());
+    EXPECT_DOUBLE_EQ(got.p00_5, s["p00_5"].get<double>());
+    EXPECT_DOUBLE_EQ(got.p99_5, s["p99_5"].get<double>());
+  }
+}
+
+TEST(Plan, SpleenLikeCtFollowsNnunetsRules) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 5, "64,64,16-24", "1.2-1.6,1.2-1.6,2.5-3.5"));
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  const Plan p = make_plan(fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});
+  expect_rules_of_nnunet(fp, p);
+  EXPECT_EQ(p.normalization[0].scheme, Normalization::ct);
+  EXPECT_FALSE(p.crop_to_nonzero);  // CT's air is not zero
+  // The config's normalization is the CT rule as one linear map: p00_5 -> (p00_5 - mean) / std.
+  const nlohmann::json c = run_config(fp, p, dir / "ds/dataset.json");
+  nlohmann::json scale;
+  for (const auto& s : c["data"]["deterministic"]) {
+    if (s["name"] == "ScaleIntensityRange") scale = s;
+  }
+  ASSERT_FALSE(scale.is_null());
+  const IntensityStats& st = *p.normalization[0].stats;
+  EXPECT_NEAR(scale["a_min"].get<double>(), st.p00_5, 1e-5 * std::abs(st.p00_5) + 1e-9);
+  EXPECT_NEAR(scale["b_max"].get<double>(), (st.p99_5 - st.mean) / st.std, 1e-5);
+  EXPECT_TRUE(scale["clip"].get<bool>());
+}
+
+TEST(Plan, AnisotropicMrFollowsNnunetsRules) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 6, "64,64,10-14", "0.7-0.9,0.7-0.9,4-6", "MR"));
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  const Plan p = make_plan(fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});
+  expect_rules_of_nnunet(fp, p);
+  EXPECT_EQ(fp.channel_names, std::vector<std::string>{"MR"});
+  EXPECT_EQ(p.normalization[0].scheme, Normalization::zscore);
+  // MR is 0 around the body: the crop keeps under 3/4, so z-scores use the nonzero region.
+  EXPECT_TRUE(p.crop_to_nonzero);
+  EXPECT_TRUE(p.normalization[0].use_mask);
+  // The slices are 5x the in-plane spacing with a fifth of the voxels: the 10th percentile.
+  std::vector<double> z;
+  for (const auto& c : fp.cases) z.push_back(c.crop.spacing[2]);
+  EXPECT_NEAR(p.target_spacing[2], percentile(z, 10), 1e-12);
+  // In-plane kernels first: 3x3x1 until pooling has made the voxels near-isotropic.
+  EXPECT_EQ(p.network.kernels[0], (Shape{3, 3, 1}));
+  EXPECT_EQ(p.network.strides[1], (Shape{2, 2, 1}));
+}
+
+TEST(Plan, TheNetworksParametersAndMemoryEstimate) {
+  NetworkPlan n;
+  n.in_channels = 2;
+  n.out_channels = 3;
+  n.kernels = {{3, 3, 1}, {3, 3, 3}, {3, 3, 3}, {3, 3, 3}};
+  n.strides = {{1, 1, 1}, {2, 2, 1}, {2, 2, 2}, {2, 2, 2}};
+  n.filters = {32, 64, 128, 256};
+  for (const std::int64_t supr : {0, 1, 2}) {
+    n.deep_supr_num = supr;
+    const nlohmann::json spec = nlohmann::json::parse(n.model_json().dump());
+    torch::nn::AnyModule net = nn::make_network(spec, "model");
+    std::int64_t count = 0;
+    for (const auto& t : nn::unique_tensors(net.ptr()->parameters())) count += t.numel();
+    EXPECT_EQ(n.parameters(), count) << "deep_supr_num " << supr;
+  }
+  // Linear in the batch; the weights' part (gradient + momentum) does not grow with it.
+  const MemoryEstimate one = training_memory(n, {64, 64, 16}, 1), three = training_memory(n, {64, 64, 16}, 3);
+  EXPECT_DOUBLE_EQ(three.activations, 3 * one.activations);
+  EXPECT_DOUBLE_EQ(three.transients - kStepOverheadBytes, 3 * (one.transients - kStepOverheadBytes));
+  EXPECT_DOUBLE_EQ(one.parameters, three.parameters);
+  EXPECT_DOUBLE_EQ(one.parameters, static_cast<double>(n.parameters()) * 8);
+  MemoryOptions half;
+  half.activation_bytes = 2;
+  EXPECT_LT(training_memory(n, {64, 64, 16}, 1, half).activations, one.activations);
+}
+
+TEST(Plan, TheBudgetDecidesPatchAndBatch) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "96,96,40", "1,1,1"));
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  const Plan big = make_plan(fp, {"cpu", 8ULL << 30, 0, 0, 10, "run"});
+  const Plan small = make_plan(fp, {"cpu", 600ULL << 20, 0, 0, 10, "run"});
+  EXPECT_LE(big.memory.total(), 8.0 * (1ULL << 30));
+  EXPECT_LE(small.memory.total(), 600.0 * (1 << 20));
+  EXPECT_LT(voxels(small.patch.topology.patch), voxels(big.patch.topology.patch));
+  EXPECT_GE(small.patch.batch_size, 2);
+  EXPECT_EQ(big.budget_reason, "--memory");
+  // No budget given: a quarter of the machine's memory on a CPU, 90% of the free memory on CUDA.
+  const Plan cpu = make_plan(fp, {"cpu", 0, 0, 16ULL << 30, 10, "run"});
+  EXPECT_EQ(cpu.budget_bytes, 4ULL << 30);
+  EXPECT_NE(cpu.budget_reason.find("25% of the machine's memory"), std::string::npos) << cpu.budget_reason;
+  const Plan gpu = make_plan(fp, {"cuda", 0, 10ULL << 30, 16ULL << 30, 10, "run"});
+  EXPECT_EQ(gpu.budget_bytes, 9ULL << 30);
+  EXPECT_TRUE(gpu.amp);
+  // Too small for any patch: an error that says so and what to do.
+  const std::string e = test::value_error_of([&] { make_plan(fp, {"cpu", 64ULL << 10, 0, 0, 10, "run"}); });
+  EXPECT_NE(e.find("no patch fits the memory budget"), std::string::npos) << e;
+  EXPECT_NE(e.find("raise --memory"), std::string::npos) << e;
+}
+
+TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "40,40,12", "1.5,1.5,3"));
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  const Plan p = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, 3, "run"});
+  const std::string yaml = run_config_yaml(fp, p, dir / "ds/dataset.json");
+  test::write_file(dir / "plan.yaml", yaml);
+  const nlohmann::json read = data::load_yaml_as_json(dir / "plan.yaml");
+  EXPECT_EQ(read, run_config(fp, p, dir / "ds/dataset.json"));
+  EXPECT_NE(yaml.find("# nnU-Net's target spacing"), std::string::npos);
+  const train::RunConfig rc = train::load_run_config(read, dir / "plan.yaml", Settings{});
+  (void)rc;
+  const nlohmann::json j = plan_json(fp, p);
+  for (const char* k : {"target_spacing", "median_shape", "patch_size", "batch_size", "normalization", "network",
+                        "estimated_memory_bytes"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  for (const char* k : {"name", "strides", "kernel_sizes", "filters"}) EXPECT_TRUE(j["network"].contains(k)) << k;
+  for (const char* k : {"kind", "clip", "mean", "std"}) EXPECT_TRUE(j["normalization"][0].contains(k)) << k;
+}
+
+TEST(PlanCli, PlanThenTrainTheDataset) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "32,32,12", "1.5,1.5,3"));
+  const std::string bin = test::medfast_binary() + " --threads 1 ";
+  auto r = test::run(bin + "plan --dataset " + dir / "ds" + " --memory 1GiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["fingerprint"]["cases_kept"], 4);
+  EXPECT_EQ(j["budget_bytes"], 1ULL << 30);
+  r = test::run(bin + "plan --dataset " + dir / "ds/dataset.json" + " --memory 1GiB --out " + dir / "p/plan.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("from the cache"), std::string::npos) << r.out;  // the second plan reads no case
+  EXPECT_TRUE(os::exists(dir / "p/plan.yaml"));
+  // train --dataset: plan (summary first), write <run_dir>/plan.yaml, train it.
+  r = test::run("cd " + dir.path() + " && " + bin + "train --dataset ds --set train.epochs=1 --set train.run_dir=runs/x");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_EQ(r.out.rfind("plan for ", 0), 0u) << r.out;
+  EXPECT_TRUE(os::exists(dir / "runs/x/plan.yaml"));
+  EXPECT_TRUE(os::exists(dir / "runs/x/last.ckpt"));
+  // Bad input is a message and exit 1, not a crash.
+  r = test::run(bin + "plan --dataset " + dir / "nope");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("no such dataset folder"), std::string::npos) << r.err;
+  r = test::run(bin + "plan --dataset " + dir / "ds" + " --memory lots");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--memory 'lots'"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace medfast::plan
