@@ -357,9 +357,11 @@ class CropForeground final : public Transform {
     const Volume& src = s.volume(o_.source_key);
     const Shape3 n = spatial_shape(src.data, o_.source_key);
     std::array<std::int64_t, 3> lo{}, hi{};
-    if (!foreground_box(src.data, o_.threshold, lo, hi)) {
-      log::warn("CropForeground: no voxel of '", o_.source_key, "' is above ", o_.threshold,
-                "; keeping the whole volume");
+    const bool found = o_.nonzero ? foreground_box(src.data.ne(0), 0.0, lo, hi)
+                                  : foreground_box(src.data, o_.threshold, lo, hi);
+    if (!found) {
+      log::warn("CropForeground: no voxel of '", o_.source_key, "' is ", o_.nonzero ? "nonzero" : "above ",
+                o_.nonzero ? "" : str(o_.threshold), "; keeping the whole volume");
       return;
     }
     Shape3 start{}, end{};

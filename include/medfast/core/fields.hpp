@@ -53,6 +53,7 @@ struct Field {
   bool sample_keys = false;  ///< a transform's keys: one key or a non-empty list of keys, required
   const char* per_key = nullptr;  ///< one value per key of options.keys: one value stands for all; absent: this
   bool symmetric_range = false;  ///< a [lo, hi] pair where one number x stands for [-x, x] (MONAI's ranges)
+  bool when_set = false;  ///< written back (fields_json) only where it is not its default
 
   /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
   constexpr Field lowercase() const {
@@ -91,6 +92,14 @@ struct Field {
   constexpr Field symmetric() const {
     Field f = *this;
     f.symmetric_range = true;
+    return f;
+  }
+  /// Written back only where it differs from its default: an option added after configs
+  /// written back were used as keys (a transform chain's cache key), which stay the same for
+  /// chains that do not use it.
+  constexpr Field written_when_set() const {
+    Field f = *this;
+    f.when_set = true;
     return f;
   }
   /// The field belongs to these kinds only: a comma-separated list of their names.
@@ -289,8 +298,15 @@ void read_fields(ConfigReader& r, T& options, const std::string& kind = "") {
 template <typename T>
 nlohmann::json fields_json(const T& options, const std::string& kind = "") {
   nlohmann::json j = nlohmann::json::object();
-  std::apply([&](const auto&... f) { ((f.belongs_to(kind) ? void(j[f.key] = as_json(options.*(f.member))) : void()), ...); },
-             T::fields());
+  const T defaults{};
+  std::apply(
+      [&](const auto&... f) {
+        ((f.belongs_to(kind) && !(f.when_set && as_json(options.*(f.member)) == as_json(defaults.*(f.member)))
+              ? void(j[f.key] = as_json(options.*(f.member)))
+              : void()),
+         ...);
+      },
+      T::fields());
   return j;
 }
 
@@ -309,6 +325,7 @@ struct FieldDoc {
   std::string help;
   std::string kinds;
   bool required = false;
+  bool when_set = false;  ///< written back only where set (Field::written_when_set)
 };
 
 /// The key table of T, in declaration order, defaults from `defaults` (a default-made T
@@ -324,7 +341,7 @@ std::vector<FieldDoc> field_docs(const T& defaults = T{}, const std::string& kin
                                 : f.per_key ? nlohmann::json(std::string(f.per_key)).dump()  // for every key
                                             : as_json(defaults.*(f.member)).dump(),
                                 detail::help_of<std::decay_t<decltype(defaults.*(f.member))>>(f.help), f.kinds,
-                                f.required})
+                                f.required, f.when_set})
               : void()),
          ...);
       },

@@ -49,6 +49,10 @@ struct CropForegroundOptions {
   std::vector<std::string> keys;
   std::string source_key;
   double threshold = 0;  ///< MONAI's default select_fn: x > 0
+  /// Foreground: source values != 0 instead (nnU-Net's crop to the nonzero region; MONAI:
+  /// select_fn=lambda x: x != 0). Written back only when on, so chains of earlier versions
+  /// keep their cache keys.
+  bool nonzero = false;
   std::array<std::int64_t, 3> margin{0, 0, 0};
   bool allow_smaller = true;
   std::array<std::int64_t, 3> k_divisible{1, 1, 1};
@@ -56,6 +60,8 @@ struct CropForegroundOptions {
     using O = CropForegroundOptions;
     return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("source_key", &O::source_key, "the key whose foreground sets the box").must(),
                            field("threshold", &O::threshold, "foreground: source values above it"),
+                           field("nonzero", &O::nonzero, "foreground: source values other than 0 instead (nnU-Net's crop to nonzero)")
+                               .written_when_set(),
                            field("margin", &O::margin, "voxels added around the box: one number or three").repeats(3),
                            field("allow_smaller", &O::allow_smaller, "a margin may go past the volume's edge"),
                            field("k_divisible", &O::k_divisible, "the box's size a multiple of it: one or three").repeats(3));
