@@ -37,15 +37,22 @@ std::string folder_of(const std::string& path) {
 
 /// The kept cases as a list beside the plan (the list's other fields kept), for the run.
 std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::string& out) {
+  // The list's description of its data (names, channels, labels), not its other sections:
+  // their relative paths would not hold beside the plan.
   nlohmann::json list = nlohmann::json::object();
   if (!(fp.list.size() > 4 && fp.list.compare(fp.list.size() - 4, 4, ".csv") == 0)) {
-    list = nlohmann::json::parse(os::read_text_file(fp.list));
+    const nlohmann::json original = nlohmann::json::parse(os::read_text_file(fp.list));
+    for (const char* k : {"name", "reference", "licence", "release", "tensorImageSize", "modality", "channel_names",
+                          "labels", "file_ending"}) {
+      if (original.contains(k)) list[k] = original[k];
+    }
   }
   nlohmann::json training = nlohmann::json::array();
   for (const auto& item : fp.items) {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [k, v] : item.files) j[k] = os::absolute_path(v);  // the list may live elsewhere
     for (const auto& [k, v] : item.attrs) j[k] = v;
+    if (item.fold >= 0) j["fold"] = item.fold;
     training.push_back(j);
   }
   list["training"] = training;
@@ -83,7 +90,9 @@ Planned make(const PlanArgs& a, Context& ctx, bool show_progress) {
   if (progress) progress->finish(/*clear=*/true);
   plan::PlanOptions po;
   po.device = a.device.empty() ? (at::hasCUDA() ? "cuda" : "cpu") : a.device;
-  if (po.device != "cpu" && po.device.rfind("cuda", 0) != 0) {
+  const bool cuda_n = po.device.rfind("cuda:", 0) == 0 && po.device.size() > 5 &&
+                      po.device.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (po.device != "cpu" && po.device != "cuda" && !cuda_n) {
     throw ValueError(str("plan: --device '", po.device, "' is not one of cpu | cuda | cuda:N"));
   }
   if (!a.memory.empty()) {
@@ -120,10 +129,13 @@ std::string write_plan(const Planned& p, const std::string& out) {
 
 int run_plan(const PlanArgs& a, Context& ctx) {
   PlanArgs args = a;
-  if (args.run_dir.empty()) {  // runs/<the dataset folder's name>
+  if (args.run_dir.empty()) {  // runs/<the dataset folder's name>, from here
     const std::string folder = os::absolute_path(folder_of(plan::dataset_list_path(a.dataset)));
     args.run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
   }
+  // From the working directory, wherever the plan is written (a relative run_dir in the
+  // config would be taken from the config's folder).
+  args.run_dir = os::absolute_path(args.run_dir);
   const Planned p = make(args, ctx, !a.json);
   if (!a.out.empty()) write_plan(p, a.out);
   if (a.json) {
@@ -170,7 +182,7 @@ Command register_plan(CLI::App& root) {
                   str("Memory budget of a training step, e.g. 8GiB [default: CUDA: 90% of the device's free memory; "
                       "CPU: ", static_cast<int>(plan::kCpuMemoryFraction * 100), "% of the machine's memory]"));
   app->add_option("--epochs", a->epochs, "train.epochs of the run")->capture_default_str();
-  app->add_option("--run-dir", a->run_dir, "train.run_dir of the run (relative: to the plan's folder) [default: runs/<dataset>]");
+  app->add_option("--run-dir", a->run_dir, "train.run_dir of the run (written absolute) [default: ./runs/<dataset>]");
   app->add_option("--out", a->out,
                   "Write the run config here (YAML; cases left out: a list of the others beside it) [default: print it]");
   app->add_flag("--no-cache", a->no_cache, "Read every case again (neither read nor write the fingerprint cache)");

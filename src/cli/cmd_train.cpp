@@ -228,7 +228,24 @@ int run_train(const TrainArgs& given, Context& ctx) {
       const std::string folder = os::absolute_path(os::parent_directory(plan::dataset_list_path(a.dataset)));
       run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
     }
-    a.config = plan_for_training(a.dataset, run_dir, ctx, a.json);
+    if (dist::DistOptions::from(ctx.settings).enabled()) {
+      throw ValueError(str("train --dataset: under a launcher every rank would plan on its own (and on CUDA from its "
+                           "own free memory): plan once with `medfast plan --dataset ", a.dataset, " --out ", run_dir,
+                           "/plan.yaml`, then launch `train --config ", run_dir, "/plan.yaml`"));
+    }
+    const std::string plan_file = run_dir + "/plan.yaml";
+    if (a.resume && os::exists(plan_file)) {
+      // The run's own plan: planning again could differ (a file changed, other free memory).
+      if (!a.json) std::printf("resuming with the run's plan %s\n", plan_file.c_str());
+      a.config = plan_file;
+    } else {
+      if (!a.resume && !a.overwrite && os::exists(run_dir + "/last.ckpt")) {
+        throw ValueError(str("train --dataset: ", run_dir, " already holds a run (", run_dir,
+                             "/last.ckpt): pass --resume to continue it with its plan, --overwrite to plan and start "
+                             "again, or --set train.run_dir=... for another folder"));
+      }
+      a.config = plan_for_training(a.dataset, run_dir, ctx, a.json);
+    }
     a.sets = sets;
   }
   // A multi-process run (torchrun or srun set RANK/WORLD_SIZE): join the process

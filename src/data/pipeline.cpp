@@ -104,9 +104,10 @@ SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, con
   SynthOptions o;
   int cases = o.cases;
   std::string size;
-  std::array<double, 3> spacing = o.spacing;
-  std::string format = o.format;
-  r.read("cases", cases).read("size", size).read("spacing", spacing).read("seed", o.seed).read("format", format);
+  std::array<double, 3> spacing = o.spacing, spacing_max = o.spacing_max;
+  std::string format = o.format, modality = o.modality;
+  r.read("cases", cases).read("size", size).read("spacing", spacing).read("spacing_max", spacing_max);
+  r.read("seed", o.seed).read("format", format).read("modality", modality);
   r.finish();
   const auto checked = [&](const char* key, auto&& set) {
     try {
@@ -118,6 +119,8 @@ SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, con
   checked("cases", [&] { o.set_cases(cases); });
   if (!size.empty()) checked("size", [&] { o.set_size(size); });
   checked("spacing", [&] { o.set_spacing(spacing); });
+  checked("spacing_max", [&] { o.set_spacing_max(spacing_max); });
+  checked("modality", [&] { o.set_modality(modality); });
   checked("format", [&] { o.set_format(format); });
   o.threads = settings.threads();
   o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));

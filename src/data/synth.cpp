@@ -65,6 +65,14 @@ SynthOptions& SynthOptions::set_spacing(const std::array<double, 3>& v) {
   return *this;
 }
 
+SynthOptions& SynthOptions::set_spacing_max(const std::array<double, 3>& v) {
+  SynthOptions next = *this;
+  next.spacing_max = v;
+  next.validate();
+  *this = next;
+  return *this;
+}
+
 SynthOptions& SynthOptions::set_spacing_spec(const std::string& spec) {
   std::vector<std::string> parts;
   std::size_t start = 0;
@@ -80,7 +88,11 @@ SynthOptions& SynthOptions::set_spacing_spec(const std::string& spec) {
   SynthOptions next = *this;
   for (int i = 0; i < 3; ++i) {
     const std::string what = str("data synth: --spacing '", spec, "' axis ", i);
-    const auto dash = parts[i].find('-', 1);  // (not a leading minus: validate() names it)
+    // The range's dash: not a leading minus (validate() names that), not an exponent's (1e-3).
+    std::size_t dash = parts[i].find('-', 1);
+    while (dash != std::string::npos && (parts[i][dash - 1] == 'e' || parts[i][dash - 1] == 'E')) {
+      dash = parts[i].find('-', dash + 1);
+    }
     next.spacing[i] = parse_double(parts[i].substr(0, dash), what);
     next.spacing_max[i] = dash == std::string::npos ? 0 : parse_double(parts[i].substr(dash + 1), what);
   }
@@ -283,6 +295,7 @@ SynthResult synthesize_dicom(const SynthOptions& o) {
   }
   ds["medfast_synth"] = {{"seed", o.seed}, {"size_min", o.size_min}, {"size_max", o.size_max},
                          {"spacing", o.spacing}, {"format", "dicom"}};
+  if (o.spacing_max != std::array<double, 3>{0, 0, 0}) ds["medfast_synth"]["spacing_max"] = o.spacing_max;
   const std::string text = ds.dump(2) + "\n";
   os::write_text_file(o.out_dir + "/dataset.json", text);
   r.bytes += text.size();

@@ -25,6 +25,7 @@ namespace medfast::plan {
 namespace {
 
 constexpr int kCacheFormat = 1;
+constexpr std::size_t kCacheMaxCases = 20000;  ///< entries kept in one folder's cache, this list's first
 
 /// FNV-1a: a case's draws depend on its image's name, not on its place in the list.
 std::uint64_t name_hash(const std::string& s) {
@@ -33,9 +34,23 @@ std::uint64_t name_hash(const std::string& s) {
   return h;
 }
 
-std::string base_name(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+/// `path` relative to the folder `base` where it lies below it (else as it is).
+std::string relative_to(const std::string& path, const std::string& base) {
+  const std::string prefix = base.empty() || base == "." ? "" : base + "/";
+  return !prefix.empty() && path.compare(0, prefix.size(), prefix) == 0 ? path.substr(prefix.size()) : path;
+}
+
+std::int64_t next_power_of_two(std::int64_t n) {
+  std::int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+/// Samples cut to the first `n` per channel (draws are independent: a prefix is a sample).
+void keep_samples(CaseSummary& c, std::int64_t n) {
+  for (auto& s : c.crop.samples) {
+    if (static_cast<std::int64_t>(s.size()) > n) s.resize(static_cast<std::size_t>(n));
+  }
 }
 
 std::string join_values(const std::vector<std::int64_t>& v) {
@@ -126,10 +141,9 @@ std::optional<CaseSummary> summary_from(const nlohmann::json& j, std::int64_t sa
   for (const auto& p : j.at("label_voxels")) c.label_voxels[p.at(0).get<std::int64_t>()] = p.at(1).get<std::int64_t>();
   c.crop.samples = j.at("samples").get<std::vector<std::vector<double>>>();
   for (auto& s : c.crop.samples) {
-    // Draws are independent: the first `samples` of more are a sample of that size.
     if (c.crop.foreground_voxels > 0 && static_cast<std::int64_t>(s.size()) < samples) return std::nullopt;
-    if (static_cast<std::int64_t>(s.size()) > samples) s.resize(static_cast<std::size_t>(samples));
   }
+  keep_samples(c, samples);
   return c;
 }
 
@@ -156,7 +170,7 @@ bool write_cache(const std::string& path, const nlohmann::json& cases) {
     w.commit();
     return true;
   } catch (const std::exception& e) {
-    log::warn("plan: the fingerprint is not cached (", e.what(), "): the next plan reads every case again");
+    log::warn("plan: the fingerprint is not cached in ", path, " (", e.what(), "): the next plan reads every case again");
     return false;
   }
 }
@@ -179,6 +193,18 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   transforms::make_chain(orient).apply(s);
   const Volume& image = s.volume("image");
   const Volume& label = s.volume("label");
+  // The label must lie on the image's grid (nnU-Net's verify_dataset_integrity): the same
+  // axes, spacing and origin, to a thousandth of a millimetre.
+  for (int r = 0; r < 3; ++r) {
+    for (int k = 0; k < 4; ++k) {
+      if (std::abs(image.affine(r, k) - label.affine(r, k)) > 1e-3) {
+        throw FormatError(str("label ", label_file, ": its grid is not the image's (affine row ", r, ": ",
+                              label.affine(r, 0), " ", label.affine(r, 1), " ", label.affine(r, 2), " ",
+                              label.affine(r, 3), " where the image has ", image.affine(r, 0), " ", image.affine(r, 1),
+                              " ", image.affine(r, 2), " ", image.affine(r, 3), ")"));
+      }
+    }
+  }
   c.channels = image.data.size(0);
   for (int d = 0; d < 3; ++d) c.shape[d] = image.data.size(1 + d);
   at::Tensor l = label.data;
@@ -268,6 +294,10 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
 
   const std::int64_t samples = std::max<std::int64_t>(
       1, (options.total_samples + static_cast<std::int64_t>(all.items.size()) - 1) / static_cast<std::int64_t>(all.items.size()));
+  // Cases draw a power of two >= that: a later plan of a list with a few cases more or less
+  // still finds enough in the cache.
+  const std::int64_t drawn = next_power_of_two(samples);
+  const std::string list_dir = os::parent_directory(fp.list);
   const std::string cache_file = fingerprint_cache_path(fp.list);
   const nlohmann::json cached = options.use_cache ? read_cache(cache_file) : nlohmann::json::object();
   nlohmann::json cache_out = nlohmann::json::object();
@@ -276,6 +306,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
     std::optional<CaseSummary> summary;
     std::string error;
     std::string key;
+    nlohmann::json fresh;  ///< a case read now: its whole summary, for the cache
     bool from_cache = false;
   };
   std::vector<Outcome> outcomes(readable.size());
@@ -288,13 +319,13 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
       jobs.push_back(pool.submit([&, k] {
         Outcome& o = outcomes[k];
         const data::DatasetItem& item = all.items[readable[k]];
-        const std::uint64_t seed = options.seed ^ name_hash(base_name(item.files.at("image")));
+        const std::uint64_t seed = options.seed ^ name_hash(relative_to(item.files.at("image"), list_dir));
         try {
           for (const char* key : {"image", "label"}) {
             if (!os::exists(item.files.at(key))) throw FormatError(str("the ", key, " file ", item.files.at(key), " does not exist"));
           }
-          nlohmann::json id = {{"image", data::file_identity(item.files.at("image"))},
-                               {"label", data::file_identity(item.files.at("label"))},
+          nlohmann::json id = {{"image", data::file_identity(os::absolute_path(item.files.at("image")))},
+                               {"label", data::file_identity(os::absolute_path(item.files.at("label")))},
                                {"attrs", item.attrs},
                                {"seed", seed}};
           o.key = id.dump();
@@ -306,7 +337,12 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
             }
             o.from_cache = o.summary.has_value();
           }
-          if (!o.summary) o.summary = read_case(all, readable[k], samples, seed);
+          if (!o.summary) {
+            CaseSummary whole = read_case(all, readable[k], drawn, seed);
+            o.fresh = summary_json(whole);
+            keep_samples(whole, samples);
+            o.summary = std::move(whole);
+          }
           o.summary->image = item.files.at("image");
           o.summary->label = item.files.at("label");
         } catch (const std::exception& e) {
@@ -339,11 +375,11 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
     const std::size_t i = readable[k];
     const std::string& file = all.items[i].files.at("image");
     if (!o.summary) {
-      notes[i] = {file, str("cannot be read: ", o.error), "left out of the plan and the run", true};
+      notes[i] = {file, str("cannot be used: ", o.error), "left out of the plan and the run", true};
       continue;
     }
     // A cached entry is kept whole (its samples may be more than this plan takes).
-    if (!o.key.empty()) cache_out[o.key] = o.from_cache ? cached[o.key] : summary_json(*o.summary);
+    if (!o.key.empty()) cache_out[o.key] = o.from_cache ? cached[o.key] : o.fresh;
     if (!o.from_cache) ++fp.read;
     if (o.summary->channels != channels) {
       const std::string expected =
@@ -417,6 +453,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
     }
     fp.items.push_back(all.items[i]);
     fp.cases.push_back(c);
+    if (outcomes[k].from_cache) ++fp.from_cache;
   }
   if (foreground_cases == 0) {
     std::string which;
@@ -438,8 +475,27 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   }
   for (auto& [i, n] : notes) fp.notes.push_back(std::move(n));
   if (options.use_cache) {
-    // Rewritten when a case was read or one listed before is gone (only this list's cases stay).
-    const bool changed = fp.read > 0 || cache_out.size() != cached.size();
+    // Other lists' cases in this folder stay; earlier versions of this list's files go.
+    std::set<std::string> ours;
+    for (const auto& item : all.items) {
+      if (item.files.count("image")) ours.insert(os::absolute_path(item.files.at("image")));
+    }
+    bool changed = fp.read > 0;
+    for (auto it = cached.begin(); it != cached.end(); ++it) {
+      if (cache_out.contains(it.key())) continue;
+      std::string image;
+      try {
+        image = nlohmann::json::parse(it.key()).at("image").at("path").get<std::string>();
+      } catch (const std::exception&) {
+        changed = true;  // not a key this version writes: dropped
+        continue;
+      }
+      if (ours.count(image) || cache_out.size() >= kCacheMaxCases) {
+        changed = true;
+      } else {
+        cache_out[it.key()] = it.value();
+      }
+    }
     if (!changed || write_cache(cache_file, cache_out)) fp.cache_path = cache_file;
   }
   fp.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -493,6 +549,7 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
           {"cases_listed", fp.listed},
           {"cases_kept", fp.cases.size()},
           {"cases_read", fp.read},
+          {"cases_from_cache", fp.from_cache},
           {"cache", fp.cache_path},
           {"seconds", fp.seconds},
           {"median_shape_after_crop", {med(sizes[0]), med(sizes[1]), med(sizes[2])}},

@@ -72,10 +72,8 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   step({{"name", "EnsureChannelFirst"}, {"keys", {"image", "label"}}}, "");
   step({{"name", "Orientation"}, {"keys", {"image", "label"}}, {"axcodes", "RAS"}},
        "every case in one orientation (the plan's axes are RAS)");
-  if (p.crop_to_nonzero) {
-    step({{"name", "CropForeground"}, {"keys", {"image", "label"}}, {"source_key", "image"}},
-         "nnU-Net's crop to the nonzero region: it is under 3/4 of the image (median over cases)");
-  }
+  step({{"name", "CropForeground"}, {"keys", {"image", "label"}}, {"source_key", "image"}, {"nonzero", true}},
+       "nnU-Net's crop to the region where any channel is nonzero (what the fingerprint measured)");
   step({{"name", "Spacing"},
         {"keys", {"image", "label"}},
         {"pixdim", {tidy(p.target_spacing[0]), tidy(p.target_spacing[1]), tidy(p.target_spacing[2])}},
@@ -187,6 +185,14 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
 
 bool is_flow(const Ordered& v) { return !v.is_object(); }
 
+/// A text for a comment: line breaks (a message with a matrix, a file name) become spaces.
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
 /// Whether a reason is kept for a key below `path` (then the object is written in block style).
 bool has_child_reason(const std::map<std::string, std::string>& why, const std::string& path) {
   const auto it = why.lower_bound(path + "/");
@@ -199,7 +205,7 @@ void emit(std::ostringstream& out, const Ordered& obj, const std::string& path, 
   const auto comment = [&](const std::string& p, const std::string& pad_here) {
     const auto it = why.find(p);
     if (it == why.end()) return;
-    // Wrapped at about 100 columns, at spaces.
+    // Wrapped at about 100 columns, at spaces (line breaks in the text are spaces too).
     std::string line;
     std::istringstream words(it->second);
     for (std::string w; words >> w;) {
@@ -344,7 +350,6 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
       throw ValueError(str(fp.list, ": channel '", n.name, "': rescale_to_0_1 is not planned yet (use zscore, CT or noNorm)"));
     }
   }
-  p.crop_to_nonzero = median_relative < 0.75;
 
   // The budget and the patch.
   MemoryOptions mo;
@@ -375,6 +380,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   };
   MemoryModel model;
   model.budget = static_cast<double>(p.budget_bytes);
+  model.describe = [](double bytes) { return format_bytes(static_cast<std::uint64_t>(std::max(0.0, bytes))); };
   model.cost = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
     return training_memory(network_for(t, features), t.patch, batch, mo).total();
   };
@@ -398,13 +404,13 @@ nlohmann::json run_config(const DatasetFingerprint& fp, const Plan& plan, const 
 std::string run_config_yaml(const DatasetFingerprint& fp, const Plan& p, const std::string& dataset) {
   const Annotated a = build(fp, p, dataset);
   std::ostringstream out;
-  out << "# A run config planned by `medfast plan` from " << fp.list << " (" << fp.cases.size() << " of " << fp.listed
+  out << "# A run config planned by `medfast plan` from " << one_line(fp.list) << " (" << fp.cases.size() << " of " << fp.listed
       << " cases";
   if (fp.excluded() > 0) out << "; " << fp.excluded() << " left out";
   out << ").\n# Rules and sources: docs/plan.md. Train it with: medfast train --config <this file>\n";
   out << "# Memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per training step ("
       << p.budget_reason << ": " << format_bytes(p.budget_bytes) << " budget).\n";
-  for (const auto& n : fp.notes) out << "# note: " << n.text() << "\n";
+  for (const auto& n : fp.notes) out << "# note: " << one_line(n.text()) << "\n";
   emit(out, a.config, "", 0, a.why);
   return out.str();
 }
@@ -433,7 +439,6 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
           {"patch_size", t.patch},
           {"batch_size", p.patch.batch_size},
           {"normalization", norm},
-          {"crop_to_nonzero", p.crop_to_nonzero},
           {"classes", p.classes},
           {"network",
            {{"name", "DynUNet"},
@@ -460,7 +465,7 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
 std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   std::ostringstream o;
   o << "plan for " << fp.list << ": " << fp.cases.size() << " of " << fp.listed << " cases";
-  if (fp.read < fp.cases.size()) o << " (" << fp.cases.size() - std::min(fp.read, fp.cases.size()) << " from the cache)";
+  if (fp.from_cache > 0) o << " (" << fp.from_cache << " from the cache)";
   o << "\n  target spacing " << fmt3(p.target_spacing) << " mm, median shape there " << fmt3(p.median_shape, 5)
     << "\n  patch " << fmt3(p.patch.topology.patch) << ", batch " << p.patch.batch_size << ", DynUNet "
     << p.patch.topology.stages() << " levels, " << p.network.parameters() << " parameters"

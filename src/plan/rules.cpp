@@ -208,8 +208,9 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
     Shape patch = p.topology.patch;
     patch[axis] -= divisor[axis];
     if (patch[axis] < 1) {
-      throw ValueError(str("patch plan: no patch fits the memory budget (", memory.budget, memory.unit,
-                           "; the smallest tried needs ", p.estimate, memory.unit, " for a batch of 2)"));
+      const auto text = [&](double v) { return memory.describe ? memory.describe(v) : str(v); };
+      throw ValueError(str("patch plan: no patch fits the memory budget (", text(memory.budget),
+                           "; the smallest tried needs ", text(p.estimate), " for a batch of 2)"));
     }
     p.topology = pool_and_conv(spacing, patch);
     p.features = stage_features(p.topology.stages());
@@ -247,7 +248,7 @@ MemoryModel nnunet_memory_model(std::int64_t classes, double reference) {
   };
   m.budget = reference;
   m.round_batch = true;
-  m.unit = " feature-map elements";
+  m.describe = [](double v) { return str(v, " feature-map elements"); };
   return m;
 }
 

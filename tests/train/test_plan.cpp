@@ -173,6 +173,11 @@ TEST(PlanDataset, BadCasesAreNamedLeftOutOrKept) {
     l.data = base.label.data.narrow(0, 0, 20).contiguous();
     write_case("shape", base.image, l);
   }
+  {  // a label shifted 5 mm from its image
+    Volume l = base.label;
+    l.affine(2, 3) += 5;
+    write_case("shifted", base.image, l);
+  }
   test::write_file(dir / "ds/garbage_img.nii.gz", "this is not a NIfTI file");
   training.push_back({{"image", "./garbage_img.nii.gz"}, {"label", "./good0_seg.nii.gz"}});
   training.push_back({{"image", "./good1_img.nii.gz"}, {"label", "./missing_seg.nii.gz"}});
@@ -183,13 +188,13 @@ TEST(PlanDataset, BadCasesAreNamedLeftOutOrKept) {
   test::write_file(dir / "ds/dataset.json", list.dump());
 
   const DatasetFingerprint fp = dataset_fingerprint(dir / "ds/dataset.json", few_samples());
-  EXPECT_EQ(fp.listed, 11u);
+  EXPECT_EQ(fp.listed, 12u);
   std::vector<std::string> kept;
   for (const auto& c : fp.cases) kept.push_back(c.image.substr(c.image.find_last_of('/') + 1));
   EXPECT_EQ(kept, (std::vector<std::string>{"good0_img.nii.gz", "good1_img.nii.gz", "good2_img.nii.gz",
                                             "thick_img.nii.gz", "empty_img.nii.gz"}));
   EXPECT_EQ(fp.items.size(), fp.cases.size());
-  EXPECT_EQ(fp.excluded(), 6u);
+  EXPECT_EQ(fp.excluded(), 7u);
   const auto note_of = [&](const std::string& file) -> const CaseNote* {
     for (const auto& n : fp.notes) {
       if (n.file.find(file) != std::string::npos) return &n;
@@ -209,14 +214,16 @@ TEST(PlanDataset, BadCasesAreNamedLeftOutOrKept) {
   expect_note("thick_img", false, "is 10x coarser than the median");
   expect_note("empty_img", false, "no foreground");
   expect_note("shape_img", true, "is not the image's");
-  expect_note("garbage_img", true, "cannot be read");
+  expect_note("shifted_img", true, "its grid is not the image's (affine row 2");
+  expect_note("garbage_img", true, "cannot be used");
   expect_note("garbage_img", true, "garbage_img.nii.gz");
   expect_note("good1_img", true, "the label file " + dir / "ds/missing_seg.nii.gz" + " does not exist");
   expect_note("good2_img", true, "the list gives it no 'label' file");
   // What the plan prints names each.
   const Plan p = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, 2, "run"});
   const std::string summary = plan_summary(fp, p);
-  for (const char* f : {"twochannels_img", "class3_seg", "thick_img", "empty_img", "shape_img", "garbage_img", "missing_seg"}) {
+  for (const char* f : {"twochannels_img", "class3_seg", "thick_img", "empty_img", "shape_img", "shifted_seg", "garbage_img",
+                        "missing_seg"}) {
     EXPECT_NE(summary.find(f), std::string::npos) << f << "\n" << summary;
   }
 }
@@ -295,7 +302,7 @@ TEST(Plan, SpleenLikeCtFollowsNnunetsRules) {
   const Plan p = make_plan(fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});
   expect_rules_of_nnunet(fp, p);
   EXPECT_EQ(p.normalization[0].scheme, Normalization::ct);
-  EXPECT_FALSE(p.crop_to_nonzero);  // CT's air is not zero
+  EXPECT_FALSE(p.normalization[0].use_mask);  // CT: never (and its air is -1000, not 0)
   // The config's normalization is the CT rule as one linear map: p00_5 -> (p00_5 - mean) / std.
   const nlohmann::json c = run_config(fp, p, dir / "ds/dataset.json");
   nlohmann::json scale;
@@ -318,7 +325,6 @@ TEST(Plan, AnisotropicMrFollowsNnunetsRules) {
   EXPECT_EQ(fp.channel_names, std::vector<std::string>{"MR"});
   EXPECT_EQ(p.normalization[0].scheme, Normalization::zscore);
   // MR is 0 around the body: the crop keeps under 3/4, so z-scores use the nonzero region.
-  EXPECT_TRUE(p.crop_to_nonzero);
   EXPECT_TRUE(p.normalization[0].use_mask);
   // The slices are 5x the in-plane spacing with a fifth of the voxels: the 10th percentile.
   std::vector<double> z;
@@ -400,6 +406,71 @@ TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
   for (const char* k : {"kind", "clip", "mean", "std"}) EXPECT_TRUE(j["normalization"][0].contains(k)) << k;
 }
 
+TEST(Plan, TheYamlOfAnMrPlanWithNotesReadsBack) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "48,48,10", "0.9,0.9,4", "MR"));
+  DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  // A note whose text has line breaks (a matrix in a message): still comments.
+  fp.notes.push_back({dir / "ds/x.nii.gz", "an affine\n[1 0 0]\n[0 1 0]", "left out of the plan and the run", true});
+  const Plan p = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, 3, "run"});
+  const std::string yaml = run_config_yaml(fp, p, dir / "ds/dataset.json");
+  test::write_file(dir / "plan.yaml", yaml);
+  const nlohmann::json read = data::load_yaml_as_json(dir / "plan.yaml");
+  EXPECT_EQ(read, run_config(fp, p, dir / "ds/dataset.json"));
+  bool crop = false, masked = false;
+  for (const auto& s : read["data"]["deterministic"]) {
+    crop = crop || (s["name"] == "CropForeground" && s["nonzero"] == true);
+    masked = masked || (s["name"] == "NormalizeIntensity" && s["nonzero"] == true);
+  }
+  EXPECT_TRUE(crop);
+  EXPECT_TRUE(masked);
+  (void)train::load_run_config(read, dir / "plan.yaml", Settings{});
+}
+
+/// A hand-made fingerprint of many cases, so that the 5% cap leaves the budget to decide the
+/// batch: the largest batch whose estimate fits, and one more would not.
+TEST(Plan, TheBatchIsTheLargestThatFits) {
+  DatasetFingerprint fp;
+  fp.list = "hand-made";
+  fp.channel_names = {"MR"};
+  fp.label_names = {{0, "background"}, {1, "organ"}};
+  for (int i = 0; i < 1000; ++i) {  // the 5% cap: 50 patches
+    CaseSummary c;
+    c.image = c.label = str("case", i);
+    c.shape = {40, 40, 24};
+    c.channels = 1;
+    c.crop.shape_after_crop = c.shape;
+    c.crop.spacing = {1.0, 1.0, 1.5};
+    c.crop.samples = {{1.0, 2.0, 3.0}};
+    c.crop.foreground_voxels = 3;
+    c.label_voxels = {{0, 40 * 40 * 24 - 3}, {1, 3}};
+    fp.cases.push_back(c);
+  }
+  fp.listed = fp.cases.size();
+  const Plan p = make_plan(fp, {"cpu", 1536ULL << 20, 0, 0, 10, "run"});
+  EXPECT_GT(p.patch.batch_size, 2);
+  EXPECT_LT(p.patch.batch_size, 50);
+  EXPECT_LE(p.memory.total(), 1536.0 * (1 << 20));
+  EXPECT_GT(training_memory(p.network, p.patch.topology.patch, p.patch.batch_size + 1).total(), 1536.0 * (1 << 20));
+}
+
+TEST(PlanDataset, TheCacheServesAListWithACaseMoreAndKeepsOtherLists) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 5, "32,32,10", "1.5,1.5,3"));
+  nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "ds/dataset.json"));
+  nlohmann::json four = list;
+  four["training"].erase(4);
+  test::write_file(dir / "ds/four.json", four.dump());
+  FingerprintOptions o = few_samples();  // 4000: 1000 a case of four (1024 drawn), 800 of five
+  EXPECT_EQ(dataset_fingerprint(dir / "ds/four.json", o).read, 4u);
+  const DatasetFingerprint five = dataset_fingerprint(dir / "ds/dataset.json", o);
+  EXPECT_EQ(five.read, 1u);
+  EXPECT_EQ(five.from_cache, 4u);
+  EXPECT_EQ(five.cases[0].crop.samples[0].size(), 800u);
+  // The list of four again: all its cases still there.
+  EXPECT_EQ(dataset_fingerprint(dir / "ds/four.json", o).read, 0u);
+}
+
 TEST(PlanCli, PlanThenTrainTheDataset) {
   test::TempDir dir;
   synthesize_dataset(synth(dir / "ds", 4, "32,32,12", "1.5,1.5,3"));
@@ -419,6 +490,30 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   EXPECT_EQ(r.out.rfind("plan for ", 0), 0u) << r.out;
   EXPECT_TRUE(os::exists(dir / "runs/x/plan.yaml"));
   EXPECT_TRUE(os::exists(dir / "runs/x/last.ckpt"));
+  // The run's folder holds a run now: without --resume or --overwrite, refused before
+  // planning; with --resume, the run's own plan (not planned again).
+  const std::string plan_text = test::read_file(dir / "runs/x/plan.yaml");
+  r = test::run("cd " + dir.path() + " && " + bin + "train --dataset ds --set train.epochs=1 --set train.run_dir=runs/x");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("already holds a run"), std::string::npos) << r.err;
+  r = test::run("cd " + dir.path() + " && " + bin + "train --dataset ds --resume --set train.epochs=2 --set train.run_dir=runs/x");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("resuming with the run's plan"), std::string::npos) << r.out;
+  EXPECT_EQ(test::read_file(dir / "runs/x/plan.yaml"), plan_text);
+  // A case left out by the plan is not in the run's list.
+  test::write_file(dir / "ds/imagesTr/spleen_1.nii.gz", "not a NIfTI file");
+  r = test::run("cd " + dir.path() + " && " + bin + "train --dataset ds --set train.epochs=1 --set train.run_dir=runs/y");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("spleen_1.nii.gz: cannot be used"), std::string::npos) << r.out;
+  const std::string kept = test::read_file(dir / "runs/y/plan.dataset.json");
+  EXPECT_EQ(kept.find("spleen_1.nii.gz"), std::string::npos) << kept;
+  EXPECT_NE(kept.find("spleen_2.nii.gz"), std::string::npos) << kept;
+  EXPECT_NE(test::read_file(dir / "runs/y/plan.yaml").find(dir / "runs/y/plan.dataset.json"), std::string::npos);
+  // Under a launcher: refused with what to do instead.
+  r = test::run("cd " + dir.path() + " && RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 " + bin +
+                "train --dataset ds --set train.run_dir=runs/z");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("plan once with `medfast plan"), std::string::npos) << r.err;
   // Bad input is a message and exit 1, not a crash.
   r = test::run(bin + "plan --dataset " + dir / "nope");
   EXPECT_EQ(r.exit_code, 1);
@@ -426,6 +521,13 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   r = test::run(bin + "plan --dataset " + dir / "ds" + " --memory lots");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--memory 'lots'"), std::string::npos) << r.err;
+  r = test::run(bin + "plan --dataset " + dir / "ds" + " --device cuda:x --memory 1GiB");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--device 'cuda:x' is not one of cpu | cuda | cuda:N"), std::string::npos) << r.err;
+  // --out elsewhere: the run's folder is absolute, from where plan ran.
+  r = test::run("cd " + dir.path() + " && " + bin + "plan --dataset ds --memory 1GiB --out deep/down/plan.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(test::read_file(dir / "deep/down/plan.yaml").find("run_dir: \"" + dir / "runs/ds\""), std::string::npos);
 }
 
 }  // namespace

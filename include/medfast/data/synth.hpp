@@ -54,6 +54,8 @@ struct SynthOptions {
   /// "X,Y,Z" where each entry is a size or a range "lo-hi".
   SynthOptions& set_size(const std::string& spec);
   SynthOptions& set_spacing(const std::array<double, 3>& v);
+  /// Per axis the top of the range each case's spacing is drawn from (0: `spacing`).
+  SynthOptions& set_spacing_max(const std::array<double, 3>& v);
   /// "X,Y,Z" where each entry is a spacing or a range "lo-hi" drawn per case.
   SynthOptions& set_spacing_spec(const std::string& spec);
   /// "CT" or "MR"; ValueError otherwise.

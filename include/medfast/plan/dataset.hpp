@@ -8,8 +8,9 @@
 /// plan did; the others are kept, some with a note (a spacing 10x off, no foreground).
 ///
 /// The per-case summaries are cached beside the dataset list (`fingerprint_cache_path`),
-/// keyed by each case's files' identities (path, size, mtime; DICOM: every file of the
-/// series), so a second plan of the same data reads no image.
+/// keyed by each case's files' identities (absolute path, size, mtime; DICOM: every file of
+/// the series), so a second plan of the same data reads no image; other lists' cases in the
+/// same folder stay in the cache.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -50,7 +51,8 @@ struct DatasetFingerprint {
   std::vector<CaseSummary> cases;         ///< one per kept item
   std::vector<CaseNote> notes;            ///< per case, in list order; dataset-wide ones name the list
   std::size_t listed = 0;                 ///< training items in the list
-  std::size_t read = 0;                   ///< cases read (the others came from the cache)
+  std::size_t read = 0;                   ///< cases read now (kept or not)
+  std::size_t from_cache = 0;             ///< kept cases whose summaries came from the cache
   std::string cache_path;                 ///< where the summaries were cached ("" : not cached)
   double seconds = 0;
 
@@ -65,7 +67,7 @@ struct FingerprintOptions {
   /// Foreground samples per channel over the whole dataset (nnU-Net: 1e8), split evenly
   /// over the cases; a case's cached samples serve while they are at least its share.
   std::int64_t total_samples = 1'000'000;
-  std::uint64_t seed = 1234;  ///< each case draws from a generator seeded by this and its image's path
+  std::uint64_t seed = 1234;  ///< each case draws from a generator seeded by this and its image's path in the list's folder
   bool use_cache = true;      ///< read and write the cache beside the list
   /// Called after each case (from the thread that read it; calls are serialised).
   std::function<void(std::size_t done, std::size_t total)> progress;
@@ -80,8 +82,8 @@ std::string fingerprint_cache_path(const std::string& list);
 /// dataset.json or a CSV list). Per case: LoadImage (label: its file's type),
 /// EnsureChannelFirst and Orientation RAS, then case_fingerprint. Left out, with a note: a
 /// case that cannot be read, has no label, a channel count other than the list's (or most
-/// cases'), a label whose shape is not the image's, non-integer or negative label values,
-/// or values the list's "labels" do not name. Kept with a note: a spacing 10x or more off
+/// cases'), a label whose shape or grid (affine) is not the image's, non-integer or negative
+/// label values, or values the list's "labels" do not name. Kept with a note: a spacing 10x or more off
 /// the median on an axis, no foreground, a class no other case has. FormatError naming the
 /// list when it has no training items or no case is left.
 DatasetFingerprint dataset_fingerprint(const std::string& dataset, const FingerprintOptions& options = {});

@@ -84,7 +84,6 @@ struct Plan {
   MemoryEstimate memory;              ///< at the planned patch and batch
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
   bool amp = false;
-  bool crop_to_nonzero = false;       ///< the nonzero region is under 3/4 of the image (median)
   std::string device;
   int epochs = 0;
   std::string run_dir;

@@ -88,7 +88,8 @@ struct MemoryModel {
   /// nnU-Net rounds the batch its proxy allows (round(reference / estimate * 2)); medfast's
   /// byte estimate takes the largest batch that fits.
   bool round_batch = false;
-  std::string unit = " bytes";  ///< for messages
+  /// A cost as the messages give it (e.g. "1.5 GiB"); default: the number.
+  std::function<std::string(double)> describe;
 };
 /// nnU-Net's: feature_map_elements * batch / 2 against `reference` (its proxy is per batch of 2).
 MemoryModel nnunet_memory_model(std::int64_t classes, double reference = kReferenceElements);

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""`medfast train --dataset` (the plan) against the spleen recipe on three synthetic datasets (issue 23).
+
+Usage: /usr/bin/python3 bench/plan_train_bench.py [--datasets ct_spleen_like,mr_anisotropic,ct_fine]
+           [--seeds 0,1,2] [--epochs 40] [--plan-epochs 200] [--give-up 1.5] [--threads 2] [--device cpu]
+           [--medfast build/medfast] [--work DIR]
+
+The datasets (`medfast data synth`, 16 cases each, sized so that the recipe's 96^3 crops fit
+after its 1.5 x 1.5 x 2 mm resampling and its crop to the body):
+  ct_spleen_like  CT, 192x192x64-80 voxels at 1.5 x 1.5 x 3 mm
+  mr_anisotropic  MR-like (T1, 0 around the body, a scale per case), 272x272x40-48 at
+                  0.85-1.0 x 0.85-1.0 x 4.5-5.5 mm (thick slices)
+  ct_fine         CT, 224x224x160 at 1.2 mm isotropic
+The baseline: examples/spleen.yaml with only its data paths (data.dataset, data.cache.dir,
+train.run_dir), channel and label counts (model.in_channels, out_channels) changed, and the
+machine's device (train.device, train.amp) where it has no GPU; its 9 validation cases are
+the list's last 9. The plan: `medfast train --dataset DS` with data.validation.num=9 set on top
+(the same validation cases and the same training cases; every other value the plan's).
+
+Per dataset and seed: the baseline trains --epochs epochs (seed S: train.seed, data.seed); its
+best validation Dice D and the process time at the epoch that first reached it (metrics.jsonl's
+process_seconds: from the command's start, so reading and caching count) are the bar. The
+plan then trains with train.target_dice D (at most --plan-epochs epochs) and stops when it
+reaches it; its time is the process time of that epoch. Verified first, per run: every epoch's
+loss is finite and the run wrote its checkpoint. Reported: per dataset the median over seeds of
+plan time / baseline time and both Dice; met where the plan reaches D in every seed and the
+median ratio is at most 1.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+
+DATASETS = {
+    "ct_spleen_like": ["--size", "192,192,64-80", "--spacing", "1.5,1.5,3"],
+    "mr_anisotropic": ["--size", "272,272,40-48", "--spacing", "0.85-1.0,0.85-1.0,4.5-5.5", "--modality", "MR"],
+    "ct_fine": ["--size", "224,224,160", "--spacing", "1.2,1.2,1.2"],
+}
+CASES = 16
+
+
+def run(cmd, cwd=None, timeout=None):
+    """The command's output; None when it ran past `timeout` seconds (then it was stopped)."""
+    try:
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    if p.returncode != 0:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-4000:]}\n{p.stdout[-2000:]}")
+    return p.stdout
+
+
+def history(run_dir):
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl")) if line.strip()]
+    assert rows, f"{run_dir}: no epoch finished"
+    for r in rows:
+        assert math.isfinite(r["loss"]), f"{run_dir}: epoch {r['epoch']} loss {r['loss']}"
+    assert os.path.exists(os.path.join(run_dir, "last.ckpt")), f"{run_dir}: no checkpoint"
+    return rows
+
+
+def first_reaching(rows, dice):
+    for r in rows:
+        if r.get("dice") is not None and r["dice"] >= dice - 1e-12:
+            return r
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--epochs", type=int, default=40, help="the baseline's epochs")
+    ap.add_argument("--plan-epochs", type=int, default=200, help="the plan's epoch cap (it stops at the bar)")
+    ap.add_argument("--give-up", type=float, default=1.5,
+                    help="stop the plan's run at this multiple of the baseline's time (it has missed the bar)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--medfast", default=os.path.join(REPO, "build", "medfast"))
+    ap.add_argument("--work", default="")
+    a = ap.parse_args()
+    work = os.path.abspath(a.work or tempfile.mkdtemp(prefix="medfast-plan-train-"))
+    seeds = [int(s) for s in a.seeds.split(",")]
+    amp = "true" if a.device.startswith("cuda") else "false"
+    report = {"threads": a.threads, "device": a.device, "epochs": a.epochs, "seeds": seeds, "datasets": {}}
+    for name in a.datasets.split(","):
+        ds = os.path.join(work, "data", name)
+        if not os.path.exists(os.path.join(ds, "dataset.json")):
+            run([a.medfast, "--threads", str(a.threads), "data", "synth", "--out", ds, "--cases", str(CASES),
+                 "--seed", "7"] + DATASETS[name])
+        rows = []
+        for seed in seeds:
+            base_dir = os.path.join(work, "runs", f"{name}-baseline-{seed}")
+            plan_dir = os.path.join(work, "runs", f"{name}-plan-{seed}")
+            common = ["--set", f"train.seed={seed}", "--set", f"data.seed={seed}", "--set", f"train.device={a.device}",
+                      "--set", f"train.amp={amp}"]
+            run([a.medfast, "--threads", str(a.threads), "train", "--config", os.path.join(REPO, "examples", "spleen.yaml"),
+                 "--json", "--overwrite", "--set", f"data.dataset={ds}/dataset.json",
+                 "--set", f"data.cache.dir={work}/cache/{name}-baseline", "--set", f"train.run_dir={base_dir}",
+                 "--set", "model.in_channels=1", "--set", "model.out_channels=2", "--set", f"train.epochs={a.epochs}",
+                 "--set", "train.target_dice=0"] + common)
+            base = history(base_dir)
+            best = max(r["dice"] for r in base if r.get("dice") is not None)
+            bar = first_reaching(base, best)
+            # Stopped at --give-up times the baseline's time: past 1x it cannot meet the bar anyway.
+            out = run([a.medfast, "--threads", str(a.threads), "train", "--dataset", ds, "--json", "--overwrite",
+                       "--set", f"train.run_dir={plan_dir}", "--set", "data.validation.num=9",
+                       "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={best}"] + common,
+                      timeout=a.give_up * bar["process_seconds"] + 60)
+            if out is None:
+                print(f"{name} seed {seed}: the plan's run stopped at {a.give_up}x the baseline's time", flush=True)
+            stopped = out is None
+            planned = history(plan_dir) if os.path.exists(os.path.join(plan_dir, "metrics.jsonl")) or not stopped else []
+            reached = first_reaching(planned, best)
+            plan_best = max([r["dice"] for r in planned if r.get("dice") is not None] or [0.0])
+            row = {"seed": seed, "baseline_dice": best, "baseline_epoch": bar["epoch"],
+                   "baseline_seconds": bar["process_seconds"], "plan_best_dice": plan_best,
+                   "plan_reached": reached is not None,
+                   "plan_epoch": reached["epoch"] if reached else None,
+                   "plan_epochs_run": len(planned), "plan_stopped": stopped,
+                   "plan_seconds": reached["process_seconds"] if reached else None}
+            row["ratio"] = row["plan_seconds"] / row["baseline_seconds"] if reached else None
+            rows.append(row)
+            print(f"{name} seed {seed}: baseline Dice {best:.4f} at epoch {bar['epoch']} ({bar['process_seconds']:.0f} s); "
+                  f"plan {'reached it at epoch %d (%.0f s): %.3fx' % (reached['epoch'], reached['process_seconds'], row['ratio']) if reached else 'did not reach it (best %.4f)' % plan_best}",
+                  flush=True)
+        ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+        summary = {"rows": rows, "all_reached": all(r["plan_reached"] for r in rows),
+                   "median_ratio": statistics.median(ratios) if len(ratios) == len(rows) else None,
+                   "median_baseline_dice": statistics.median(r["baseline_dice"] for r in rows),
+                   "median_plan_best_dice": statistics.median(r["plan_best_dice"] for r in rows)}
+        summary["met"] = summary["all_reached"] and summary["median_ratio"] is not None and summary["median_ratio"] <= 1
+        report["datasets"][name] = summary
+    print(json.dumps(report, indent=1))
+    return 0 if all(d["met"] for d in report["datasets"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
