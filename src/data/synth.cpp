@@ -29,7 +29,13 @@ SynthOptions& SynthOptions::set_format(const std::string& v) {
   return *this;
 }
 
-SynthOptions& SynthOptions::set_size(const std::string& spec) {
+namespace {
+
+/// An option's "X,Y,Z" where each entry is a value or a range "lo-hi": per axis [lo, hi]
+/// texts (hi empty for a single value). The range's dash is never the first character (a
+/// minus sign: the option's check names it) nor an exponent's (1e-3).
+std::array<std::array<std::string, 2>, 3> axis_ranges(const std::string& spec, const std::string& option,
+                                                      const char* each) {
   std::vector<std::string> parts;
   std::size_t start = 0;
   for (;;) {
@@ -39,18 +45,27 @@ SynthOptions& SynthOptions::set_size(const std::string& spec) {
     start = comma + 1;
   }
   if (parts.size() != 3) {
-    throw ValueError(str("data synth: --size '", spec, "': expected X,Y,Z, each a size or a range lo-hi"));
+    throw ValueError(str("data synth: ", option, " '", spec, "': expected X,Y,Z, each ", each, " or a range lo-hi"));
   }
+  std::array<std::array<std::string, 2>, 3> out;
+  for (int i = 0; i < 3; ++i) {
+    const std::string& p = parts[static_cast<std::size_t>(i)];
+    std::size_t dash = p.find('-', 1);
+    while (dash != std::string::npos && (p[dash - 1] == 'e' || p[dash - 1] == 'E')) dash = p.find('-', dash + 1);
+    out[i] = {p.substr(0, dash), dash == std::string::npos ? "" : p.substr(dash + 1)};
+  }
+  return out;
+}
+
+}  // namespace
+
+SynthOptions& SynthOptions::set_size(const std::string& spec) {
+  const auto ranges = axis_ranges(spec, "--size", "a size");
   SynthOptions next = *this;  // validate a copy: a rejected value leaves the options as they were
   for (int i = 0; i < 3; ++i) {
-    const auto dash = parts[i].find('-');
     const std::string what = str("data synth: --size '", spec, "' axis ", i);
-    if (dash == std::string::npos) {
-      next.size_min[i] = next.size_max[i] = parse_int(parts[i], what);
-    } else {
-      next.size_min[i] = parse_int(parts[i].substr(0, dash), what);
-      next.size_max[i] = parse_int(parts[i].substr(dash + 1), what);
-    }
+    next.size_min[i] = parse_int(ranges[i][0], what);
+    next.size_max[i] = ranges[i][1].empty() ? next.size_min[i] : parse_int(ranges[i][1], what);
   }
   next.validate();
   *this = next;
@@ -74,27 +89,12 @@ SynthOptions& SynthOptions::set_spacing_max(const std::array<double, 3>& v) {
 }
 
 SynthOptions& SynthOptions::set_spacing_spec(const std::string& spec) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const auto comma = spec.find(',', start);
-    parts.push_back(spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  if (parts.size() != 3) {
-    throw ValueError(str("data synth: --spacing '", spec, "': expected X,Y,Z in mm, each a number or a range lo-hi"));
-  }
+  const auto ranges = axis_ranges(spec, "--spacing", "a spacing in mm");
   SynthOptions next = *this;
   for (int i = 0; i < 3; ++i) {
     const std::string what = str("data synth: --spacing '", spec, "' axis ", i);
-    // The range's dash: not a leading minus (validate() names that), not an exponent's (1e-3).
-    std::size_t dash = parts[i].find('-', 1);
-    while (dash != std::string::npos && (parts[i][dash - 1] == 'e' || parts[i][dash - 1] == 'E')) {
-      dash = parts[i].find('-', dash + 1);
-    }
-    next.spacing[i] = parse_double(parts[i].substr(0, dash), what);
-    next.spacing_max[i] = dash == std::string::npos ? 0 : parse_double(parts[i].substr(dash + 1), what);
+    next.spacing[i] = parse_double(ranges[i][0], what);
+    next.spacing_max[i] = ranges[i][1].empty() ? 0 : parse_double(ranges[i][1], what);
   }
   next.validate();
   *this = next;
