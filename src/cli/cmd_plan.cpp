@@ -160,9 +160,11 @@ int run_plan(const PlanArgs& a, Context& ctx) {
 
 }  // namespace
 
-std::string plan_for_training(const std::string& dataset, const std::string& run_dir, Context& ctx, bool quiet) {
+std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, Context& ctx,
+                              bool quiet) {
   PlanArgs a;
   a.dataset = dataset;
+  if (epochs > 0) a.epochs = epochs;
   a.run_dir = ".";  // the plan is written into the run's folder
   const Planned p = make(a, ctx, !quiet);
   const std::string out = run_dir + "/plan.yaml";

@@ -216,13 +216,17 @@ int run_train(const TrainArgs& given, Context& ctx) {
     // Plan first: the plan is written to <run_dir>/plan.yaml and trained as --config. A
     // --set train.run_dir names that folder (and is not applied again to the plan).
     std::string run_dir;
+    int epochs = 0;  // a --set train.epochs plans for that many (validation interval, decay)
     std::vector<std::string> sets;
     for (const auto& s : a.sets) {
       if (s.rfind("train.run_dir=", 0) == 0) {
         run_dir = s.substr(std::string("train.run_dir=").size());
-      } else {
-        sets.push_back(s);
+        continue;
       }
+      if (s.rfind("train.epochs=", 0) == 0) {
+        epochs = static_cast<int>(parse_int(s.substr(std::string("train.epochs=").size()), "--set train.epochs"));
+      }
+      sets.push_back(s);
     }
     if (run_dir.empty()) {
       const std::string folder = os::absolute_path(os::parent_directory(plan::dataset_list_path(a.dataset)));
@@ -244,7 +248,7 @@ int run_train(const TrainArgs& given, Context& ctx) {
                              "/last.ckpt): pass --resume to continue it with its plan, --overwrite to plan and start "
                              "again, or --set train.run_dir=... for another folder"));
       }
-      a.config = plan_for_training(a.dataset, run_dir, ctx, a.json);
+      a.config = plan_for_training(a.dataset, run_dir, epochs, ctx, a.json);
     }
     a.sets = sets;
   }

@@ -74,10 +74,11 @@ Command register_eval(CLI::App& root);
 Command register_export(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_plan(CLI::App& root);
-/// `train --dataset`: plans `dataset` (cmd_plan.cpp), writes the plan to <run_dir>/plan.yaml
-/// (its train.run_dir: that folder) and returns that path; prints the plan's summary unless
-/// `quiet`.
-std::string plan_for_training(const std::string& dataset, const std::string& run_dir, Context& ctx, bool quiet);
+/// `train --dataset`: plans `dataset` (cmd_plan.cpp) for `epochs` (0: the plan's default),
+/// writes the plan to <run_dir>/plan.yaml (its train.run_dir: that folder) and returns that
+/// path; prints the plan's summary unless `quiet`.
+std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, Context& ctx,
+                              bool quiet);
 Command register_trace(CLI::App& root);
 Command register_report(CLI::App& root);
 

@@ -490,6 +490,10 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   EXPECT_EQ(r.out.rfind("plan for ", 0), 0u) << r.out;
   EXPECT_TRUE(os::exists(dir / "runs/x/plan.yaml"));
   EXPECT_TRUE(os::exists(dir / "runs/x/last.ckpt"));
+  // Planned for the epochs asked for: its validation interval (a tenth of them) and decay.
+  const nlohmann::json planned = data::load_yaml_as_json(dir / "runs/x/plan.yaml");
+  EXPECT_EQ(planned["train"]["epochs"], 1);
+  EXPECT_EQ(planned["validation"]["interval"], 1);
   // The run's folder holds a run now: without --resume or --overwrite, refused before
   // planning; with --resume, the run's own plan (not planned again).
   const std::string plan_text = test::read_file(dir / "runs/x/plan.yaml");
