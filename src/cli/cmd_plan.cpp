@@ -30,17 +30,13 @@ std::string stem_of(const std::string& path) {
   return dot == std::string::npos || dot == 0 ? name : name.substr(0, dot);
 }
 
-std::string folder_of(const std::string& path) {
-  const std::string d = os::parent_directory(path);
-  return d.empty() ? "." : d;
-}
 
 /// The kept cases as a list beside the plan (the list's other fields kept), for the run.
 std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::string& out) {
   // The list's description of its data (names, channels, labels), not its other sections:
   // their relative paths would not hold beside the plan.
   nlohmann::json list = nlohmann::json::object();
-  if (!(fp.list.size() > 4 && fp.list.compare(fp.list.size() - 4, 4, ".csv") == 0)) {
+  if (!data::is_csv_list(fp.list)) {
     const nlohmann::json original = nlohmann::json::parse(os::read_text_file(fp.list));
     for (const char* k : {"name", "reference", "licence", "release", "tensorImageSize", "modality", "channel_names",
                           "labels", "file_ending"}) {
@@ -58,7 +54,7 @@ std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::strin
   list["training"] = training;
   list["numTraining"] = training.size();
   list["description"] = str("the cases of ", fp.list, " that medfast plan kept (", fp.excluded(), " left out)");
-  const std::string path = folder_of(out) + "/" + stem_of(out) + ".dataset.json";
+  const std::string path = os::parent_directory(out) + "/" + stem_of(out) + ".dataset.json";
   const std::string text = list.dump(2) + "\n";
   os::AtomicWriter w(path);
   w.append(text.data(), text.size());
@@ -118,7 +114,7 @@ Planned make(const PlanArgs& a, Context& ctx, bool show_progress) {
 /// Writes the plan (and, where cases were left out, the list of the kept ones) to `out`;
 /// returns the YAML.
 std::string write_plan(const Planned& p, const std::string& out) {
-  os::make_directories(folder_of(out));
+  os::make_directories(os::parent_directory(out));
   const std::string list = p.fingerprint.excluded() > 0 ? write_kept_list(p.fingerprint, out) : p.fingerprint.list;
   const std::string yaml = plan::run_config_yaml(p.fingerprint, p.plan, os::absolute_path(list));
   os::AtomicWriter w(out);
@@ -129,10 +125,7 @@ std::string write_plan(const Planned& p, const std::string& out) {
 
 int run_plan(const PlanArgs& a, Context& ctx) {
   PlanArgs args = a;
-  if (args.run_dir.empty()) {  // runs/<the dataset folder's name>, from here
-    const std::string folder = os::absolute_path(folder_of(plan::dataset_list_path(a.dataset)));
-    args.run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
-  }
+  if (args.run_dir.empty()) args.run_dir = dataset_run_dir(a.dataset);
   // From the working directory, wherever the plan is written (a relative run_dir in the
   // config would be taken from the config's folder).
   args.run_dir = os::absolute_path(args.run_dir);
@@ -159,6 +152,11 @@ int run_plan(const PlanArgs& a, Context& ctx) {
 }
 
 }  // namespace
+
+std::string dataset_run_dir(const std::string& dataset) {
+  const std::string folder = os::absolute_path(os::parent_directory(plan::dataset_list_path(dataset)));
+  return "runs/" + folder.substr(folder.find_last_of('/') + 1);
+}
 
 std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, Context& ctx,
                               bool quiet) {

@@ -15,7 +15,6 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
 #include "medfast/os/file.hpp"
-#include "medfast/plan/dataset.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/export.hpp"
@@ -228,10 +227,7 @@ int run_train(const TrainArgs& given, Context& ctx) {
       }
       sets.push_back(s);
     }
-    if (run_dir.empty()) {
-      const std::string folder = os::absolute_path(os::parent_directory(plan::dataset_list_path(a.dataset)));
-      run_dir = "runs/" + folder.substr(folder.find_last_of('/') + 1);
-    }
+    if (run_dir.empty()) run_dir = dataset_run_dir(a.dataset);
     if (dist::DistOptions::from(ctx.settings).enabled()) {
       throw ValueError(str("train --dataset: under a launcher every rank would plan on its own (and on CUDA from its "
                            "own free memory): plan once with `medfast plan --dataset ", a.dataset, " --out ", run_dir,

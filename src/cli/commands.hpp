@@ -74,6 +74,8 @@ Command register_eval(CLI::App& root);
 Command register_export(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_plan(CLI::App& root);
+/// The run folder `plan` and `train --dataset` default to: runs/<the dataset folder's name>.
+std::string dataset_run_dir(const std::string& dataset);
 /// `train --dataset`: plans `dataset` (cmd_plan.cpp) for `epochs` (0: the plan's default),
 /// writes the plan to <run_dir>/plan.yaml (its train.run_dir: that folder) and returns that
 /// path; prints the plan's summary unless `quiet`.

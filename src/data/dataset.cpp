@@ -108,9 +108,12 @@ Dataset from_csv(const std::string& path) {
 
 }  // namespace
 
+bool is_csv_list(const std::string& path) {
+  return path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
+}
+
 Dataset load_dataset(const std::string& path, const std::string& section) {
-  const bool csv = path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0;
-  return csv ? from_csv(path) : from_json(path, section);
+  return is_csv_list(path) ? from_csv(path) : from_json(path, section);
 }
 
 Dataset select_fold(const Dataset& dataset, int fold, bool validation) {

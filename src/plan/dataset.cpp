@@ -61,6 +61,18 @@ std::string join_values(const std::vector<std::int64_t>& v) {
 
 double median_of(std::vector<double> v) { return numpy_percentile(v, 50); }
 
+/// A JSON key that is a whole number >= 0 ("0", "12"), or -1.
+long long key_number(const std::string& key) {
+  std::size_t used = 0;
+  long long i = -1;
+  try {
+    i = std::stoll(key, &used);
+  } catch (const std::exception&) {
+    return -1;
+  }
+  return used == key.size() && i >= 0 ? i : -1;
+}
+
 /// The list's channel names: MSD's "modality" or nnU-Net v2's "channel_names", {"0": "CT"}.
 std::vector<std::string> read_channel_names(const nlohmann::json& list, const std::string& path) {
   for (const char* key : {"channel_names", "modality"}) {
@@ -69,13 +81,8 @@ std::vector<std::string> read_channel_names(const nlohmann::json& list, const st
     if (!m.is_object()) throw FormatError(str(path, ": '", key, "' must be an object such as {\"0\": \"CT\"}"));
     std::vector<std::string> names(m.size());
     for (const auto& [k, v] : m.items()) {
-      std::size_t used = 0;
-      long i = -1;
-      try {
-        i = std::stol(k, &used);
-      } catch (const std::exception&) {
-      }
-      if (used != k.size() || i < 0 || static_cast<std::size_t>(i) >= m.size() || !v.is_string()) {
+      const long long i = key_number(k);
+      if (i < 0 || static_cast<std::size_t>(i) >= m.size() || !v.is_string()) {
         throw FormatError(str(path, ": '", key, "' must map channel numbers 0..", m.size() - 1,
                               " to names, e.g. {\"0\": \"CT\"}; got \"", k, "\": ", v.dump()));
       }
@@ -98,13 +105,8 @@ std::map<std::int64_t, std::string> read_label_names(const nlohmann::json& list,
       out[v.get<std::int64_t>()] = k;
       continue;
     }
-    std::size_t used = 0;
-    long long i = -1;
-    try {
-      i = std::stoll(k, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != k.size() || i < 0 || !v.is_string()) {
+    const long long i = key_number(k);
+    if (i < 0 || !v.is_string()) {
       throw FormatError(str(path, ": 'labels' must map label values to names ({\"1\": \"spleen\"}) or names to "
                                   "values ({\"spleen\": 1}); got \"",
                             k, "\": ", v.dump()));
@@ -243,6 +245,16 @@ std::vector<std::int64_t> DatasetFingerprint::classes() const {
   return {out.begin(), out.end()};
 }
 
+std::vector<double> DatasetFingerprint::pooled_samples(std::size_t channel) const {
+  std::vector<double> pooled;
+  for (const auto& c : cases) {
+    if (channel < c.crop.samples.size()) {
+      pooled.insert(pooled.end(), c.crop.samples[channel].begin(), c.crop.samples[channel].end());
+    }
+  }
+  return pooled;
+}
+
 std::size_t DatasetFingerprint::excluded() const {
   return static_cast<std::size_t>(std::count_if(notes.begin(), notes.end(), [](const CaseNote& n) { return n.excluded; }));
 }
@@ -260,8 +272,7 @@ std::string dataset_list_path(const std::string& dataset) {
 }
 
 std::string fingerprint_cache_path(const std::string& list) {
-  const std::string dir = os::parent_directory(list);
-  return (dir.empty() ? std::string(".") : dir) + "/.medfast-fingerprint.cbor";
+  return os::parent_directory(list) + "/.medfast-fingerprint.cbor";
 }
 
 DatasetFingerprint dataset_fingerprint(const std::string& dataset, const FingerprintOptions& options) {
@@ -271,8 +282,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   const data::Dataset all = data::load_dataset(fp.list, "training");
   fp.listed = all.items.size();
   if (all.items.empty()) throw FormatError(str(fp.list, ": the training section lists no cases"));
-  const bool json_list = !(fp.list.size() > 4 && fp.list.compare(fp.list.size() - 4, 4, ".csv") == 0);
-  if (json_list) {
+  if (!data::is_csv_list(fp.list)) {
     const nlohmann::json raw = nlohmann::json::parse(os::read_text_file(fp.list));
     fp.channel_names = read_channel_names(raw, fp.list);
     fp.label_names = read_label_names(raw, fp.list);
@@ -526,10 +536,7 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
   for (const auto& [v, n] : voxels) shares[std::to_string(v)] = static_cast<double>(n) / static_cast<double>(total);
   nlohmann::json channels = nlohmann::json::array();
   for (std::size_t ch = 0; ch < fp.channel_names.size(); ++ch) {
-    std::vector<double> pooled;
-    for (const auto& c : fp.cases) {
-      if (ch < c.crop.samples.size()) pooled.insert(pooled.end(), c.crop.samples[ch].begin(), c.crop.samples[ch].end());
-    }
+    const std::vector<double> pooled = fp.pooled_samples(ch);
     nlohmann::json j = {{"name", fp.channel_names[ch]}, {"samples", pooled.size()}};
     if (!pooled.empty()) {
       const IntensityStats s = intensity_stats(pooled);
@@ -544,7 +551,6 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
   for (const auto& n : fp.notes) {
     notes.push_back({{"file", n.file}, {"problem", n.problem}, {"action", n.action}, {"excluded", n.excluded}});
   }
-  const auto med = [](std::vector<double> v) { return numpy_percentile(v, 50); };
   return {{"list", fp.list},
           {"cases_listed", fp.listed},
           {"cases_kept", fp.cases.size()},
@@ -552,8 +558,8 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
           {"cases_from_cache", fp.from_cache},
           {"cache", fp.cache_path},
           {"seconds", fp.seconds},
-          {"median_shape_after_crop", {med(sizes[0]), med(sizes[1]), med(sizes[2])}},
-          {"median_spacing", {med(spacings[0]), med(spacings[1]), med(spacings[2])}},
+          {"median_shape_after_crop", {median_of(sizes[0]), median_of(sizes[1]), median_of(sizes[2])}},
+          {"median_spacing", {median_of(spacings[0]), median_of(spacings[1]), median_of(spacings[2])}},
           {"labels", labels},
           {"classes", fp.classes()},
           {"label_voxel_shares", shares},

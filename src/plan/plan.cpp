@@ -16,9 +16,6 @@ namespace {
 
 using Ordered = nlohmann::ordered_json;
 
-double voxels_of(const Shape& s) {
-  return static_cast<double>(s[0]) * static_cast<double>(s[1]) * static_cast<double>(s[2]);
-}
 std::int64_t volume_of(const Shape& s) { return s[0] * s[1] * s[2]; }
 
 /// nnU-Net's approximate dataset size (approximate_n_voxels_dataset): the median shape's voxels
@@ -37,16 +34,6 @@ std::string fmt3(const std::array<double, 3>& v, int digits = 4) {
   return str(fmt(v[0], digits), " x ", fmt(v[1], digits), " x ", fmt(v[2], digits));
 }
 std::string fmt3(const Shape& v) { return str(v[0], " x ", v[1], " x ", v[2]); }
-
-const char* scheme_name(Normalization n) {
-  switch (n) {
-    case Normalization::ct: return "CT";
-    case Normalization::zscore: return "zscore";
-    case Normalization::none: return "noNorm";
-    case Normalization::rescale_to_0_1: return "rescale_to_0_1";
-  }
-  return "?";
-}
 
 /// JSON numbers that read back the same and stay short: 6 significant digits.
 double tidy(double v) { return std::stod(fmt(v, 6)); }
@@ -282,7 +269,7 @@ MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::
   std::vector<double> voxels;
   for (std::size_t k = 0; k < levels; ++k) {
     for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
-    voxels.push_back(voxels_of(s));
+    voxels.push_back(static_cast<double>(volume_of(s)));
   }
   double maps = 0;  // feature-map elements kept for backward, one sample
   for (std::size_t k = 0; k < levels; ++k) maps += 6.0 * static_cast<double>(net.filters[k]) * voxels[k];
@@ -329,9 +316,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
     n.scheme = normalization_for(n.name);
     n.use_mask = use_mask_for_norm(n.scheme, median_relative);
     if (n.scheme == Normalization::ct) {
-      std::vector<double> pooled;
-      for (const auto& c : fp.cases) pooled.insert(pooled.end(), c.crop.samples[ch].begin(), c.crop.samples[ch].end());
-      n.stats = intensity_stats(pooled);
+      n.stats = intensity_stats(fp.pooled_samples(ch));
       if (!(n.stats->std > 0)) {
         throw ValueError(str(fp.list, ": channel ", ch, " (CT): the foreground's intensities are all ", n.stats->mean,
                              "; nothing to normalise by"));
@@ -342,8 +327,8 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   for (const auto& n : p.normalization) {
     if (n.scheme != p.normalization[0].scheme || n.use_mask != p.normalization[0].use_mask) {
       throw ValueError(str(fp.list, ": channels '", p.normalization[0].name, "' and '", n.name,
-                           "' need different normalizations (", scheme_name(p.normalization[0].scheme), ", ",
-                           scheme_name(n.scheme), "); a plan normalises every channel one way (name them alike, or "
+                           "' need different normalizations (", name_of(p.normalization[0].scheme), ", ",
+                           name_of(n.scheme), "); a plan normalises every channel one way (name them alike, or "
                            "write the run config's normalization by hand)"));
     }
     if (n.scheme == Normalization::rescale_to_0_1) {
@@ -418,7 +403,7 @@ std::string run_config_yaml(const DatasetFingerprint& fp, const Plan& p, const s
 nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
   nlohmann::json norm = nlohmann::json::array();
   for (const auto& n : p.normalization) {
-    nlohmann::json j = {{"channel", n.name}, {"kind", scheme_name(n.scheme)}, {"use_nonzero_mask", n.use_mask}};
+    nlohmann::json j = {{"channel", n.name}, {"kind", name_of(n.scheme)}, {"use_nonzero_mask", n.use_mask}};
     if (n.stats) {
       j["clip"] = {n.stats->p00_5, n.stats->p99_5};
       j["mean"] = n.stats->mean;
@@ -472,7 +457,7 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
     << "\n  normalization: ";
   for (std::size_t i = 0; i < p.normalization.size(); ++i) {
     const auto& n = p.normalization[i];
-    o << (i ? "; " : "") << (n.name.empty() ? str("channel ", i) : n.name) << ": " << scheme_name(n.scheme);
+    o << (i ? "; " : "") << (n.name.empty() ? str("channel ", i) : n.name) << ": " << name_of(n.scheme);
     if (n.stats) o << " clip [" << fmt(n.stats->p00_5) << ", " << fmt(n.stats->p99_5) << "] mean " << fmt(n.stats->mean) << " std " << fmt(n.stats->std);
     if (n.use_mask) o << " (nonzero region)";
   }

@@ -276,11 +276,7 @@ PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double
 }
 
 Normalization normalization_for(const std::string& channel_name) {
-  const std::string n = lowercase(channel_name);
-  if (n == "ct") return Normalization::ct;
-  if (n == "nonorm") return Normalization::none;
-  if (n == "rescale_to_0_1") return Normalization::rescale_to_0_1;
-  return Normalization::zscore;
+  return parse_choice<Normalization>(channel_name).value_or(Normalization::zscore);
 }
 
 bool use_mask_for_norm(Normalization scheme, double median_relative_size_after_crop) {

@@ -470,20 +470,25 @@ TransformPtr crop_foreground(Args& a, const nlohmann::json&) {
   return make_crop_foreground(read_options<CropForegroundOptions>(a));
 }
 
+namespace {
+/// A MONAI argument of which only its default is supported: not an option (not in the cache
+/// key of earlier versions), but anything else is an error, not ignored.
+void only_default(Args& a, const char* key, const char* value, const char* what) {
+  const std::string given = a.text(key, value);
+  if (given != value) a.fail(key, str("'", given, "' is not supported (only ", what, ")"));
+}
+}  // namespace
+
 TransformPtr resize_with_pad_or_crop(Args& a, const nlohmann::json&) {
   const auto o = read_options<ResizeWithPadOrCropOptions>(a);
-  // MONAI's mode: only its default, constant, is supported. Not an option (not in the
-  // cache key of earlier versions), but anything else is an error, not ignored.
-  const std::string mode = a.text("mode", "constant");
-  if (mode != "constant") a.fail("mode", str("'", mode, "' is not supported (only constant padding)"));
+  only_default(a, "mode", "constant", "constant padding");
   return make_resize_with_pad_or_crop(o);
 }
 
 TransformPtr spatial_pad(Args& a, const nlohmann::json&) {
   const auto o = read_options<SpatialPadOptions>(a);
-  const std::string method = a.text("method", "symmetric"), mode = a.text("mode", "constant");
-  if (method != "symmetric") a.fail("method", str("'", method, "' is not supported (only symmetric)"));
-  if (mode != "constant") a.fail("mode", str("'", mode, "' is not supported (only constant padding)"));
+  only_default(a, "method", "symmetric", "symmetric");
+  only_default(a, "mode", "constant", "constant padding");
   return make_spatial_pad(o);
 }
 

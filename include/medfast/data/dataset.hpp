@@ -30,6 +30,9 @@ struct Dataset {
 /// `path` relative to the folder `base` (leading "./" dropped); absolute paths unchanged.
 std::string resolve_path(const std::string& base, const std::string& path);
 
+/// Whether `path` is a CSV list (by its name: .csv); otherwise a JSON list.
+bool is_csv_list(const std::string& path);
+
 /// Reads a list; `section` picks the JSON section ("training", "validation",
 /// "test"). Throws FormatError naming the file, the item and the field.
 Dataset load_dataset(const std::string& path, const std::string& section = "training");

@@ -60,6 +60,8 @@ struct DatasetFingerprint {
   /// value a kept case has; 0 (background) always.
   std::vector<std::int64_t> classes() const;
   std::size_t excluded() const;
+  /// Channel `channel`'s foreground samples of every kept case, pooled.
+  std::vector<double> pooled_samples(std::size_t channel) const;
 };
 
 struct FingerprintOptions {

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "medfast/core/choices.hpp"
+
 namespace medfast::plan {
 
 using Spacing = std::array<double, 3>;
@@ -104,6 +106,12 @@ PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double
 /// A channel's normalization by its name (nnU-Net's table, case-insensitive): CT, noNorm,
 /// zscore, rescale_to_0_1; any other name (MRI, T2, ...) z-scores per image.
 enum class Normalization { ct, zscore, none, rescale_to_0_1 };
+constexpr std::array<Choice<Normalization>, 4> choices(Normalization) {
+  return {{{Normalization::ct, "CT"},
+           {Normalization::zscore, "zscore"},
+           {Normalization::none, "noNorm"},
+           {Normalization::rescale_to_0_1, "rescale_to_0_1"}}};
+}
 Normalization normalization_for(const std::string& channel_name);
 /// z-score uses only the nonzero region when cropping to it left less than 3/4 of the image
 /// (the median over cases); other schemes never do.
