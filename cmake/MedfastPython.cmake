@@ -44,7 +44,9 @@ if(NOT _torch_mm STREQUAL _libtorch_mm)
 endif()
 # pybind11 is header-only: its headers, not its CMake package (which looks for a Python
 # of its own, and may find another one than the interpreter chosen above).
-find_path(PYBIND11_INCLUDE_DIR pybind11/pybind11.h HINTS ${_python_include}/.. /usr/include)
+# A pip torch carries the pybind11 it was built with (torch/include/pybind11).
+find_path(PYBIND11_INCLUDE_DIR pybind11/pybind11.h
+          HINTS "${TORCH_INSTALL_PREFIX}/include" ${_python_include}/.. /usr/include "${TORCH_INSTALL_PREFIX}/../pybind11/include")
 if(NOT PYBIND11_INCLUDE_DIR)
   message(STATUS "medfast: Python module not built: pybind11 headers not found (Debian: pybind11-dev)")
   return()
