@@ -30,8 +30,9 @@ PACKAGES=(
   "nlohmann-json3-dev:JSON (headers)"
   "libcli11-dev:the command line (headers)"
   "libgloo-dev:Gloo headers, where the libtorch has none of its own (DDP)"
-  "libjpeg62-turbo-dev:DICOM 8-bit lossy JPEG (static)"
-  "libopenjp2-7-dev:DICOM JPEG 2000 (static)"
+  "libjpeg62-turbo-dev:DICOM 8-bit lossy JPEG (headers)"
+  "libjpeg62-turbo:DICOM 8-bit lossy JPEG (shared: Debian's libjpeg.a is not position-independent)"
+  "libopenjp2-7-dev:DICOM JPEG 2000 (headers; the shared library below: its .a is not position-independent)"
   "libcharls-dev:DICOM JPEG-LS (headers)"
   "libcharls2:DICOM JPEG-LS (shared: Debian ships no static CharLS)"
   "libgdcm-dev:DICOM writing (headers)"
@@ -90,10 +91,33 @@ export PKG_CONFIG_PATH="$here/lib/x86_64-linux-gnu/pkgconfig:$here/share/pkgconf
 LD_LIBRARY_PATH="$here/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/pkgconf" "$@"
 SH
 chmod +x "$out/usr/bin/pkg-config"
+# Static libraries link where they are position-independent. The Python module is a
+# shared object, and some of Debian's archives are not ("relocation R_X86_64_PC32 against
+# z_errmsg can not be used when making a shared object", then the same for libopenjp2 on
+# the first GPU machine): those link their shared library, bundled beside them, or, for
+# zlib, the libz.so.1 every image has, through a linker script (the -dev symlink points
+# at /lib, outside the bundle).
+pic() {
+  printf 'int medfast_bundle_probe(void) { return 0; }\n' > "$out/probe.c"
+  ${CC:-cc} -shared -fPIC "$out/probe.c" -o "$out/probe.so" -Wl,--whole-archive "$1" -Wl,--no-whole-archive \
+    -Wl,--unresolved-symbols=ignore-all 2>/dev/null
+}
 for a in "$lib"/*.a; do
   so=${a%.a}.so
-  [ -L "$so" ] && rm -f "$so"  # the static library links
+  if pic "$a"; then
+    [ -L "$so" ] && rm -f "$so"  # the static library links
+  elif [ "$(basename "$a")" = libz.a ]; then
+    rm -f "$a" "$so"
+    echo "INPUT(libz.so.1)" > "$so"
+    say "libz.a is not position-independent: libz.so names the system's libz.so.1"
+  elif [ -e "$so" ]; then
+    rm -f "$a"
+    say "$(basename "$a") is not position-independent: $(basename "$so") (shared, bundled) links"
+  else
+    say "$(basename "$a") is not position-independent and has no shared library here (medfast does not link it)"
+  fi
 done
+rm -f "$out/probe.c" "$out/probe.so"
 for pc in "$lib"/pkgconfig/*.pc "$out"/usr/share/pkgconfig/*.pc; do
   [ -f "$pc" ] || continue
   # prefix is usr: three folders up from usr/lib/x86_64-linux-gnu/pkgconfig, two from usr/share/pkgconfig
