@@ -356,7 +356,7 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
   at::Tensor src = x;
   const at::ScalarType original = src.scalar_type();
   if (!at::isFloatingType(original)) src = src.to(at::kFloat);
-  const auto opts = at::TensorOptions().dtype(at::kDouble);
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(src.device());  // the grid where the data is
   const at::Tensor gi = at::arange(to.shape[0], opts).view({-1, 1, 1});
   const at::Tensor gj = at::arange(to.shape[1], opts).view({1, -1, 1});
   const at::Tensor gk = at::arange(to.shape[2], opts).view({1, 1, -1});

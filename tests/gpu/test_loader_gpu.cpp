@@ -34,6 +34,7 @@ TEST(GpuLoader, DeviceBatchesEqualHostBatches) {
                                                    1);
   LoaderOptions host;
   host.batch_size = 2;
+  host.threads = 2;  // a Loader needs >= 1 (0 is the threads setting, resolved by load_pipeline)
   LoaderOptions dev = host;
   dev.device = "cuda";
   dev.pin_memory = true;
@@ -131,7 +132,7 @@ TEST(GpuLoader, ReservedMemoryPlateausOverManyBatches) {
   };
   run_epochs(0, 2);  // warm-up: every worker's stream has had its blocks
   const auto warm = reserved();
-  EXPECT_EQ(run_epochs(2, 6), 60);
+  EXPECT_EQ(run_epochs(2, 12), 60);  // 10 items in batches of 2: 5 an epoch
   const auto later = reserved();
   const std::int64_t batch_bytes = 2 * 2 * 16 * 16 * 16 * (4 + 1);
   // Slack: two of the allocator's large-pool segments (20 MiB), far below the 32 extra

@@ -15,6 +15,7 @@
 /// with the item's files; stop() or destruction abandons an epoch cleanly.
 
 #include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 
 #include <chrono>
 
@@ -99,8 +100,8 @@ class Loader {
   void stop();
 
  private:
-  void work();
-  Batch build(std::size_t b);
+  void work(int worker);
+  Batch build(std::size_t b, int worker);
 
   std::size_t size_;
   Source source_;
@@ -111,6 +112,9 @@ class Loader {
   std::mutex mutex_;
   std::condition_variable cv_work_, cv_ready_;
   std::vector<std::thread> workers_;
+  /// Device batches: worker t's side stream, taken from the pool once and kept across
+  /// epochs (new threads each epoch must not take new streams: see build()).
+  std::vector<c10::Stream> side_streams_;
   std::vector<std::size_t> order_;
   std::uint64_t epoch_ = 0;
   std::size_t batches_ = 0, next_to_build_ = 0, next_to_return_ = 0, repeat_ = 0;
