@@ -280,9 +280,17 @@ std::optional<std::uint64_t> cuda_free_bytes(const at::Device& device, std::uint
       (void)cudaGetLastError();
       return std::nullopt;
     }
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
-    constexpr std::size_t aggregate = 0;  // StatType::AGGREGATE
-    const auto unused = stats.reserved_bytes[aggregate].current - stats.allocated_bytes[aggregate].current;
+    // Reserved but unallocated blocks are free for new tensors too. An allocator that has
+    // not allocated yet holds none, and libtorch 2.11 refuses its statistics until then
+    // ("Invalid device argument", seen on the first GPU machine).
+    std::int64_t unused = 0;
+    try {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+      constexpr std::size_t aggregate = 0;  // StatType::AGGREGATE
+      unused = stats.reserved_bytes[aggregate].current - stats.allocated_bytes[aggregate].current;
+    } catch (const c10::Error&) {
+      unused = 0;
+    }
     if (total) *total = all;
     return static_cast<std::uint64_t>(free) + static_cast<std::uint64_t>(std::max<std::int64_t>(unused, 0));
   }
