@@ -353,7 +353,6 @@ int run_infer(const InferArgs& a, Context& ctx) {
 
 int run_eval(const EvalArgs& a, Context& ctx) {
   nlohmann::json cfg = a.config.empty() ? nlohmann::json() : run_config(a.config, a.sets);
-  if (a.config.empty() && !a.sets.empty()) throw ValueError("eval: --set needs --config");
   if (a.checkpoint.empty() && a.config.empty()) {
     throw ValueError("eval: pass --checkpoint (a medfast checkpoint), or --config with model.pretrained");
   }
@@ -362,6 +361,7 @@ int run_eval(const EvalArgs& a, Context& ctx) {
   o.amp = data::parse_yaml(a.amp, "--amp");
   o.hd95 = a.hd95;
   o.section = a.section;
+  if (a.config.empty()) o.overrides = a.sets;  // on the checkpoint's own config
   auto progress = std::make_shared<ProgressLines>(Progress::style_from(ctx.settings.get("progress")));
   if (!a.json) {
     o.on_progress = [progress](std::size_t done, std::size_t total) { progress->update("eval", done, total, "cases"); };
@@ -444,7 +444,7 @@ Command register_eval(CLI::App& root) {
       ->check(CLI::ExistingFile);
   app->add_option("--config", a->config, "Run config (default: the one the checkpoint was trained with)")
       ->check(CLI::ExistingFile);
-  app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable)");
+  app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable; of --config, else of the checkpoint's own config)");
   app->add_option("--section", a->section, "Evaluate every item of this dataset section instead of data.validation");
   app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();

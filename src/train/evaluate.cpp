@@ -125,6 +125,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   std::string cfg_path = path, base_dir;
   if (config.is_null()) {  // the checkpoint's own config, anchored where it was written
     config = net.meta["config"];
+    for (const auto& s : o.overrides) apply_override(config, s);
     cfg_path = checkpoint + " (its config)";
     base_dir = net.meta.value("config_dir", os::parent_directory(checkpoint));
   }

@@ -657,6 +657,18 @@ TEST(TrainCli, TrainEvalInferEndToEnd) {
   EXPECT_TRUE(ev.contains("mean_hd95"));
   // The same Dice as the trainer's validation of that epoch.
   EXPECT_NEAR(ev["mean_dice"].get<double>(), res["history"][0]["dice"].get<double>(), 1e-9);
+  // --set without --config overrides the checkpoint's own config (its relative paths still
+  // anchored where it was trained); a value out of range names its key; the model is fixed.
+  r = test::run(bin + " --threads 1 eval --checkpoint " + dir / "run/last.ckpt" +
+                " --set validation.sliding_window.mode=gaussian --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["mean_dice"].is_number()) << r.out;
+  r = test::run(bin + " eval --checkpoint " + dir / "run/last.ckpt" + " --set validation.sliding_window.overlap=1.5");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("overlap"), std::string::npos) << r.err;
+  r = test::run(bin + " eval --checkpoint " + dir / "run/last.ckpt" + " --set model.channels=[4,8,32]");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("model differs"), std::string::npos) << r.err;
 
   const std::string input = dir / "data/imagesTr/spleen_5.nii.gz";
   r = test::run(bin + " --threads 1 infer --checkpoint " + dir / "run/last.ckpt" + " --input " + input +

@@ -34,6 +34,9 @@ struct EvalOptions {
   nlohmann::json amp = false;   ///< as train.amp
   bool hd95 = false;
   std::string section;          ///< evaluate every item of this dataset section instead
+  /// `key.path=value` overrides of the checkpoint's own config (`config` null), as --set
+  /// (a config given by the caller has its overrides applied already).
+  std::vector<std::string> overrides;
   /// After each case: cases done, cases in all (the CLI's progress line).
   std::function<void(std::size_t done, std::size_t total)> on_progress;
 };
