@@ -114,7 +114,12 @@ for a in "$lib"/*.a; do
     rm -f "$a"
     say "$(basename "$a") is not position-independent: $(basename "$so") (shared, bundled) links"
   else
-    say "$(basename "$a") is not position-independent and has no shared library here (medfast does not link it)"
+    case "$(basename "$a")" in
+      libdeflate.a|liburing.a|libxxhash.a)  # medfast links these into the Python module
+        say "$(basename "$a") is not position-independent and has no shared library in the bundle: the Python module cannot link it"
+        exit 1 ;;
+      *) say "$(basename "$a") is not position-independent and has no shared library here (medfast does not link it)" ;;
+    esac
   fi
 done
 rm -f "$out/probe.c" "$out/probe.so"

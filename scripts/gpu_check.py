@@ -216,12 +216,14 @@ class Campaign:
         # -k 0: every compile error of this build in one device call, not only the first one;
         # the whole output goes to build.log beside the campaign's log.
         cmd = ["cmake", "--build", self.build, "-j", jobs, "--", "-k", "0"]
-        self.log("$ " + " ".join(cmd) + f"   (output in {os.path.join(self.out, 'build.log')})")
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
-        with open(os.path.join(self.out, "build.log"), "w") as f:
-            f.write(r.stdout + r.stderr)
+        log_path = os.path.join(self.out, "build.log")
+        self.log("$ " + " ".join(cmd) + f"   (output in {log_path})")
+        # Streamed to the file: a device call cut short by its time limit still brings it back.
+        with open(log_path, "w") as f:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=3000, cwd=ROOT)
         if r.returncode != 0:
-            errors = [l for l in (r.stdout + r.stderr).splitlines() if "error" in l.lower()]
+            with open(log_path, errors="replace") as f:
+                errors = [l.rstrip() for l in f if re.search(r"\berror:|^FAILED:|internal compiler error", l)]
             self.log("\n".join(errors[:200]))
             raise RuntimeError(f"the build failed ({len(errors)} error lines; build.log): " + " | ".join(errors[:4]))
         return {"configure_s": round(configure, 1), "build_s": round(time.time() - t0 - configure, 1)}
@@ -242,8 +244,8 @@ class Campaign:
         # One at a time: they share the one GPU, and some read its free memory, time a
         # stream against another or watch the allocator's reserve.
         # -FS golden: the golden-file fixtures need nibabel and pydicom, which the GPU image
-        # lacks, and no GPU test reads those files. TMPDIR on the build folder's disk: the
-        # tests' files go where cuFile can register them.
+        # lacks, and no GPU test reads those files. TMPDIR in the campaign's work folder (the
+        # build folder's disk where it existed at the start), not the machine's /tmp.
         tmp = os.path.join(self.work, "tmp")
         os.makedirs(tmp, exist_ok=True)
         return self.ctest("-L", "gpu", "-FS", "golden", jobs=1, env={"TMPDIR": tmp})

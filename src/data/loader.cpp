@@ -81,7 +81,9 @@ void Loader::start(std::uint64_t epoch) {
   const at::Device device(options_.device);
   if (!device.is_cpu() && side_streams_.empty()) {
     c10::impl::VirtualGuardImpl guard(device.type());
-    for (int t = 0; t < options_.threads; ++t) side_streams_.push_back(guard.getStreamFromGlobalPool(device));
+    std::vector<c10::Stream> streams;  // all or none: a failure leaves the loader as it was
+    for (int t = 0; t < options_.threads; ++t) streams.push_back(guard.getStreamFromGlobalPool(device));
+    side_streams_ = std::move(streams);
   }
   for (int t = 0; t < options_.threads; ++t) {
     workers_.emplace_back([this, t] {

@@ -60,7 +60,13 @@ std::string cuda_pci_bus_id(c10::Device device) {
 
 void reset_cuda_memory_peaks(c10::Device device) {
 #if MEDFAST_TORCH_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+  if (device.is_cuda()) {
+    try {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index() : 0);
+    } catch (const c10::Error&) {
+      // libtorch 2.11: no statistics before the allocator's first allocation, so no peaks to reset
+    }
+  }
 #endif
   (void)device;
 }

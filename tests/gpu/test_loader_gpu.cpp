@@ -96,8 +96,10 @@ TEST(GpuLoader, CudaSamplesGiveTheSameBatchesAsHostSamples) {
 
 // Review finding 8: a new pool stream per batch (cycling through 32) let the caching
 // allocator, which reuses blocks per stream, grow reserved memory toward 32 batches.
-// With one side stream per worker thread, reserved memory stays where the first
-// epochs put it: 60 more batches after a warm-up reserve (almost) nothing new.
+// With one side stream per worker, kept across epochs (start() makes new threads every
+// epoch, so a stream per thread still grew: 10 -> 58 MiB on the first GPU machine),
+// reserved memory stays where the first epochs put it: 60 more batches after a warm-up
+// reserve (almost) nothing new.
 TEST(GpuLoader, ReservedMemoryPlateausOverManyBatches) {
   MEDFAST_REQUIRE_CUDA();
 #if MEDFAST_TORCH_CUDA

@@ -125,18 +125,17 @@ TEST(GpuTensorIoPath, DevicePathIsReported) {
   const std::string path = device_path(forced);
   const std::string what = device_transfers();
   RecordProperty("device_transfers", what);
-  if (what.rfind("no cuFile", 0) == 0) {
+  const bool refused = what.rfind("no cuFile", 0) != 0 && forced.cufile_handle() == nullptr;
+  if (what.rfind("no cuFile", 0) == 0 || refused) {
     EXPECT_EQ(path, "bounce (pinned host buffers)");
-  } else if (forced.cufile_handle() == nullptr) {
-    // cuFile is there but refused this file (on the first GPU machine, a file in /tmp):
-    // medfast bounces through host memory, and the path says so.
-    EXPECT_EQ(path, "bounce (pinned host buffers)") << what;
-    RecordProperty("cufile_refused", dir.path());
   } else {
     EXPECT_EQ(path.rfind("cufile", 0), 0u) << path << " (" << what << ")";
   }
   FileHandle host = FileHandle::open(dir / "f", FileHandle::Mode::read, IoOptions().set_backend("posix"));
   EXPECT_EQ(device_path(host), "bounce (pinned host buffers)") << "a host backend named by the user bounces";
+  // cuFile is there but refused this file (on the first GPU machine it refused every file,
+  // error 5027, in compatibility mode): the cuFile path was not tested, and the result says so.
+  if (refused) GTEST_SKIP() << "cuFile (" << what << ") refused " << dir.path() << ": its path is untested here";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, GpuTensorIo, ::testing::Values("auto", "posix", "odirect", "io_uring", "cufile"));
