@@ -220,6 +220,17 @@ TEST(SlidingWindow, LabelsSlabBySlabEqualThoseOfTheWholeOutput) {
   EXPECT_EQ(sliding_window_labels(input, nan_once, o, false).nonfinite, whole);
   calls = 0;
   EXPECT_EQ(sliding_window_labels(input, nan_once, o, false, 1).nonfinite, whole);
+  // The labels follow torch.argmax there too: NaN counts as the largest, and of equal maxima
+  // the first class wins (classes 1 and 2 tie wherever t > 0).
+  calls = 0;
+  const at::Tensor with_nan = predicted_labels(sliding_window_inference(input, nan_once, o), false);
+  calls = 0;
+  EXPECT_TRUE(at::equal(sliding_window_labels(input, nan_once, o, false).labels, with_nan));
+  const Predictor ties = [](const at::Tensor& t) { return at::cat({at::zeros_like(t), t, t}, 1); };
+  const at::Tensor tied = predicted_labels(sliding_window_inference(input, ties, o), false);
+  EXPECT_GT(tied.eq(1).sum().item<std::int64_t>(), 0);
+  EXPECT_EQ(tied.eq(2).sum().item<std::int64_t>(), 0);
+  EXPECT_TRUE(at::equal(sliding_window_labels(input, ties, o, false).labels, tied));
 }
 
 // Test-time augmentation (issue 26): flips is the mean of the predictor over every mirror
