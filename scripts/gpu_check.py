@@ -274,6 +274,10 @@ class Campaign:
             self.medfast("data", "synth", "--out", d, "--cases", str(cases), "--size", size, "--seed", "0")
         return d
 
+    def spleen(self):
+        """The training steps' spleen-like cases (written once per call)."""
+        return self.synth("spleen", SPLEEN_CASES, SPLEEN_SIZE)
+
     def step_io(self):
         self.need_cuda()
         d = self.synth("io", 1, "512,512,300")
@@ -323,16 +327,16 @@ class Campaign:
 
     def step_train(self):
         self.need_cuda()
-        data = self.synth("spleen", SPLEEN_CASES, SPLEEN_SIZE)
+        data = self.spleen()
         figures = {}
         for amp in ("fp16", "bf16"):
             for cache in ("device", "memory", "disk_device"):
                 r = self.train_run(f"train-{amp}-{cache}", data,
                                    ["train.device=cuda", f"train.amp={amp}", f"data.cache.kind={cache}"])
-                figures[f"{amp} {cache}"] = ", ".join(f"{k} {v}" for k, v in r.items())
+                line = figures[f"{amp} {cache}"] = ", ".join(f"{k} {v}" for k, v in r.items())
                 # each run as it ends: a call cut short still shows the runs it finished
-                self.log(f"train {amp} {cache}: {figures[f'{amp} {cache}']}")
-                print(f"gpu_check: train {amp} {cache}: {figures[f'{amp} {cache}']}", flush=True)
+                self.log(f"train {amp} {cache}: {line}")
+                print(f"gpu_check: train {amp} {cache}: {line}", flush=True)
                 self.results.setdefault("_train", {})[f"{amp} {cache}"] = r
         return figures
 
@@ -354,7 +358,7 @@ class Campaign:
         config = os.path.join(self.work, "train-fp16-device", "config.json")
         ours = self.results.get("_train", {}).get("fp16 device")
         if not (os.path.exists(config) and ours):  # step_train did not run in this call: medfast's side now
-            data = self.synth("spleen", SPLEEN_CASES, SPLEEN_SIZE)
+            data = self.spleen()
             ours = self.train_run("monai-medfast-fp16-device", data,
                                   ["train.device=cuda", "train.amp=fp16", "data.cache.kind=device"])
             config = os.path.join(self.work, "monai-medfast-fp16-device", "config.json")
@@ -437,7 +441,7 @@ class Campaign:
 
     def step_nccl(self):
         self.need_cuda()
-        data = self.synth("spleen", SPLEEN_CASES, SPLEEN_SIZE)
+        data = self.spleen()
         run = os.path.join(self.work, "nccl")
         self.medfast("--dist-backend", "nccl", "launch", "--nproc", "1", "--", "train",
                      "--config", os.path.join(ROOT, "examples", "spleen.yaml"),
@@ -448,7 +452,7 @@ class Campaign:
 
     def step_trace(self):
         self.need_cuda()
-        data = self.synth("spleen", SPLEEN_CASES, SPLEEN_SIZE)
+        data = self.spleen()
         run = os.path.join(self.work, "trace")
         self.medfast("train", "--config", os.path.join(ROOT, "examples", "spleen.yaml"), "--profile", "1,1,2,1",
                      "--set", f"data.dataset={data}/dataset.json", "--set", f"train.run_dir={run}",

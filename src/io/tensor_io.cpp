@@ -270,6 +270,26 @@ at::Device resolve_device(const std::string& name, const std::function<int()>& c
   return c10::impl::VirtualGuardImpl(at::kCUDA).getDevice();
 }
 
+std::optional<CudaAllocatorBytes> cuda_allocator_bytes(c10::DeviceIndex index) {
+#if MEDFAST_TORCH_CUDA
+  try {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    constexpr std::size_t aggregate = 0;  // StatType::AGGREGATE
+    CudaAllocatorBytes b;
+    b.allocated = stats.allocated_bytes[aggregate].current;
+    b.reserved = stats.reserved_bytes[aggregate].current;
+    b.allocated_peak = stats.allocated_bytes[aggregate].peak;
+    b.reserved_peak = stats.reserved_bytes[aggregate].peak;
+    return b;
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+#else
+  (void)index;
+  return std::nullopt;
+#endif
+}
+
 std::optional<std::uint64_t> cuda_free_bytes(const at::Device& device, std::uint64_t* total) {
 #if MEDFAST_TORCH_CUDA
   if (device.is_cuda() && at::hasCUDA()) {
@@ -280,17 +300,10 @@ std::optional<std::uint64_t> cuda_free_bytes(const at::Device& device, std::uint
       (void)cudaGetLastError();
       return std::nullopt;
     }
-    // Reserved but unallocated blocks are free for new tensors too. An allocator that has
-    // not allocated yet holds none, and libtorch 2.11 refuses its statistics until then
-    // ("Invalid device argument", seen on the first GPU machine).
-    std::int64_t unused = 0;
-    try {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
-      constexpr std::size_t aggregate = 0;  // StatType::AGGREGATE
-      unused = stats.reserved_bytes[aggregate].current - stats.allocated_bytes[aggregate].current;
-    } catch (const c10::Error&) {
-      unused = 0;
-    }
+    // Reserved but unallocated blocks are free for new tensors too (an allocator that has
+    // not allocated yet holds none).
+    const auto held = cuda_allocator_bytes(d.index());
+    const std::int64_t unused = held ? held->reserved - held->allocated : 0;
     if (total) *total = all;
     return static_cast<std::uint64_t>(free) + static_cast<std::uint64_t>(std::max<std::int64_t>(unused, 0));
   }

@@ -29,15 +29,9 @@ namespace medfast::train::detail {
 std::optional<std::pair<std::uint64_t, std::uint64_t>> cuda_memory_peaks(c10::Device device) {
 #if MEDFAST_TORCH_CUDA
   if (device.is_cuda()) {
-    const auto index = device.has_index() ? device.index() : c10::DeviceIndex{0};
-    try {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
-      constexpr std::size_t all = 0;  // StatType::AGGREGATE
-      return std::make_pair(static_cast<std::uint64_t>(stats.allocated_bytes[all].peak),
-                            static_cast<std::uint64_t>(stats.reserved_bytes[all].peak));
-    } catch (const c10::Error&) {
-      return std::nullopt;  // libtorch 2.11: no statistics before the allocator's first allocation
-    }
+    const auto b = io::cuda_allocator_bytes(device.has_index() ? device.index() : c10::DeviceIndex{0});
+    if (!b) return std::nullopt;
+    return std::make_pair(static_cast<std::uint64_t>(b->allocated_peak), static_cast<std::uint64_t>(b->reserved_peak));
   }
 #endif
   (void)device;

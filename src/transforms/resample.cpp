@@ -357,7 +357,8 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
   const at::ScalarType original = src.scalar_type();
   // Sampled in float32 at least: a float16 grid (the grid takes the data's type) would place
   // a 512-voxel axis's samples a quarter voxel off.
-  if (!at::isFloatingType(original) || original == at::kHalf || original == at::kBFloat16) src = src.to(at::kFloat);
+  const bool reduced = original == at::kHalf || original == at::kBFloat16;
+  if (!at::isFloatingType(original) || reduced) src = src.to(at::kFloat);
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(src.device());  // the grid where the data is
   const at::Tensor gi = at::arange(to.shape[0], opts).view({-1, 1, 1});
   const at::Tensor gj = at::arange(to.shape[1], opts).view({1, -1, 1});
@@ -373,7 +374,7 @@ at::Tensor resample(const at::Tensor& data, const Affine& from, const Geometry& 
   at::Tensor out = at::grid_sampler(src.unsqueeze(0), grid, nearest ? 1 : 0, /*border*/ 1, /*align_corners*/ true)
                        .squeeze(0);
   if (nearest && !at::isFloatingType(original)) out = out.round().to(original);
-  if (original == at::kHalf || original == at::kBFloat16) out = out.to(original);
+  if (reduced) out = out.to(original);
   return out.contiguous();
 }
 

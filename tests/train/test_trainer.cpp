@@ -50,6 +50,12 @@ namespace {
 nlohmann::json unprepared_tiny_config(const test::TempDir& dir);
 Settings one_thread();
 
+/// The first line of a run's metrics.jsonl (one JSON line per finished epoch).
+nlohmann::json first_metrics_line(const std::string& path) {
+  const std::string jsonl = test::read_file(path);
+  return nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n')));
+}
+
 /// A tiny run: 6 synthetic cases of 40x40x12 (1 for validation), UNet(4, 8, 16), 2 epochs;
 /// its dataset written (the step the CLI takes before a run: prepare_run).
 nlohmann::json tiny_config(const test::TempDir& dir) {
@@ -1172,7 +1178,7 @@ TEST(TrainerGpu, Fp16RunAndResumeOnCuda) {
   ASSERT_EQ(ra.history.size(), 2u);
   for (const auto& e : ra.history) EXPECT_TRUE(std::isfinite(e.loss));
   // The caching allocator's peaks, and where the driver's NVML is there, the GPU's readings.
-  const auto first = nlohmann::json::parse(test::read_file(dir / "a/metrics.jsonl").substr(0, test::read_file(dir / "a/metrics.jsonl").find('\n')));
+  const auto first = first_metrics_line(dir / "a/metrics.jsonl");
   EXPECT_GT(first.value("cuda_peak_allocated_bytes", std::uint64_t{0}), 0u) << first.dump();
   EXPECT_GE(first.value("cuda_peak_reserved_bytes", std::uint64_t{0}), first.value("cuda_peak_allocated_bytes", std::uint64_t{0}));
   if (first.contains("gpu")) {
@@ -1209,8 +1215,7 @@ TEST(TrainerGpu, Fp16OverflowIsSkippedThenStopsAfterTheLimit) {
   const std::string m = test::error_of<NonFiniteLoss>([&] { Trainer(c, "", one_thread()).run(false, cb); });
   EXPECT_NE(m.find("training stopped at epoch 3, step 1 of 3"), std::string::npos) << m;
   EXPECT_NE(m.find("fp16 loss scaler skipped"), std::string::npos) << m;
-  const std::string lines = test::read_file(dir / "run/metrics.jsonl");  // one JSON line per finished epoch
-  const auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
+  const auto first = first_metrics_line(dir / "run/metrics.jsonl");
   EXPECT_EQ(first["skipped_steps"], 2) << first.dump();
   EXPECT_TRUE(first["loss"].is_number()) << first.dump();
 }

@@ -67,6 +67,16 @@ std::string device_transfers();
 /// for a name that is not a device.
 at::Device resolve_device(const std::string& name, const std::function<int()>& current = {});
 
+/// libtorch's CUDA caching allocator on one device: bytes allocated and reserved, now and at
+/// their peaks (since the last reset).
+struct CudaAllocatorBytes {
+  std::int64_t allocated = 0, reserved = 0, allocated_peak = 0, reserved_peak = 0;
+};
+/// nullopt where this build has no libtorch CUDA headers, or before the allocator's first
+/// allocation on that device (libtorch 2.11 refuses its statistics until then: "Invalid
+/// device argument", seen on the first GPU machine).
+std::optional<CudaAllocatorBytes> cuda_allocator_bytes(c10::DeviceIndex index);
+
 /// Bytes new tensors can still take on a CUDA device: the driver's free memory plus what
 /// libtorch's caching allocator holds unused; `total` (if given) gets the device's size.
 /// nullopt where unknown (not a CUDA device, or a libtorch built without CUDA).
