@@ -15,6 +15,7 @@
 #include "medfast/nn/network.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
+#include "medfast/train/run_config.hpp"
 
 #include <torch/torch.h>
 
@@ -122,6 +123,7 @@ int run_step(const StepArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.input.size() == 5, "bench step: --input needs B,C,X,Y,Z (5 numbers)");
   MEDFAST_CHECK_T(ValueError, a.steps >= 1 && a.warmup >= 0, "bench step: --steps must be >= 1, --warmup >= 0");
   const nlohmann::json spec = nlohmann::json::parse(a.model);
+  train::apply_conv_backward(ctx.settings);  // as train does
   torch::manual_seed(0);
   torch::nn::AnyModule net = nn::make_network(spec, "--model");
   const auto format = a.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
@@ -185,6 +187,7 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"input", a.input},
                            {"threads", at::get_num_threads()},
                            {"channels_last", a.channels_last},
+                           {"conv_backward", ctx.settings.get("conv_backward")},
                            {"steps", a.steps},
                            {"forward", median(fwd)},
                            {"backward", median(bwd)},
@@ -197,14 +200,13 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"first_step_peak_rss_increase_bytes", first_step_increase},
                            {"peak_rss_reset", peak_reset},
                            {"blas", os::library_of_symbol("sgemm_")}};
-  (void)ctx;
   if (a.json) {
     print_json(out.dump(2));
   } else {
     std::printf("forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads); eval forward "
-                "%.4f s (no_grad), %.4f s (inference mode)\n",
+                "%.4f s (no_grad), %.4f s (inference mode); conv_backward %s\n",
                 median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), median(val_nograd),
-                median(val_inference));
+                median(val_inference), ctx.settings.get("conv_backward").c_str());
   }
   return 0;
 }

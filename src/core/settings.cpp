@@ -75,6 +75,10 @@ std::vector<SettingDef> make_defs() {
       choice("host_memory_reuse", "on", {"on", "off"},
              "train, eval and infer keep freed host memory for reuse (glibc: large blocks from the heap, never "
              "returned): no page faults for each forward's tensors; the resident size stays at its peak"),
+      choice("conv_backward", "auto", {"auto", "libtorch"},
+             "gradients of float32 convolutions on the CPU (auto: a stride-1 convolution's input gradient, and on "
+             "libtorch 1.x a transposed convolution's gradients, computed by forward convolutions, which libtorch "
+             "runs several times faster; libtorch: its own backward everywhere)"),
       choice("fold_batch_norm", "on", {"on", "off"},
              "validation, eval and infer run a UNet with batch norm folded into its convolutions (the same "
              "outputs up to float rounding, one pass less per layer; off: the trained network as it is)"),

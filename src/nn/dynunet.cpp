@@ -1,4 +1,5 @@
 #include "medfast/nn/dynunet.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -67,13 +68,13 @@ Block conv_layer(const DynUNetOptions& o, std::int64_t in, std::int64_t out, con
                              " needs a negative output padding (MONAI's get_output_padding)"));
       }
     }
-    s->push_back("conv", torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, vec(kernel))
+    s->push_back("conv", ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, vec(kernel))
                                                         .stride(vec(stride))
                                                         .padding(vec(pad))
                                                         .output_padding(vec(out_pad))
                                                         .bias(bias)));
   } else {
-    s->push_back("conv", torch::nn::Conv3d(
+    s->push_back("conv", Conv3d(
                              torch::nn::Conv3dOptions(in, out, vec(kernel)).stride(vec(stride)).padding(vec(pad)).bias(bias)));
   }
   if (o.dropout > 0) {

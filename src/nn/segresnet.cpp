@@ -1,4 +1,5 @@
 #include "medfast/nn/segresnet.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -40,7 +41,7 @@ Block conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::in
   Block s;
   s->push_back(
       "conv",
-      torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding((kernel - 1) / 2).bias(bias)));
+      Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding((kernel - 1) / 2).bias(bias)));
   return s;
 }
 
@@ -86,7 +87,7 @@ Block upsample_layer(const SegResNetOptions& o, std::int64_t channels) {
   Block s;
   if (o.upsample_mode == UpsampleMode::deconv) {
     s->push_back("deconv",
-                 torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(channels, channels, 2).stride(2)));
+                 ConvTranspose3d(torch::nn::ConvTranspose3dOptions(channels, channels, 2).stride(2)));
   } else {
     s->push_back("upsample_non_trainable", torch::nn::Upsample(torch::nn::UpsampleOptions()
                                                                    .scale_factor(std::vector<double>{2, 2, 2})

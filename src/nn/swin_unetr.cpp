@@ -1,4 +1,5 @@
 #include "medfast/nn/swin_unetr.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -167,7 +168,7 @@ Block dynunet_conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel,
   // MONAI's get_padding: int((kernel - stride + 1) / 2).
   const std::int64_t pad = (kernel - stride + 1) / 2;
   s->push_back("conv",
-               torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad).bias(bias)));
+               Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad).bias(bias)));
   return s;
 }
 
@@ -227,7 +228,7 @@ class UnetrUpBlockImpl : public torch::nn::Module {
   UnetrUpBlockImpl(std::int64_t in, std::int64_t out, SwinNorm norm) {
     transp_conv_ = Block();
     transp_conv_->push_back(
-        "conv", torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, 2).stride(2).bias(false)));
+        "conv", ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, 2).stride(2).bias(false)));
     register_module("transp_conv", transp_conv_);
     conv_block_ = register_module("conv_block", UnetResBlock(2 * out, out, 3, 1, norm));
   }
@@ -436,7 +437,7 @@ TORCH_MODULE(BasicLayer);
 class PatchEmbedImpl : public torch::nn::Module {
  public:
   PatchEmbedImpl(std::int64_t in, std::int64_t dim, std::int64_t patch) : patch_(patch) {
-    proj_ = register_module("proj", torch::nn::Conv3d(torch::nn::Conv3dOptions(in, dim, patch).stride(patch)));
+    proj_ = register_module("proj", Conv3d(torch::nn::Conv3dOptions(in, dim, patch).stride(patch)));
   }
   torch::Tensor forward(torch::Tensor x) {
     const std::int64_t p = patch_, d = x.size(2), h = x.size(3), w = x.size(4);
@@ -448,7 +449,7 @@ class PatchEmbedImpl : public torch::nn::Module {
 
  private:
   std::int64_t patch_;
-  torch::nn::Conv3d proj_{nullptr};
+  Conv3d proj_{nullptr};
 };
 TORCH_MODULE(PatchEmbed);
 

@@ -1,4 +1,5 @@
 #include "medfast/nn/unet.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -32,12 +33,12 @@ Block convolution(const UNetOptions& o, std::int64_t in, std::int64_t out, std::
   Block s;
   const std::int64_t pad = (kernel - 1) / 2;
   if (transposed) {
-    s->push_back("conv", torch::nn::ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, kernel)
+    s->push_back("conv", ConvTranspose3d(torch::nn::ConvTranspose3dOptions(in, out, kernel)
                                                         .stride(stride)
                                                         .padding(pad)
                                                         .output_padding(stride - 1)));
   } else {
-    s->push_back("conv", torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad)));
+    s->push_back("conv", Conv3d(torch::nn::Conv3dOptions(in, out, kernel).stride(stride).padding(pad)));
   }
   if (conv_only) return s;
   Block adn;
@@ -67,7 +68,7 @@ class ResidualUnitImpl : public torch::nn::Module {
     if (stride != 1 || in != out) {
       const std::int64_t k = stride == 1 ? 1 : o.kernel_size, p = stride == 1 ? 0 : (o.kernel_size - 1) / 2;
       residual_ = register_module("residual",
-                                  torch::nn::Conv3d(torch::nn::Conv3dOptions(in, out, k).stride(stride).padding(p)));
+                                  Conv3d(torch::nn::Conv3dOptions(in, out, k).stride(stride).padding(p)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -77,7 +78,7 @@ class ResidualUnitImpl : public torch::nn::Module {
 
  private:
   Block conv_{nullptr};
-  torch::nn::Conv3d residual_{nullptr};
+  Conv3d residual_{nullptr};
 };
 TORCH_MODULE(ResidualUnit);
 

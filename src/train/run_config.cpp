@@ -10,6 +10,7 @@
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
@@ -128,6 +129,12 @@ int apply_network_threads(int train_threads, const Settings& settings) {
 
 bool apply_host_memory_reuse(const Settings& settings) {
   return settings.get_bool("host_memory_reuse") && os::keep_freed_memory();
+}
+
+bool apply_conv_backward(const Settings& settings) {
+  const bool on = settings.get("conv_backward") == "auto";
+  nn::set_custom_conv_backward(on);
+  return on;
 }
 
 namespace {

@@ -113,6 +113,11 @@ int apply_network_threads(int train_threads, const Settings& settings);
 /// and infer before their first forward. Returns whether it took effect.
 bool apply_host_memory_reuse(const Settings& settings);
 
+/// The conv_backward setting made effective for the process (nn::set_custom_conv_backward):
+/// taken by train and bench step before their first forward. Returns whether the custom
+/// convolution backward is on.
+bool apply_conv_backward(const Settings& settings);
+
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
 /// working directory). Pure: it writes nothing and changes no process state; the
 /// config's `settings:` map applies to RunConfig::settings, a copy of `settings`.

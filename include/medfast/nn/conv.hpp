@@ -1,0 +1,50 @@
+#pragma once
+/// \file
+/// 3-D convolutions for the networks: torch::nn::Conv3d and ConvTranspose3d with the same
+/// options, parameters and state_dict names, and the same forward, whose backward on the CPU
+/// takes libtorch's fast kernels where its own does not.
+///
+/// Measured (docs/benchmarks.md, "Convolution gradients on the CPU"): oneDNN's backward-data
+/// kernel, which libtorch 1.13 and 2.6 use for a convolution's input gradient on the CPU, took
+/// 16-18 ms for 8 x 32x32x16 voxels whatever the channels (2 -> 2 included), where a forward
+/// convolution of the gradient with the flipped, transposed kernel computes the same gradient
+/// in 1.5-7 ms; and libtorch 1.13 has no oneDNN transposed convolution on the CPU, so a
+/// transposed convolution's input and weight gradients went through im2col loops where a
+/// strided forward convolution and a forward convolution's weight gradient compute them.
+/// The gradients are the same sums in another order (equal up to float rounding, tested).
+///
+/// The custom backward applies to float32 CPU tensors under autograd, groups 1, dilation 1,
+/// numeric zero padding (a transposed convolution: no output_size); a convolution also needs stride 1 and padding <=
+/// kernel - 1 (its input gradient is then a stride-1 convolution). Everything else (CUDA, other dtypes, inference
+/// without gradients) is libtorch's own forward and backward.
+#include <torch/nn/modules/conv.h>
+
+namespace medfast::nn {
+
+class Conv3dImpl : public torch::nn::Conv3dImpl {
+ public:
+  using torch::nn::Conv3dImpl::Conv3dImpl;
+  at::Tensor forward(const at::Tensor& input);
+};
+TORCH_MODULE(Conv3d);
+
+class ConvTranspose3dImpl : public torch::nn::ConvTranspose3dImpl {
+ public:
+  using torch::nn::ConvTranspose3dImpl::ConvTranspose3dImpl;
+  at::Tensor forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size = c10::nullopt);
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(c10::optional<at::IntArrayRef>())})
+};
+TORCH_MODULE(ConvTranspose3d);
+
+/// Whether the custom backward is used at all: on by default; the conv_backward setting
+/// (libtorch) turns it off for the process (train::apply_conv_backward, before training).
+void set_custom_conv_backward(bool on);
+bool custom_conv_backward();
+
+/// Whether ConvTranspose3d's custom backward is used on this libtorch: libtorch 1.x only (2.x
+/// runs transposed convolutions through oneDNN, and the custom backward measured no faster).
+bool transposed_conv_custom_backward();
+
+}  // namespace medfast::nn

@@ -1,0 +1,161 @@
+#include "medfast/nn/conv.hpp"
+
+#include <torch/autograd.h>
+#include <torch/version.h>
+
+#include <array>
+#include <atomic>
+#include <variant>
+#include <vector>
+
+namespace medfast::nn {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Under autocast (bfloat16 on the CPU) the forward computed in the gradient's dtype from float
+// tensors: the backward computes in it too, as libtorch's would (the autograd engine casts each
+// returned gradient to its input's dtype).
+at::Tensor in_dtype_of(const at::Tensor& t, const at::Tensor& g) {
+  return t.scalar_type() == g.scalar_type() ? t : t.to(g.scalar_type());
+}
+
+// y = conv3d(x, w, b), stride 1, dilation 1, groups 1. dx is dy convolved with w flipped in
+// space and with its channel axes swapped ([out, in, k] -> [in, out, k]), padded by k - 1 - p:
+// a forward convolution, where libtorch's backward-data kernel is the slow part. dw is
+// libtorch's weight gradient, db the sum of dy.
+struct Conv3dStride1 : torch::autograd::Function<Conv3dStride1> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            std::vector<std::int64_t> padding) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["bias"] = b.numel() > 0;
+    return at::conv3d(x, w, b.numel() > 0 ? b : at::Tensor(), /*stride=*/1, padding);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& g = grad[0];
+    const at::Tensor x = in_dtype_of(saved[0], g), w = in_dtype_of(saved[1], g);
+    const std::vector<std::int64_t> padding = ctx->saved_data["padding"].toIntVector();
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      std::vector<std::int64_t> full(3);
+      for (std::size_t i = 0; i < 3; ++i) full[i] = w.size(static_cast<std::int64_t>(i) + 2) - 1 - padding[i];
+      dx = at::conv3d(g, w.flip({2, 3, 4}).transpose(0, 1), {}, /*stride=*/1, full);
+    }
+    if (ctx->needs_input_grad(1)) {
+      dw = std::get<1>(at::convolution_backward(g, x, w, c10::nullopt, {1, 1, 1}, padding, {1, 1, 1},
+                                                /*transposed=*/false, {0, 0, 0}, /*groups=*/1, {false, true, false}));
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum({0, 2, 3, 4});
+    return {dx, dw, db, at::Tensor()};
+  }
+};
+
+// y = conv_transpose3d(x, w, b): the adjoint of z = conv3d(y', w, stride, padding). So dx is
+// that strided forward convolution of dy, and dw is the weight gradient of that convolution
+// with dy as its input and x as its output's gradient (output_padding < stride makes the
+// shapes agree). libtorch 1.13 computes both through im2col loops on the CPU.
+struct ConvTranspose3dByConv : torch::autograd::Function<ConvTranspose3dByConv> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            std::vector<std::int64_t> stride, std::vector<std::int64_t> padding,
+                            std::vector<std::int64_t> output_padding) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["bias"] = b.numel() > 0;
+    return at::conv_transpose3d(x, w, b.numel() > 0 ? b : at::Tensor(), stride, padding, output_padding, /*groups=*/1,
+                                /*dilation=*/1);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& g = grad[0];
+    const at::Tensor x = in_dtype_of(saved[0], g), w = in_dtype_of(saved[1], g);
+    const std::vector<std::int64_t> stride = ctx->saved_data["stride"].toIntVector();
+    const std::vector<std::int64_t> padding = ctx->saved_data["padding"].toIntVector();
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = at::conv3d(g, w, {}, stride, padding);
+    if (ctx->needs_input_grad(1)) {
+      dw = std::get<1>(at::convolution_backward(x, g, w, c10::nullopt, stride, padding, {1, 1, 1},
+                                                /*transposed=*/false, {0, 0, 0}, /*groups=*/1, {false, true, false}));
+    }
+    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum({0, 2, 3, 4});
+    return {dx, dw, db, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The bias argument of the functions above: libtorch 1.13's custom functions take no undefined
+// tensor, so a convolution without bias passes an empty one.
+at::Tensor bias_argument(const at::Tensor& bias) {
+  return bias.defined() ? bias : at::empty({0});
+}
+
+std::atomic<bool> custom_backward_on{true};
+
+// Float32 on the CPU, with a gradient to compute.
+bool wants_custom_backward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  if (!at::GradMode::is_enabled() || !custom_backward_on.load(std::memory_order_relaxed)) return false;
+  if (!input.requires_grad() && !weight.requires_grad() && !(bias.defined() && bias.requires_grad())) return false;
+  return input.device().is_cpu() && input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat;
+}
+
+template <typename Options>
+bool plain_geometry(const Options& o) {
+  using std::get_if;  // 1.13 holds c10::variant, 2.x std::variant: argument-dependent lookup picks
+  if (get_if<torch::enumtype::kZeros>(&o.padding_mode()) == nullptr) return false;
+  if (o.groups() != 1) return false;
+  for (const std::int64_t d : *o.dilation()) {
+    if (d != 1) return false;
+  }
+  return true;
+}
+
+template <typename Options>
+const torch::ExpandingArray<3>* numeric_padding(const Options& o) {
+  using std::get_if;
+  return get_if<torch::ExpandingArray<3>>(&o.padding());
+}
+
+}  // namespace
+
+void set_custom_conv_backward(bool on) {
+  custom_backward_on.store(on);
+}
+bool custom_conv_backward() {
+  return custom_backward_on.load();
+}
+
+bool transposed_conv_custom_backward() {
+  return TORCH_VERSION_MAJOR < 2;
+}
+
+at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
+  const auto* pad = numeric_padding(options);
+  if (pad == nullptr || !plain_geometry(options) || !wants_custom_backward(input, weight, bias)) {
+    return torch::nn::Conv3dImpl::forward(input);
+  }
+  const std::vector<std::int64_t> padding = at::IntArrayRef(*pad).vec();
+  for (std::size_t i = 0; i < 3; ++i) {
+    if ((*options.stride())[i] != 1) return torch::nn::Conv3dImpl::forward(input);
+    if (padding[i] > (*options.kernel_size())[i] - 1) return torch::nn::Conv3dImpl::forward(input);
+  }
+  return Conv3dStride1::apply(input, weight, bias_argument(bias), padding);
+}
+
+at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {
+#if TORCH_VERSION_MAJOR < 2  // transposed_conv_custom_backward(); not instantiated where unused
+  const auto* pad = numeric_padding(options);
+  if (!output_size.has_value() && pad != nullptr && plain_geometry(options) &&
+      wants_custom_backward(input, weight, bias)) {
+    return ConvTranspose3dByConv::apply(input, weight, bias_argument(bias), at::IntArrayRef(options.stride()).vec(),
+                                        at::IntArrayRef(*pad).vec(), at::IntArrayRef(options.output_padding()).vec());
+  }
+#endif
+  return torch::nn::ConvTranspose3dImpl::forward(input, output_size);
+}
+
+}  // namespace medfast::nn
