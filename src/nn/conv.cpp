@@ -135,7 +135,8 @@ bool transposed_conv_custom_backward() {
 
 at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
   const auto* pad = numeric_padding(options);
-  if (pad == nullptr || !plain_geometry(options) || !wants_custom_backward(input, weight, bias)) {
+  if (pad == nullptr || !plain_geometry(options) || options.out_channels() > kCustomBackwardMaxOutChannels ||
+      !wants_custom_backward(input, weight, bias)) {
     return torch::nn::Conv3dImpl::forward(input);
   }
   const std::vector<std::int64_t> padding = at::IntArrayRef(*pad).vec();
