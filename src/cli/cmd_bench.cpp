@@ -9,10 +9,11 @@
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/io/tensor_file.hpp"
-#include "medfast/os/file.hpp"
-#include "medfast/os/process.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/network.hpp"
+#include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/run_config.hpp"
@@ -169,6 +170,13 @@ int run_step(const StepArgs& a, Context& ctx) {
     if (i >= a.warmup) fwd.push_back(f), bwd.push_back(b), step.push_back(since(t2));
   }
   net.ptr()->eval();
+  double eval_macs = 0;  // the convolutions' multiply-accumulates of one eval forward
+  {
+    c10::InferenceMode g;
+    nn::MacCounter counter;
+    (void)net.forward<at::Tensor>(x);
+    eval_macs = counter.macs();
+  }
   for (int i = 0; i < a.warmup + a.steps; ++i) {
     auto t0 = Clock::now();
     {
@@ -195,6 +203,7 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"train_step", median(fwd) + median(bwd) + median(step)},
                            {"eval_forward_no_grad", median(val_nograd)},
                            {"eval_forward_inference_mode", median(val_inference)},
+                           {"eval_forward_macs", eval_macs},
                            {"optimizer_name", a.optimizer},
                            {"rss_before_bytes", rss_before},
                            {"first_step_peak_rss_increase_bytes", first_step_increase},
@@ -203,10 +212,12 @@ int run_step(const StepArgs& a, Context& ctx) {
   if (a.json) {
     print_json(out.dump(2));
   } else {
-    std::printf("forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads); eval forward "
-                "%.4f s (no_grad), %.4f s (inference mode); conv_backward %s\n",
-                median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), median(val_nograd),
-                median(val_inference), ctx.settings.get("conv_backward").c_str());
+    std::printf(
+        "forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads); eval forward "
+        "%.4f s (no_grad), %.4f s (inference mode), %.3g GMAC (%.1f GMAC/s); conv_backward %s\n",
+        median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), median(val_nograd),
+        median(val_inference), eval_macs / 1e9, eval_macs / 1e9 / std::max(median(val_inference), 1e-9),
+        ctx.settings.get("conv_backward").c_str());
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "medfast/nn/conv.hpp"
 
+#include <c10/util/accumulate.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
 
@@ -122,6 +123,20 @@ const torch::ExpandingArray<3>* numeric_padding(const Options& o) {
 
 }  // namespace
 
+namespace {
+thread_local MacCounter* innermost_counter = nullptr;
+}  // namespace
+
+MacCounter::MacCounter() : outer_(innermost_counter) {
+  innermost_counter = this;
+}
+MacCounter::~MacCounter() {
+  innermost_counter = outer_;
+}
+void count_macs(double macs) {
+  for (MacCounter* c = innermost_counter; c != nullptr; c = c->outer_) c->macs_ += macs;
+}
+
 void set_custom_conv_backward(bool on) {
   custom_backward_on.store(on);
 }
@@ -134,6 +149,15 @@ bool transposed_conv_custom_backward() {
 }
 
 at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
+  at::Tensor y = run(input);
+  if (innermost_counter != nullptr) {
+    count_macs(static_cast<double>(y.numel()) * static_cast<double>(options.in_channels() / options.groups()) *
+               static_cast<double>(c10::multiply_integers(*options.kernel_size())));
+  }
+  return y;
+}
+
+at::Tensor Conv3dImpl::run(const at::Tensor& input) {
   const auto* pad = numeric_padding(options);
   if (pad == nullptr || !plain_geometry(options) || options.out_channels() > kCustomBackwardMaxOutChannels ||
       !wants_custom_backward(input, weight, bias)) {
@@ -148,6 +172,15 @@ at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
 }
 
 at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {
+  if (innermost_counter != nullptr) {
+    const std::int64_t out_per_group = options.out_channels() / options.groups();
+    count_macs(static_cast<double>(input.numel()) * static_cast<double>(out_per_group) *
+               static_cast<double>(c10::multiply_integers(*options.kernel_size())));
+  }
+  return run(input, output_size);
+}
+
+at::Tensor ConvTranspose3dImpl::run(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {
 #if TORCH_VERSION_MAJOR < 2  // transposed_conv_custom_backward(); not instantiated where unused
   const auto* pad = numeric_padding(options);
   if (!output_size.has_value() && pad != nullptr && plain_geometry(options) &&

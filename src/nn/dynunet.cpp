@@ -152,8 +152,8 @@ Block out_block(const DynUNetOptions& o, std::int64_t in) {
 }
 
 // DynUNetSkipLayer: downsample -> next_layer -> upsample(next, down), and at levels 1 .. a
-// supervision head's output kept in heads[index - 1]. The modules are shared with the
-// network's own lists, as in MONAI (hence the second set of names under skip_layers).
+// supervision head's output kept in heads[index - 1] (in training mode: only then are they used). The modules are
+// shared with the network's own lists, as in MONAI (hence the second set of names under skip_layers).
 class SkipLayerImpl : public torch::nn::Module {
  public:
   SkipLayerImpl(std::int64_t index, ConvBlock down, std::shared_ptr<torch::nn::Module> next, UpBlock up, Block head,
@@ -173,7 +173,8 @@ class SkipLayerImpl : public torch::nn::Module {
       next = static_cast<ConvBlockImpl*>(next_.get())->forward(down);  // the bottleneck
     }
     torch::Tensor up = up_->forward(next, down);
-    if (head_ && index_ > 0) (*heads_)[static_cast<std::size_t>(index_ - 1)] = head_->forward(up);
+    // MONAI computes the heads in eval mode too, where its forward returns without them.
+    if (head_ && index_ > 0 && is_training()) (*heads_)[static_cast<std::size_t>(index_ - 1)] = head_->forward(up);
     return up;
   }
 

@@ -236,5 +236,19 @@ TEST(Conv, ConvTranspose3dOutputSizeAndSequential) {
   EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias"}));
 }
 
+TEST(Conv, MacCounterCountsEachConvolutionOnce) {
+  Conv3d conv(torch::nn::Conv3dOptions(2, 3, 3).padding(1));
+  ConvTranspose3d up(torch::nn::ConvTranspose3dOptions(4, 2, 2).stride(2));
+  torch::NoGradGuard no_grad;
+  nn::MacCounter outer;
+  {
+    nn::MacCounter inner;
+    (void)conv->forward(at::randn({1, 2, 4, 5, 6}));  // 3 x 120 outputs, 2 x 27 each
+    EXPECT_DOUBLE_EQ(inner.macs(), 3.0 * 120 * 2 * 27);
+  }
+  (void)up->forward(at::randn({1, 4, 3, 3, 3}));  // 4 x 27 inputs, each to 2 x 8 outputs
+  EXPECT_DOUBLE_EQ(outer.macs(), 3.0 * 120 * 2 * 27 + 4.0 * 27 * 2 * 8);
+}
+
 }  // namespace
 }  // namespace medfast::nn

@@ -30,6 +30,9 @@ class Conv3dImpl : public torch::nn::Conv3dImpl {
  public:
   using torch::nn::Conv3dImpl::Conv3dImpl;
   at::Tensor forward(const at::Tensor& input);
+
+ private:
+  at::Tensor run(const at::Tensor& input);
 };
 TORCH_MODULE(Conv3d);
 
@@ -38,10 +41,35 @@ class ConvTranspose3dImpl : public torch::nn::ConvTranspose3dImpl {
   using torch::nn::ConvTranspose3dImpl::ConvTranspose3dImpl;
   at::Tensor forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size = c10::nullopt);
 
+ private:
+  at::Tensor run(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size);
+
  protected:
   FORWARD_HAS_DEFAULT_ARGS({1, torch::nn::AnyValue(c10::optional<at::IntArrayRef>())})
 };
 TORCH_MODULE(ConvTranspose3d);
+
+/// Counts the multiply-accumulates of the convolutions (Conv3d, ConvTranspose3d) that run
+/// forwards on this thread while it lives: a convolution's output elements times its input
+/// channels per group times its kernel's voxels; a transposed one's input elements times its
+/// output channels per group times its kernel's voxels. What `bench step` reports and what
+/// the plan's compute estimate is checked against. Counters nest: each counts what runs in
+/// its lifetime.
+class MacCounter {
+ public:
+  MacCounter();
+  ~MacCounter();
+  MacCounter(const MacCounter&) = delete;
+  MacCounter& operator=(const MacCounter&) = delete;
+  double macs() const { return macs_; }
+
+ private:
+  friend void count_macs(double macs);
+  double macs_ = 0;
+  MacCounter* outer_ = nullptr;
+};
+/// Adds to every counter alive on this thread (the convolutions call it).
+void count_macs(double macs);
 
 /// Whether the custom backward is used at all: on by default; the conv_backward setting
 /// (libtorch) turns it off for the process (train::apply_conv_backward, before training).
