@@ -286,6 +286,35 @@ MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::
   return m;
 }
 
+double forward_macs(const NetworkPlan& net, const Shape& patch, bool training) {
+  const std::size_t levels = net.filters.size();
+  Shape s = patch;
+  std::vector<double> v;  // voxels per level
+  for (std::size_t k = 0; k < levels; ++k) {
+    for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
+    v.push_back(static_cast<double>(volume_of(s)));
+  }
+  const auto f = [&](std::size_t k) { return static_cast<double>(net.filters[k]); };
+  const auto kernel = [&](std::size_t k) { return static_cast<double>(volume_of(net.kernels[k])); };
+  double macs = 0;
+  for (std::size_t k = 0; k < levels; ++k) {  // encoder: in -> f, f -> f
+    const double in = k == 0 ? static_cast<double>(net.in_channels) : f(k - 1);
+    macs += (in + f(k)) * f(k) * kernel(k) * v[k];
+  }
+  for (std::size_t k = 0; k + 1 < levels; ++k) {
+    macs += f(k + 1) * f(k) * v[k];                           // transposed convolution: kernel = stride
+    macs += (2 * f(k) + f(k)) * f(k) * kernel(k + 1) * v[k];  // 2f -> f, f -> f at the level below's kernel
+  }
+  const double classes = static_cast<double>(net.out_channels);
+  macs += f(0) * classes * v[0];  // the output head (1x1x1)
+  if (training) {
+    for (std::int64_t i = 1; i <= net.deep_supr_num; ++i) {
+      macs += f(static_cast<std::size_t>(i)) * classes * v[static_cast<std::size_t>(i)];
+    }
+  }
+  return macs;
+}
+
 Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   if (fp.cases.empty()) throw ValueError(str(fp.list, ": no case to plan with"));
   Plan p;
@@ -376,6 +405,9 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   }
   p.network = network_for(p.patch.topology, p.patch.features);
   p.memory = training_memory(p.network, p.patch.topology.patch, p.patch.batch_size, mo);
+  p.step_macs = training_step_macs(p.network, p.patch.topology.patch, p.patch.batch_size);
+  p.validation_macs_per_voxel = forward_macs(p.network, p.patch.topology.patch, /*training=*/false) /
+                                static_cast<double>(volume_of(p.patch.topology.patch));
   p.validation_cases = fp.cases.size() >= 2 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(
                                                                             static_cast<double>(fp.cases.size()) / 5)))
                                             : 0;
@@ -395,6 +427,8 @@ std::string run_config_yaml(const DatasetFingerprint& fp, const Plan& p, const s
   out << ").\n# Rules and sources: docs/plan.md. Train it with: medfast train --config <this file>\n";
   out << "# Memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per training step ("
       << p.budget_reason << ": " << format_bytes(p.budget_bytes) << " budget).\n";
+  out << "# Compute: about " << fmt(p.step_macs / 1e9, 4) << " GMAC (multiply-accumulates) per training step, "
+      << fmt(p.validation_macs_per_voxel / 1e3, 4) << " kMAC per voxel of each validation window.\n";
   for (const auto& n : fp.notes) out << "# note: " << one_line(n.text()) << "\n";
   emit(out, a.config, "", 0, a.why);
   return out.str();
@@ -434,12 +468,18 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
             {"parameters", p.network.parameters()}}},
           {"estimated_memory_bytes", static_cast<std::uint64_t>(p.memory.total())},
           {"estimated_memory",
-           {{"activations", p.memory.activations}, {"transients", p.memory.transients}, {"parameters", p.memory.parameters}}},
+           {{"activations", p.memory.activations},
+            {"transients", p.memory.transients},
+            {"parameters", p.memory.parameters}}},
+          {"estimated_step_macs", p.step_macs},
+          {"estimated_validation_macs_per_voxel", p.validation_macs_per_voxel},
           {"budget_bytes", p.budget_bytes},
           {"budget", p.budget_reason},
           {"nnunet_feature_map_elements", feature_map_elements(t, p.network.filters, p.network.out_channels)},
           {"nnunet_8gb_reference",
-           {{"patch_size", nnunet.topology.patch}, {"batch_size", nnunet.batch_size}, {"levels", nnunet.topology.stages()}}},
+           {{"patch_size", nnunet.topology.patch},
+            {"batch_size", nnunet.batch_size},
+            {"levels", nnunet.topology.stages()}}},
           {"validation_cases", p.validation_cases},
           {"device", p.device},
           {"amp", p.amp},
@@ -463,6 +503,8 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   }
   o << "\n  memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per step of a "
     << format_bytes(p.budget_bytes) << " budget (" << p.budget_reason << ")";
+  o << "\n  compute: about " << fmt(p.step_macs / 1e9, 4) << " GMAC per training step, "
+    << fmt(p.validation_macs_per_voxel / 1e3, 4) << " kMAC per voxel of each validation window";
   for (const auto& n : fp.notes) o << "\n  note: " << n.text();
   return o.str();
 }

@@ -15,6 +15,7 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/nifti.hpp"
+#include "medfast/nn/conv.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/plan/dataset.hpp"
@@ -361,6 +362,32 @@ TEST(Plan, TheNetworksParametersAndMemoryEstimate) {
   EXPECT_LT(training_memory(n, {64, 64, 16}, 1, half).activations, one.activations);
 }
 
+TEST(Plan, TheComputeEstimateCountsWhatTheNetworkRuns) {
+  // forward_macs against the multiply-accumulates a DynUNet of the plan's arguments performs
+  // (nn::MacCounter around a real forward), with and without deep supervision, training and eval.
+  NetworkPlan n;
+  n.in_channels = 2;
+  n.out_channels = 3;
+  n.kernels = {{3, 3, 1}, {3, 3, 3}, {3, 3, 3}, {3, 3, 3}};
+  n.strides = {{1, 1, 1}, {2, 2, 1}, {2, 2, 2}, {2, 2, 2}};
+  n.filters = {8, 16, 32, 64};
+  const Shape patch = {32, 24, 16};
+  const at::Tensor x = at::randn({1, 2, patch[0], patch[1], patch[2]});
+  for (const std::int64_t supr : {0, 2}) {
+    n.deep_supr_num = supr;
+    torch::nn::AnyModule net = nn::make_network(nlohmann::json::parse(n.model_json().dump()), "model");
+    torch::NoGradGuard no_grad;
+    for (const bool training : {true, false}) {
+      net.ptr()->train(training);
+      nn::MacCounter counter;
+      (void)net.forward<at::Tensor>(x);
+      EXPECT_DOUBLE_EQ(forward_macs(n, patch, training), counter.macs())
+          << "deep_supr_num " << supr << (training ? ", training" : ", eval");
+    }
+  }
+  EXPECT_DOUBLE_EQ(training_step_macs(n, patch, 4), 12 * forward_macs(n, patch, true));
+}
+
 TEST(Plan, TheBudgetDecidesPatchAndBatch) {
   test::TempDir dir;
   synthesize_dataset(synth(dir / "ds", 4, "96,96,40", "1,1,1"));
@@ -395,11 +422,14 @@ TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
   const nlohmann::json read = data::load_yaml_as_json(dir / "plan.yaml");
   EXPECT_EQ(read, run_config(fp, p, dir / "ds/dataset.json"));
   EXPECT_NE(yaml.find("# nnU-Net's target spacing"), std::string::npos);
+  EXPECT_NE(yaml.find("# Compute: about "), std::string::npos);
+  EXPECT_GT(p.step_macs, 0);
+  EXPECT_DOUBLE_EQ(p.step_macs, training_step_macs(p.network, p.patch.topology.patch, p.patch.batch_size));
   const train::RunConfig rc = train::load_run_config(read, dir / "plan.yaml", Settings{});
   (void)rc;
   const nlohmann::json j = plan_json(fp, p);
   for (const char* k : {"target_spacing", "median_shape", "patch_size", "batch_size", "normalization", "network",
-                        "estimated_memory_bytes"}) {
+                        "estimated_memory_bytes", "estimated_step_macs", "estimated_validation_macs_per_voxel"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   for (const char* k : {"name", "strides", "kernel_sizes", "filters"}) EXPECT_TRUE(j["network"].contains(k)) << k;

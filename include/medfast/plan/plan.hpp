@@ -53,6 +53,18 @@ struct MemoryOptions {
 MemoryEstimate training_memory(const NetworkPlan& network, const Shape& patch, std::int64_t batch,
                                const MemoryOptions& options = {});
 
+/// Multiply-accumulates of one sample's forward through the network at `patch`: each level's
+/// two convolutions, the transposed convolutions and the decoder's two, the output head and,
+/// in training, the deep-supervision heads (medfast's DynUNet skips them in eval mode, where
+/// they are not used); as nn::MacCounter counts a DynUNet's (tested).
+/// Normalisation, activations and interpolation are left out (a few operations per voxel).
+double forward_macs(const NetworkPlan& network, const Shape& patch, bool training);
+/// A training step's: backward computes the input and the weight gradients, each about a
+/// forward's work, so 3 forwards per sample.
+inline double training_step_macs(const NetworkPlan& network, const Shape& patch, std::int64_t batch) {
+  return 3.0 * static_cast<double>(batch) * forward_macs(network, patch, /*training=*/true);
+}
+
 /// A channel's normalization and the step that does it.
 struct ChannelNormalization {
   std::string name;  ///< the list's channel name ("" : unnamed)
@@ -82,6 +94,8 @@ struct Plan {
   std::uint64_t budget_bytes = 0;
   std::string budget_reason;          ///< where the budget came from
   MemoryEstimate memory;              ///< at the planned patch and batch
+  double step_macs = 0;               ///< training_step_macs at the planned patch and batch
+  double validation_macs_per_voxel = 0;  ///< an eval forward's, per patch voxel
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
   bool amp = false;
   std::string device;
