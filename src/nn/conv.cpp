@@ -121,10 +121,8 @@ const torch::ExpandingArray<3>* numeric_padding(const Options& o) {
   return get_if<torch::ExpandingArray<3>>(&o.padding());
 }
 
-}  // namespace
-
-namespace {
 thread_local MacCounter* innermost_counter = nullptr;
+
 }  // namespace
 
 MacCounter::MacCounter() : outer_(innermost_counter) {
@@ -139,9 +137,6 @@ void count_macs(double macs) {
 
 void set_custom_conv_backward(bool on) {
   custom_backward_on.store(on);
-}
-bool custom_conv_backward() {
-  return custom_backward_on.load();
 }
 
 bool transposed_conv_custom_backward() {

@@ -152,8 +152,9 @@ Block out_block(const DynUNetOptions& o, std::int64_t in) {
 }
 
 // DynUNetSkipLayer: downsample -> next_layer -> upsample(next, down), and at levels 1 .. a
-// supervision head's output kept in heads[index - 1] (in training mode: only then are they used). The modules are
-// shared with the network's own lists, as in MONAI (hence the second set of names under skip_layers).
+// supervision head's output kept in heads[index - 1] (in training mode: only then are they
+// used). The modules are shared with the network's own lists, as in MONAI (hence the second
+// set of names under skip_layers).
 class SkipLayerImpl : public torch::nn::Module {
  public:
   SkipLayerImpl(std::int64_t index, ConvBlock down, std::shared_ptr<torch::nn::Module> next, UpBlock up, Block head,

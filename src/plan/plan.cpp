@@ -35,6 +35,24 @@ std::string fmt3(const std::array<double, 3>& v, int digits = 4) {
 }
 std::string fmt3(const Shape& v) { return str(v[0], " x ", v[1], " x ", v[2]); }
 
+/// Voxels of one sample's feature maps at each level of the network (the patch divided by
+/// the strides down to that level).
+std::vector<double> level_voxels(const NetworkPlan& net, const Shape& patch) {
+  Shape s = patch;
+  std::vector<double> voxels;
+  for (std::size_t k = 0; k < net.filters.size(); ++k) {
+    for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
+    voxels.push_back(static_cast<double>(volume_of(s)));
+  }
+  return voxels;
+}
+
+/// The plan's compute, as the YAML header and the summary state it.
+std::string compute_text(const Plan& p) {
+  return str("about ", fmt(p.step_macs / 1e9, 4), " GMAC (multiply-accumulates) per training step, ",
+             fmt(p.validation_macs_per_voxel / 1e3, 4), " kMAC per voxel of each validation window");
+}
+
 /// JSON numbers that read back the same and stay short: 6 significant digits.
 double tidy(double v) { return std::stod(fmt(v, 6)); }
 
@@ -265,12 +283,7 @@ std::int64_t NetworkPlan::parameters() const {
 MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::int64_t batch,
                                const MemoryOptions& o) {
   const std::size_t levels = net.filters.size();
-  Shape s = patch;
-  std::vector<double> voxels;
-  for (std::size_t k = 0; k < levels; ++k) {
-    for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
-    voxels.push_back(static_cast<double>(volume_of(s)));
-  }
+  const std::vector<double> voxels = level_voxels(net, patch);
   double maps = 0;  // feature-map elements kept for backward, one sample
   for (std::size_t k = 0; k < levels; ++k) maps += 6.0 * static_cast<double>(net.filters[k]) * voxels[k];
   for (std::size_t k = 0; k + 1 < levels; ++k) maps += 8.0 * static_cast<double>(net.filters[k]) * voxels[k];
@@ -288,12 +301,7 @@ MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::
 
 double forward_macs(const NetworkPlan& net, const Shape& patch, bool training) {
   const std::size_t levels = net.filters.size();
-  Shape s = patch;
-  std::vector<double> v;  // voxels per level
-  for (std::size_t k = 0; k < levels; ++k) {
-    for (int d = 0; d < 3; ++d) s[d] /= net.strides[k][d];
-    v.push_back(static_cast<double>(volume_of(s)));
-  }
+  const std::vector<double> v = level_voxels(net, patch);
   const auto f = [&](std::size_t k) { return static_cast<double>(net.filters[k]); };
   const auto kernel = [&](std::size_t k) { return static_cast<double>(volume_of(net.kernels[k])); };
   double macs = 0;
@@ -427,8 +435,7 @@ std::string run_config_yaml(const DatasetFingerprint& fp, const Plan& p, const s
   out << ").\n# Rules and sources: docs/plan.md. Train it with: medfast train --config <this file>\n";
   out << "# Memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per training step ("
       << p.budget_reason << ": " << format_bytes(p.budget_bytes) << " budget).\n";
-  out << "# Compute: about " << fmt(p.step_macs / 1e9, 4) << " GMAC (multiply-accumulates) per training step, "
-      << fmt(p.validation_macs_per_voxel / 1e3, 4) << " kMAC per voxel of each validation window.\n";
+  out << "# Compute: " << compute_text(p) << ".\n";
   for (const auto& n : fp.notes) out << "# note: " << one_line(n.text()) << "\n";
   emit(out, a.config, "", 0, a.why);
   return out.str();
@@ -503,8 +510,7 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   }
   o << "\n  memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per step of a "
     << format_bytes(p.budget_bytes) << " budget (" << p.budget_reason << ")";
-  o << "\n  compute: about " << fmt(p.step_macs / 1e9, 4) << " GMAC per training step, "
-    << fmt(p.validation_macs_per_voxel / 1e3, 4) << " kMAC per voxel of each validation window";
+  o << "\n  compute: " << compute_text(p);
   for (const auto& n : fp.notes) o << "\n  note: " << n.text();
   return o.str();
 }

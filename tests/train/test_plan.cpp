@@ -336,13 +336,19 @@ TEST(Plan, AnisotropicMrFollowsNnunetsRules) {
   EXPECT_EQ(p.network.strides[1], (Shape{2, 2, 1}));
 }
 
-TEST(Plan, TheNetworksParametersAndMemoryEstimate) {
+// A plan's network by hand: 2 channels in, 3 classes, 4 levels, anisotropic first level.
+NetworkPlan two_channel_four_level_network(std::vector<std::int64_t> filters) {
   NetworkPlan n;
   n.in_channels = 2;
   n.out_channels = 3;
   n.kernels = {{3, 3, 1}, {3, 3, 3}, {3, 3, 3}, {3, 3, 3}};
   n.strides = {{1, 1, 1}, {2, 2, 1}, {2, 2, 2}, {2, 2, 2}};
-  n.filters = {32, 64, 128, 256};
+  n.filters = std::move(filters);
+  return n;
+}
+
+TEST(Plan, TheNetworksParametersAndMemoryEstimate) {
+  NetworkPlan n = two_channel_four_level_network({32, 64, 128, 256});
   for (const std::int64_t supr : {0, 1, 2}) {
     n.deep_supr_num = supr;
     const nlohmann::json spec = nlohmann::json::parse(n.model_json().dump());
@@ -365,12 +371,7 @@ TEST(Plan, TheNetworksParametersAndMemoryEstimate) {
 TEST(Plan, TheComputeEstimateCountsWhatTheNetworkRuns) {
   // forward_macs against the multiply-accumulates a DynUNet of the plan's arguments performs
   // (nn::MacCounter around a real forward), with and without deep supervision, training and eval.
-  NetworkPlan n;
-  n.in_channels = 2;
-  n.out_channels = 3;
-  n.kernels = {{3, 3, 1}, {3, 3, 3}, {3, 3, 3}, {3, 3, 3}};
-  n.strides = {{1, 1, 1}, {2, 2, 1}, {2, 2, 2}, {2, 2, 2}};
-  n.filters = {8, 16, 32, 64};
+  NetworkPlan n = two_channel_four_level_network({8, 16, 32, 64});
   const Shape patch = {32, 24, 16};
   const at::Tensor x = at::randn({1, 2, patch[0], patch[1], patch[2]});
   for (const std::int64_t supr : {0, 2}) {

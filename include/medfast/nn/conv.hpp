@@ -4,9 +4,9 @@
 /// options, parameters and state_dict names, and the same forward, whose backward on the CPU
 /// takes libtorch's fast kernels where its own does not.
 ///
-/// Measured (docs/benchmarks.md, "Convolution gradients on the CPU"): oneDNN's backward-data
-/// kernel, which libtorch 1.13 and 2.6 use for a convolution's input gradient on the CPU, took
-/// 16-18 ms for 8 x 32x32x16 voxels whatever the channels (2 -> 2 included), where a forward
+/// Measured (docs/benchmarks.md, "Convolution gradients by forward convolutions"): oneDNN's
+/// backward-data kernel, which libtorch 1.13 and 2.6 use for a convolution's input gradient on
+/// the CPU, took 16-18 ms for 8 x 32x32x16 voxels at 2 to 8 channels, where a forward
 /// convolution of the gradient with the flipped, transposed kernel computes the same gradient
 /// in 1.5-7 ms; and libtorch 1.13 has no oneDNN transposed convolution on the CPU, so a
 /// transposed convolution's input and weight gradients went through im2col loops where a
@@ -74,7 +74,6 @@ void count_macs(double macs);
 /// Whether the custom backward is used at all: on by default; the conv_backward setting
 /// (libtorch) turns it off for the process (train::apply_conv_backward, before training).
 void set_custom_conv_backward(bool on);
-bool custom_conv_backward();
 
 /// Whether ConvTranspose3d's custom backward is used on this libtorch: libtorch 1.x only (2.x
 /// runs transposed convolutions through oneDNN, and the custom backward measured no faster).
