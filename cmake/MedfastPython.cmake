@@ -69,6 +69,46 @@ target_include_directories(medfast_python PRIVATE ${_python_include} ${PYBIND11_
 target_link_libraries(medfast_python PRIVATE medfast_train ${TORCH_PYTHON_LIBRARY})
 target_compile_options(medfast_python PRIVATE -Wall -Wextra)
 
+# The module must run on the C++ runtime the interpreter has loaded with torch, never on a
+# copy of its own. A toolchain that links libstdc++ statically into shared objects (the GPU
+# image's GCC 13 in /opt/gcc did; -static-libstdc++ in LDFLAGS does the same) gives the module
+# a second libstdc++ whose symbols partly bind to the loaded one: `import medfast` then died
+# in its first ostream insertion (a codecvt facet of the other copy; seen on an H100 with
+# torch 2.11). A probe shared object, linked as the module is, tells; where it carries no
+# libstdc++.so.6 of its own, the interpreter's (from /proc/self/maps after `import torch`)
+# is linked ahead of the toolchain's static archive, which then supplies nothing.
+set(_probe_dir ${CMAKE_BINARY_DIR}/CMakeFiles/medfast_libstdcxx_probe)
+file(WRITE ${_probe_dir}/probe.cpp "#include <sstream>\nstd::string medfast_probe(long v) { std::ostringstream s; s << v; return s.str(); }\n")
+separate_arguments(_probe_flags UNIX_COMMAND "${CMAKE_CXX_FLAGS} ${CMAKE_MODULE_LINKER_FLAGS}")
+execute_process(COMMAND ${CMAKE_CXX_COMPILER} ${_probe_flags} -shared -fPIC -o ${_probe_dir}/probe.so ${_probe_dir}/probe.cpp
+                RESULT_VARIABLE _probe_rc OUTPUT_QUIET ERROR_VARIABLE _probe_err)
+set(_probe_needed "")
+if(_probe_rc EQUAL 0)
+  find_program(MEDFAST_READELF NAMES readelf ${CMAKE_READELF})
+  if(MEDFAST_READELF)
+    execute_process(COMMAND ${MEDFAST_READELF} -d ${_probe_dir}/probe.so OUTPUT_VARIABLE _probe_needed ERROR_QUIET)
+  endif()
+endif()
+if(NOT _probe_rc EQUAL 0 OR NOT MEDFAST_READELF)
+  message(STATUS "medfast: could not check how the toolchain links libstdc++ into the module "
+                 "(probe exit ${_probe_rc}${_probe_err}; readelf: ${MEDFAST_READELF}); linking as it does")
+elseif(NOT _probe_needed MATCHES "libstdc\\+\\+\\.so")
+  execute_process(
+    COMMAND ${MEDFAST_PYTHON_FOR_MODULE} -c "import torch\nfor l in open('/proc/self/maps'):\n    if '/libstdc++.so' in l:\n        print(l.split()[-1]); break"
+    OUTPUT_VARIABLE _interpreter_libstdcxx OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(_interpreter_libstdcxx AND EXISTS "${_interpreter_libstdcxx}")
+    message(STATUS "medfast: this toolchain links libstdc++ statically into shared objects; the Python module "
+                   "links ${_interpreter_libstdcxx}, the one ${MEDFAST_PYTHON_FOR_MODULE} runs torch on")
+    # On the link line after the module's object (which needs it: --as-needed keeps it) and
+    # before the toolchain's own static -lstdc++ at the end, which then finds nothing undefined.
+    target_link_libraries(medfast_python PRIVATE "${_interpreter_libstdcxx}")
+  else()
+    message(WARNING "medfast: this toolchain links libstdc++ statically into shared objects and "
+                    "${MEDFAST_PYTHON_FOR_MODULE} showed no libstdc++ it runs on: the module may crash on import "
+                    "(link it with the interpreter's libstdc++.so.6)")
+  endif()
+endif()
+
 # The package's Python files next to the module, so that PYTHONPATH=build/python works.
 file(GLOB _package_files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/medfast/*.py
      ${PROJECT_SOURCE_DIR}/python/medfast/*.pyi ${PROJECT_SOURCE_DIR}/python/medfast/py.typed)

@@ -8,6 +8,7 @@ still run. scripts/gpu_check.sh calls this.
     bash scripts/gpu_check.sh --phase sanitize     # call 3: compute-sanitizer
     bash scripts/gpu_check.sh --only io,train      # re-run chosen steps after a fix
     bash scripts/gpu_check.sh --only sanitizer     # fits one 10-minute device call
+    bash scripts/gpu_check.sh --phase build --targets medfast,medfast_python   # a short re-build
     bash scripts/gpu_check.sh --dry-run --build build   # here, without a GPU (CI runs this)
 
 On the device machine (see docs/benchmarks.md, "GPU runs"): each call carries [".gpu",
@@ -17,6 +18,9 @@ nibabel's orientations module); the build configures against the image's pip tor
 from torch.utils.cmake_prefix_path), CUDA arch 90.
 
 Steps with more to them than a command:
+  python_tests  first `import torch, medfast` in a process of its own; where it dies by a
+             signal, its native stack (cuda-gdb: the image has no gdb) is in the log and the
+             first frames are the step's reason; then ctest -L python.
   monai      .gpu-peers first on PYTHONPATH; first (PEER_IMPORT) `import monai` there, from
              there, patched (MANIFEST), MONAI's Spacing geometry on the image's numpy, and the
              first training item through the recipe's deterministic chain with LoadImaged
@@ -33,7 +37,9 @@ Steps with more to them than a command:
   sanitizer  compute-sanitizer over tests/medfast_gpu_tests, the stream and I/O GPU tests
              (SANITIZER_RUNS): memcheck, then synccheck where the step's budget leaves room;
              the device refused ("Device not supported", error 999, no permission, a sanitizer
-             error before any test ran): skipped with the tool's message.
+             error before any test ran): skipped with the tool's message. cuFile is kept out
+             (libcufile stops its process under the sanitizer); a test program that dies under
+             it is a failure naming the test.
 
 Results accumulate in BUILD/gpu_check.json (so that the run phase adds to the build
 phase's) and are copied with a Markdown table and the log into $OUT (or --out); the table
@@ -215,7 +221,8 @@ class Campaign:
         configure = time.time() - t0
         # -k 0: every compile error of this build in one device call, not only the first one;
         # the whole output goes to build.log beside the campaign's log.
-        cmd = ["cmake", "--build", self.build, "-j", jobs, "--", "-k", "0"]
+        targets = [t for t in (self.a.targets or "").split(",") if t]
+        cmd = ["cmake", "--build", self.build, "-j", jobs, *(["--target", *targets] if targets else []), "--", "-k", "0"]
         log_path = os.path.join(self.out, "build.log")
         self.log("$ " + " ".join(cmd) + f"   (output in {log_path})")
         # Streamed to the file: a device call cut short by its time limit still brings it back.
@@ -233,7 +240,7 @@ class Campaign:
                       check=False, env=env)
         summary = next((l.strip() for l in out.splitlines() if "tests passed" in l), "no summary")
         skipped = sum(1 for l in out.splitlines() if re.match(r"^\s+\d+ - .* \(Skipped\)\s*$", l))
-        failed = [l.split(" - ", 1)[1].strip() for l in out.splitlines() if " - " in l and "(Failed)" in l]
+        failed = failed_tests(out)
         if failed:
             raise RuntimeError(f"{summary}; failed: {', '.join(failed[:8])}")
         if "no summary" in summary and "No tests were found" not in out:
@@ -251,7 +258,39 @@ class Campaign:
         return self.ctest("-L", "gpu", "-FS", "golden", jobs=1, env={"TMPDIR": tmp})
 
     def step_python_tests(self):
-        return self.ctest("-L", "python")
+        probe = self.python_import_probe()
+        figures = self.ctest("-L", "python")
+        return {**figures, "import": probe}
+
+    def python_import_probe(self):
+        """`import torch, medfast` in a process of its own, before the tests: where it dies by a
+        signal, the native stack (cuda-gdb, which the image has in place of gdb) is logged and
+        its first medfast/torch frames raised, so that one device call says where it crashed."""
+        if not os.path.exists(os.path.join(self.build, "python", "medfast", "__init__.py")):
+            raise Skip("the Python module was not built (the configure output says why)")
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.build, "python"))
+        code = "import torch, medfast; print('medfast', medfast.__version__, 'torch', torch.__version__)"
+        r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True,
+                           timeout=120, env=env, cwd=self.work)
+        self.log(f"$ {sys.executable} -c {code!r}\n{r.stdout}{r.stderr[-6000:]}")
+        if r.returncode == 0:
+            return r.stdout.strip()
+        if r.returncode > 0:
+            raise RuntimeError(f"import medfast failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        gdb = shutil.which("gdb") or shutil.which("cuda-gdb") or next(
+            (t for t in ("/usr/local/cuda/bin/cuda-gdb",) if os.access(t, os.X_OK)), None)
+        frames = []
+        if gdb:
+            try:
+                g = subprocess.run([gdb, "-batch", "-ex", "run", "-ex", "bt 40", "-ex", "info sharedlibrary",
+                                    "--args", sys.executable, "-c", code], capture_output=True, text=True,
+                                   timeout=120, env=env, cwd=self.work)
+                self.log(f"$ {gdb} -batch -ex run -ex 'bt 40' --args ...\n{g.stdout[-60000:]}{g.stderr[-6000:]}")
+                frames = [re.sub(r"\s+", " ", l.strip())[:160] for l in g.stdout.splitlines() if re.match(r"#\d+ ", l)]
+            except subprocess.TimeoutExpired:
+                self.log(f"{gdb} did not finish in 120 s")
+        raise RuntimeError(f"import medfast died by signal {-r.returncode}; native stack: "
+                           + (" | ".join(frames[:6]) if frames else "no debugger here (see the log)"))
 
     def step_self_check(self):
         j = json.loads(self.medfast("info", "--backends", "--json", check=False) or "{}")
@@ -318,7 +357,7 @@ class Campaign:
                                  for e in last)
         out = {"samples/s": round(sps, 2), "data wait %": round(100 * wait, 1)}
         if "gpu" in last[-1]:
-            out["gpu util %"] = last[-1]["gpu"].get("utilization_mean")
+            out["gpu util %"] = last[-1]["gpu"].get("util_mean")
         if "cuda_peak_allocated_bytes" in last[-1]:
             out["peak GiB"] = round(last[-1]["cuda_peak_allocated_bytes"] / 2 ** 30, 2)
         if any(not isinstance(e.get("loss"), (int, float)) for e in epochs_):
@@ -463,11 +502,7 @@ class Campaign:
         if not traces:
             raise RuntimeError("no trace written under profiler/")
         s = json.loads(self.medfast("trace", "summarize", "--json", *traces))
-        names = json.dumps(s)
-        missing = [r for r in ("step", "data_wait", "forward", "backward") if f'"{r}"' not in names]
-        if missing:
-            raise RuntimeError(f"the trace lacks the ranges {missing}")
-        return {"traces": len(traces)}
+        return {"traces": len(traces), **check_trace_summary(s if isinstance(s, list) else [s])}
 
     def step_sanitizer(self):
         """compute-sanitizer over the stream and I/O GPU tests of tests/gpu (the binary
@@ -484,10 +519,11 @@ class Campaign:
         binary = os.path.join(self.build, "tests", "medfast_gpu_tests")
         t0 = time.time()
         figures = {}
+        budget = self.a.sanitizer_budget
         for name, gtest_filter, limit in SANITIZER_RUNS:
-            left = SANITIZER_BUDGET_S - (time.time() - t0)
+            left = budget - (time.time() - t0)
             if name != "memcheck" and left < limit:
-                figures[name] = (f"not run: {left:.0f} s of the step's {SANITIZER_BUDGET_S} s left, "
+                figures[name] = (f"not run: {left:.0f} s of the step's {budget} s left, "
                                  f"it may take {limit} s")
                 continue
             figures[name] = self.sanitize(tool, name, binary, gtest_filter, min(limit, left))
@@ -496,9 +532,15 @@ class Campaign:
     def sanitize(self, tool, name, binary, gtest_filter, limit):
         """One compute-sanitizer run; its figure, or Skip (the device refused) / RuntimeError."""
         t = time.time()
+        # libcufile stops its process under compute-sanitizer ("Assertion failure, file index
+        # :cufio-plat line :149", seen on an H100 with the 2026 image), before any sanitizer
+        # report: cuFile is kept out (a library path that does not exist, so medfast takes its
+        # pinned bounce, as on a machine without cuFile), and the sanitizer checks medfast's own
+        # transfers. The cuFile path itself runs in gpu_tests.
         rc, out, timed_out = self.sh_limited(
             [tool, "--tool", name, "--error-exitcode", "3", "--print-limit", "50", binary,
-             f"--gtest_filter={gtest_filter}"], timeout=int(limit), cwd=os.path.join(self.build, "tests"))
+             f"--gtest_filter={gtest_filter}"], timeout=int(limit), cwd=os.path.join(self.build, "tests"),
+            env={"MEDFAST_CUFILE_LIBRARY": "/nonexistent/libcufile-kept-out-under-compute-sanitizer.so"})
         seconds = round(time.time() - t)
         lines = out.splitlines()
         own = [l for l in lines if l.startswith("=========")]  # the sanitizer's lines, not the tests'
@@ -518,6 +560,12 @@ class Campaign:
                         and re.search(r"\d+ tests?,", l)), "0")
         failed = sorted({l[len("[  FAILED  ] "):].split(" ")[0].rstrip(",") for l in lines
                          if l.startswith("[  FAILED  ] ") and "listed below" not in l})
+        running = [l[len("[ RUN      ] "):].strip() for l in lines if l.startswith("[ RUN      ] ")]
+        if ran and not any(l.startswith("[  PASSED  ]") for l in lines):
+            # the test program died under the sanitizer (a crash, an abort in a library)
+            said = [l.strip() for l in lines if l.strip() and not l.startswith(("=========", "["))][-2:]
+            raise RuntimeError(f"{name}: the test program stopped (exit {rc}) in "
+                               f"{running[-1] if running else 'its set-up'}: {' | '.join(said) or 'see the log'}")
         if summary is None:
             raise RuntimeError(f"{name}: no ERROR SUMMARY (exit {rc}): {' | '.join(tool_errors[:2]) or 'see the log'}")
         errors = int(re.search(r"(\d+) error", summary).group(1))
@@ -531,6 +579,30 @@ class Campaign:
         if passed == "0":
             raise Skip(f"{name}: no test ran under compute-sanitizer ({skipped} skipped: see the log)")
         return f"{summary}; {passed} tests passed, {skipped} skipped; {seconds} s"
+
+
+def failed_tests(ctest_output):
+    """The tests a ctest run lists as failed, with their status: "(Failed)", "(SEGFAULT)",
+    "(Timeout)", "(Subprocess aborted)", ...; skipped ones are not failures."""
+    return [f"{m.group(1)} ({m.group(2)})" for m in re.finditer(r"^\s+\d+ - (\S+) \(([^)]+)\)", ctest_output, re.M)
+            if m.group(2) not in ("Skipped", "Not Run", "Disabled")]
+
+
+def check_trace_summary(summaries):
+    """The ranges a medfast trace must hold, counted in `medfast trace summarize --json`'s output
+    (one object per file): steps, and within them the batch waits ("data_wait", summarised as
+    first_load for an epoch's first step and batch_load for the others), forward and backward.
+    Returns the counts; raises naming the ranges that no file holds."""
+    def count(key):
+        return sum(int(x.get(key, {}).get("count", 0)) for x in summaries)
+    counts = {"step": count("step"), "data_wait": count("first_load") + count("batch_load"),
+              "forward": count("forward"), "backward": count("backward")}
+    if any(x.get("producer") != "medfast" for x in summaries):
+        raise RuntimeError(f"the trace is not medfast's: producer {[x.get('producer') for x in summaries]}")
+    missing = [k for k, v in counts.items() if v == 0]
+    if missing:
+        raise RuntimeError(f"the trace lacks the ranges {missing}")
+    return {f"{k} ranges": v for k, v in counts.items()}
 
 
 # compute-sanitizer runs of step_sanitizer: (tool, gtest filter over medfast_gpu_tests, limit in
@@ -706,6 +778,10 @@ def main():
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--out", help="where the JSON, Markdown table and log go (default: $OUT)")
     ap.add_argument("--dry-run", action="store_true", help="no configure; steps that need a GPU are skipped")
+    ap.add_argument("--targets", help="comma-separated CMake targets the build step builds (default: all), for "
+                    "a short re-run after a fix, e.g. medfast,medfast_gpu_tests,medfast_python")
+    ap.add_argument("--sanitizer-budget", type=int, default=SANITIZER_BUDGET_S,
+                    help=f"seconds for the sanitizer step, all its runs together (default {SANITIZER_BUDGET_S})")
     a = ap.parse_args()
     steps = PHASES[a.phase]
     if a.only:
