@@ -4,10 +4,10 @@
 Usage: /usr/bin/python3 bench/plan_memory_bench.py [--rounds 3] [--threads 2]
            [--medfast build/medfast] [--work DIR]
 
-For each configuration: `medfast data synth` writes a dataset, `medfast plan --json --memory M`
-plans it on the CPU (float32), and a fresh `medfast bench step` process builds the planned
-DynUNet (deep supervision as planned), takes one training step on a batch of the planned size
-and patch with SGD + momentum (the plan's optimizer) and DiceCE, and reports its peak resident
+For each configuration: `medfast data synth` writes a dataset, `medfast plan --json --memory M
+--compute 0` plans it on the CPU (float32; memory alone decides the patch), and a fresh
+`medfast bench step` process builds the planned DynUNet (deep supervision as planned), takes
+one training step on a batch of the planned size and patch with SGD + momentum (the plan's optimizer) and DiceCE, and reports its peak resident
 memory above what the process held before the step (first_step_peak_rss_increase_bytes: the
 activations, gradients, optimizer state and transients the estimate counts). Verified first:
 the plan's patch is divisible by its strides and the step's loss is finite (the bench exits
@@ -60,7 +60,7 @@ def main():
         if not os.path.exists(os.path.join(ds, "dataset.json")):
             run([a.medfast, "data", "synth", "--out", ds, "--cases", "5", "--seed", "1"] + synth)
         plan = json.loads(run([a.medfast, "--threads", str(a.threads), "plan", "--dataset", ds, "--device", "cpu",
-                               "--memory", memory, "--json"]))
+                               "--memory", memory, "--compute", "0", "--json"]))
         net = plan["network"]
         patch, batch = plan["patch_size"], plan["batch_size"]
         for d in range(3):

@@ -1,6 +1,7 @@
 // medfast plan: a dataset in, a run config out (nnU-Net's rules, medfast's memory estimate).
 #include <ATen/Context.h>
 
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@ namespace {
 struct PlanArgs {
   std::string dataset, device, memory, out, run_dir;
   int epochs = 100;
+  double compute_gmac = std::nan("");  ///< --compute (NaN: not given)
   bool json = false, no_cache = false;
 };
 
@@ -104,6 +106,13 @@ Planned make(const PlanArgs& a, Context& ctx, bool show_progress) {
     const auto free = io::cuda_free_bytes(at::Device(po.device));
     if (free) po.device_free_bytes = *free;
   }
+  if (!std::isnan(a.compute_gmac)) {
+    if (!(a.compute_gmac >= 0) || !std::isfinite(a.compute_gmac)) {
+      throw ValueError(
+          str("plan: --compute ", a.compute_gmac, ": expected GMAC per training step, at least 0 (0: none)"));
+    }
+    po.step_macs_budget = a.compute_gmac * 1e9;
+  }
   po.host_memory_bytes = os::machine_info().memory_bytes;
   po.epochs = a.epochs;
   po.run_dir = a.run_dir;
@@ -181,6 +190,9 @@ Command register_plan(CLI::App& root) {
   app->add_option("--memory", a->memory,
                   str("Memory budget of a training step, e.g. 8GiB [default: CUDA: 90% of the device's free memory; "
                       "CPU: ", static_cast<int>(plan::kCpuMemoryFraction * 100), "% of the machine's memory]"));
+  app->add_option("--compute", a->compute_gmac,
+                  str("Compute budget of a training step in GMAC (multiply-accumulates; 0: none) [default: CPU: ",
+                      plan::kCpuStepMacs / 1e9, ", the spleen recipe's step; CUDA: none]"));
   app->add_option("--epochs", a->epochs, "train.epochs of the run")->capture_default_str();
   app->add_option("--run-dir", a->run_dir, "train.run_dir of the run (written absolute) [default: ./runs/<dataset>]");
   app->add_option("--out", a->out,

@@ -50,7 +50,8 @@ std::vector<double> level_voxels(const NetworkPlan& net, const Shape& patch) {
 /// The plan's compute, as the YAML header and the summary state it.
 std::string compute_text(const Plan& p) {
   return str("about ", fmt(p.step_macs / 1e9, 4), " GMAC (multiply-accumulates) per training step, ",
-             fmt(p.validation_macs_per_voxel / 1e3, 4), " kMAC per voxel of each validation window");
+             fmt(p.validation_macs_per_voxel / 1e3, 4), " kMAC per voxel of each validation window",
+             p.step_macs_budget > 0 ? str(" (budget ", p.compute_reason, ")") : std::string(" (no compute budget)"));
 }
 
 /// JSON numbers that read back the same and stay short: 6 significant digits.
@@ -151,7 +152,11 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   data["loader"] = {{"batch_size", p.patch.batch_size}, {"shuffle", true}, {"prefetch", 4}};
   why["/data/loader"] = str("batch size ", p.patch.batch_size, ": the largest whose estimated step (",
                             format_bytes(static_cast<std::uint64_t>(p.memory.total())), ") fits the budget of ",
-                            format_bytes(p.budget_bytes), ", at most 5% of the dataset's voxels per batch, at least 2");
+                            format_bytes(p.budget_bytes),
+                            p.step_macs_budget > 0 ? str(" and whose compute (", fmt(p.step_macs / 1e9, 4),
+                                                         " GMAC) fits ", fmt(p.step_macs_budget / 1e9, 4), " GMAC")
+                                                   : std::string(),
+                            ", at most 5% of the dataset's voxels per batch, at least 2");
   if (p.validation_cases > 0) {
     data["validation"] = {{"num", p.validation_cases}};
     why["/data/validation"] = str("the last ", p.validation_cases, " of ", fp.cases.size(),
@@ -163,8 +168,10 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   why["/model"] = str("MONAI's DynUNet with nnU-Net's topology for a ", fmt3(patch), " patch at ",
                       fmt3(p.target_spacing), " mm: ", p.patch.topology.stages(),
                       " levels, each axis halved while its map keeps 8 voxels and its spacing is under twice the "
-                      "finest; 3-wide kernels once an axis is under twice the finest spacing; ",
-                      p.network.parameters(), " parameters");
+                      "finest; 3-wide kernels once an axis is under twice the finest spacing; channels ",
+                      p.network.filters.front(), "..", p.network.filters.back(),
+                      p.network.filters.front() < 32 ? " (nnU-Net's 32..320 narrowed to fit the compute budget)" : "",
+                      "; ", p.network.parameters(), " parameters");
   a.config["loss"] = {{"name", "DiceCE"},          {"to_onehot_y", true}, {"softmax", true},
                       {"include_background", false}, {"batch", true},       {"smooth_nr", 1e-5},
                       {"smooth_dr", 1e-5}};
@@ -400,16 +407,55 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
     n.deep_supr_num = t.stages() >= 3 ? static_cast<std::int64_t>(t.stages()) - 2 : 0;
     return n;
   };
-  MemoryModel model;
+  StepModel model;
   model.budget = static_cast<double>(p.budget_bytes);
   model.describe = [](double bytes) { return format_bytes(static_cast<std::uint64_t>(std::max(0.0, bytes))); };
   model.cost = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
     return training_memory(network_for(t, features), t.patch, batch, mo).total();
   };
-  try {
-    p.patch = plan_patch(p.target_spacing, p.median_shape, dataset_voxels, model);
-  } catch (const ValueError& e) {
-    throw ValueError(str(fp.list, ": ", e.what(), ": raise --memory"));
+  const auto planned = [&](const StepModel& m, const char* raise) {
+    try {
+      return plan_patch(p.target_spacing, p.median_shape, dataset_voxels, m);
+    } catch (const ValueError& e) {
+      throw ValueError(str(fp.list, ": ", e.what(), ": raise ", raise));
+    }
+  };
+  p.patch = planned(model, "--memory");
+
+  // The compute budget (CPU by default): fewer channels first, then a smaller patch.
+  p.step_macs_budget = o.step_macs_budget >= 0 ? o.step_macs_budget : (p.amp ? 0 : kCpuStepMacs);
+  const double unbudgeted_macs =
+      training_step_macs(network_for(p.patch.topology, p.patch.features), p.patch.topology.patch, 2);
+  if (p.step_macs_budget > 0 && unbudgeted_macs > p.step_macs_budget) {
+    const Shape memory_patch = p.patch.topology.patch;
+    StepModel budgeted = model;
+    budgeted.compute_budget = p.step_macs_budget;
+    budgeted.compute = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
+      return training_step_macs(network_for(t, features), t.patch, batch);
+    };
+    for (std::size_t i = 0; i < kComputeBaseFeatures.size(); ++i) {
+      budgeted.base_features = kComputeBaseFeatures[i];
+      budgeted.max_features = 10 * kComputeBaseFeatures[i];
+      const bool narrowest = i + 1 == kComputeBaseFeatures.size();
+      if (narrowest) {
+        p.patch = planned(budgeted, "--compute");
+        break;
+      }
+      try {
+        p.patch = plan_patch(p.target_spacing, p.median_shape, dataset_voxels, budgeted);
+      } catch (const ValueError&) {
+        continue;  // no patch fits with these channels: narrower ones may
+      }
+      if (2 * volume_of(p.patch.topology.patch) >= volume_of(memory_patch)) break;
+    }
+    p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step",
+                           ": ", fmt(p.step_macs_budget / 1e9, 4),
+                           " GMAC a step, where nnU-Net's network at the memory "
+                           "budget's patch (",
+                           fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2");
+  } else if (p.step_macs_budget > 0) {
+    p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default", ": ",
+                           fmt(p.step_macs_budget / 1e9, 4), " GMAC a step, which the memory budget's plan fits");
   }
   p.network = network_for(p.patch.topology, p.patch.features);
   p.memory = training_memory(p.network, p.patch.topology.patch, p.patch.batch_size, mo);
@@ -480,6 +526,8 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
             {"parameters", p.memory.parameters}}},
           {"estimated_step_macs", p.step_macs},
           {"estimated_validation_macs_per_voxel", p.validation_macs_per_voxel},
+          {"step_macs_budget", p.step_macs_budget},
+          {"compute_budget", p.compute_reason},
           {"budget_bytes", p.budget_bytes},
           {"budget", p.budget_reason},
           {"nnunet_feature_map_elements", feature_map_elements(t, p.network.filters, p.network.out_channels)},

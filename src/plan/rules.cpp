@@ -179,7 +179,7 @@ Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::
 namespace {
 
 PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
-                             const MemoryModel& memory) {
+                             const StepModel& memory) {
   for (int d = 0; d < 3; ++d) {
     if (!(spacing[d] > 0) || !(median_shape[d] >= 1)) {
       throw ValueError(str("patch plan: spacing and median shape must be positive (axis ", d, ": ", spacing[d], ", ",
@@ -192,10 +192,16 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
   for (int d = 0; d < 3; ++d) init[d] = std::min(round_half_even(inv[d] * scale), median_shape[d]);
   PatchPlan p;
   p.topology = pool_and_conv_sized(spacing, init, 4, 999999);
-  p.features = stage_features(p.topology.stages());
+  const auto features_of = [&](const Topology& t) {
+    return stage_features(t.stages(), memory.base_features, memory.max_features);
+  };
+  p.features = features_of(p.topology);
   const std::int64_t ref_bs = 2;  // the loop fits a batch of 2 (nnU-Net's reference batch size)
   p.estimate = memory.cost(p.topology, p.features, ref_bs);
-  while (p.estimate > memory.budget) {
+  const auto macs = [&](std::int64_t batch) {
+    return memory.compute ? memory.compute(p.topology, p.features, batch) : 0.0;
+  };
+  while (p.estimate > memory.budget || macs(ref_bs) > memory.compute_budget) {
     int axis = 0;
     double worst = -1;
     for (int d = 0; d < 3; ++d) {  // the largest patch / median ratio; ties: the last axis
@@ -208,12 +214,17 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
     Shape patch = p.topology.patch;
     patch[axis] -= divisor[axis];
     if (patch[axis] < 1) {
-      const auto text = [&](double v) { return memory.describe ? memory.describe(v) : str(v); };
-      throw ValueError(str("patch plan: no patch fits the memory budget (", text(memory.budget),
-                           "; the smallest tried needs ", text(p.estimate), " for a batch of 2)"));
+      if (p.estimate > memory.budget) {
+        const auto text = [&](double v) { return memory.describe ? memory.describe(v) : str(v); };
+        throw ValueError(str("patch plan: no patch fits the memory budget (", text(memory.budget),
+                             "; the smallest tried needs ", text(p.estimate), " for a batch of 2)"));
+      }
+      throw ValueError(str("patch plan: no patch fits the compute budget (", memory.compute_budget / 1e9,
+                           " GMAC a training step; the smallest tried needs ", macs(ref_bs) / 1e9,
+                           " GMAC for a batch of 2)"));
     }
     p.topology = pool_and_conv(spacing, patch);
-    p.features = stage_features(p.topology.stages());
+    p.features = features_of(p.topology);
     p.estimate = memory.cost(p.topology, p.features, ref_bs);
   }
   const double patch_voxels = static_cast<double>(p.topology.patch[0]) * static_cast<double>(p.topology.patch[1]) *
@@ -223,7 +234,8 @@ PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape
   const double fits = (memory.budget - fixed) / per_sample;
   const double by_memory = memory.round_batch ? round_half_even(fits) : std::floor(fits);
   const double by_dataset = round_half_even(dataset_voxels * 0.05 / patch_voxels);
-  p.batch_size = static_cast<std::int64_t>(std::max(std::min(by_memory, by_dataset), 2.0));
+  const double by_compute = memory.compute ? std::floor(memory.compute_budget / macs(1)) : by_dataset;
+  p.batch_size = static_cast<std::int64_t>(std::max(std::min({by_memory, by_dataset, by_compute}), 2.0));
   p.cost = memory.cost(p.topology, p.features, p.batch_size);
   return p;
 }
@@ -241,8 +253,8 @@ std::array<T, 3> unpermuted(const std::array<T, 3>& a, const std::array<int, 3>&
 
 }  // namespace
 
-MemoryModel nnunet_memory_model(std::int64_t classes, double reference) {
-  MemoryModel m;
+StepModel nnunet_memory_model(std::int64_t classes, double reference) {
+  StepModel m;
   m.cost = [classes](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
     return feature_map_elements(t, features, classes) * static_cast<double>(batch) / 2;
   };
@@ -258,7 +270,7 @@ PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::i
 }
 
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
-                     const MemoryModel& memory) {
+                     const StepModel& memory) {
   // nnU-Net plans with the coarsest axis first (its transpose_forward), the others in its
   // array order, z, y, x.
   const int worst = coarsest_axis(spacing);

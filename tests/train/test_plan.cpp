@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -389,28 +390,96 @@ TEST(Plan, TheComputeEstimateCountsWhatTheNetworkRuns) {
   EXPECT_DOUBLE_EQ(training_step_macs(n, patch, 4), 12 * forward_macs(n, patch, true));
 }
 
-TEST(Plan, TheBudgetDecidesPatchAndBatch) {
+TEST(Plan, TheBudgetDecidesPatchAndBatch) {  // memory alone (no compute budget)
   test::TempDir dir;
   synthesize_dataset(synth(dir / "ds", 4, "96,96,40", "1,1,1"));
   const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
-  const Plan big = make_plan(fp, {"cpu", 8ULL << 30, 0, 0, 10, "run"});
-  const Plan small = make_plan(fp, {"cpu", 600ULL << 20, 0, 0, 10, "run"});
+  const Plan big = make_plan(fp, {"cpu", 8ULL << 30, 0, 0, 10, "run", 0});
+  const Plan small = make_plan(fp, {"cpu", 600ULL << 20, 0, 0, 10, "run", 0});
   EXPECT_LE(big.memory.total(), 8.0 * (1ULL << 30));
   EXPECT_LE(small.memory.total(), 600.0 * (1 << 20));
   EXPECT_LT(voxels(small.patch.topology.patch), voxels(big.patch.topology.patch));
   EXPECT_GE(small.patch.batch_size, 2);
   EXPECT_EQ(big.budget_reason, "--memory");
   // No budget given: a quarter of the machine's memory on a CPU, 90% of the free memory on CUDA.
-  const Plan cpu = make_plan(fp, {"cpu", 0, 0, 16ULL << 30, 10, "run"});
+  const Plan cpu = make_plan(fp, {"cpu", 0, 0, 16ULL << 30, 10, "run", 0});
   EXPECT_EQ(cpu.budget_bytes, 4ULL << 30);
   EXPECT_NE(cpu.budget_reason.find("25% of the machine's memory"), std::string::npos) << cpu.budget_reason;
-  const Plan gpu = make_plan(fp, {"cuda", 0, 10ULL << 30, 16ULL << 30, 10, "run"});
+  const Plan gpu = make_plan(fp, {"cuda", 0, 10ULL << 30, 16ULL << 30, 10, "run", 0});
   EXPECT_EQ(gpu.budget_bytes, 9ULL << 30);
   EXPECT_TRUE(gpu.amp);
   // Too small for any patch: an error that says so and what to do.
-  const std::string e = test::value_error_of([&] { make_plan(fp, {"cpu", 64ULL << 10, 0, 0, 10, "run"}); });
+  const std::string e = test::value_error_of([&] { make_plan(fp, {"cpu", 64ULL << 10, 0, 0, 10, "run", 0}); });
   EXPECT_NE(e.find("no patch fits the memory budget"), std::string::npos) << e;
   EXPECT_NE(e.find("raise --memory"), std::string::npos) << e;
+}
+
+/// A CPU plan's compute budget: nnU-Net's network at the memory budget's patch is narrowed
+/// (32 -> 16 -> 8 channels) before its patch shrinks, until a training step fits.
+TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
+  test::TempDir dir;
+  synthesize_dataset(synth(dir / "ds", 4, "96,96,40", "1,1,1"));
+  const DatasetFingerprint fp = dataset_fingerprint(dir / "ds", few_samples());
+  PlanOptions none{"cpu", 2ULL << 30, 0, 0, 10, "run"};
+  none.step_macs_budget = 0;
+  const Plan wide = make_plan(fp, none);
+  EXPECT_EQ(wide.step_macs_budget, 0);
+  EXPECT_EQ(wide.network.filters.front(), 32);
+  ASSERT_GT(training_step_macs(wide.network, wide.patch.topology.patch, 2), kCpuStepMacs);  // the premise
+
+  const Plan cpu = make_plan(fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});  // the default budget
+  EXPECT_EQ(cpu.step_macs_budget, kCpuStepMacs);
+  EXPECT_LE(cpu.step_macs, kCpuStepMacs);
+  EXPECT_DOUBLE_EQ(cpu.step_macs, training_step_macs(cpu.network, cpu.patch.topology.patch, cpu.patch.batch_size));
+  const std::int64_t base = cpu.network.filters.front();
+  EXPECT_TRUE(base == 16 || base == 8) << base;
+  EXPECT_EQ(*std::max_element(cpu.network.filters.begin(), cpu.network.filters.end()),
+            std::min<std::int64_t>(10 * base, base << (cpu.network.filters.size() - 1)));
+  // The narrowest base, or one that kept at least half of the memory budget's patch.
+  EXPECT_TRUE(base == 8 || 2 * voxels(cpu.patch.topology.patch) >= voxels(wide.patch.topology.patch));
+  EXPECT_GE(cpu.patch.batch_size, 2);
+  if (cpu.patch.batch_size > 2) {
+    EXPECT_GT(training_step_macs(cpu.network, cpu.patch.topology.patch, cpu.patch.batch_size + 1), kCpuStepMacs);
+  }
+  EXPECT_NE(cpu.compute_reason.find("the spleen recipe's step"), std::string::npos) << cpu.compute_reason;
+  const std::string yaml = run_config_yaml(fp, cpu, dir / "ds/dataset.json");
+  std::string comments = yaml;  // the comments' wrapped lines as one text
+  for (std::size_t at; (at = comments.find("\n# ")) != std::string::npos;) comments.replace(at, 3, " ");
+  EXPECT_NE(comments.find(str("channels ", base, "..", 10 * base, " (nnU-Net's 32..320 narrowed to fit the compute budget)")),
+            std::string::npos)
+      << yaml;
+  EXPECT_NE(yaml.find("(budget a CPU plan's default, the spleen recipe's step: 32 GMAC a step"), std::string::npos)
+      << yaml;
+  const nlohmann::json j = plan_json(fp, cpu);
+  EXPECT_EQ(j["step_macs_budget"], kCpuStepMacs);
+  EXPECT_EQ(j["network"]["filters"][0], base);
+
+  // A roomier --compute: at least as wide, never over it.
+  PlanOptions roomy{"cpu", 2ULL << 30, 0, 0, 10, "run"};
+  roomy.step_macs_budget = 8 * kCpuStepMacs;
+  const Plan more = make_plan(fp, roomy);
+  EXPECT_LE(more.step_macs, roomy.step_macs_budget);
+  EXPECT_GE(more.network.filters.front(), base);
+  EXPECT_NE(more.compute_reason.find("--compute"), std::string::npos) << more.compute_reason;
+  // On CUDA no compute budget unless asked.
+  const Plan gpu = make_plan(fp, {"cuda", 0, 10ULL << 30, 16ULL << 30, 10, "run"});
+  EXPECT_EQ(gpu.step_macs_budget, 0);
+  EXPECT_EQ(gpu.network.filters.front(), 32);
+  EXPECT_NE(run_config_yaml(fp, gpu, dir / "ds/dataset.json").find("(no compute budget)"), std::string::npos);
+  // Images whose memory plan already fits keep nnU-Net's channels.
+  test::TempDir small_dir;
+  synthesize_dataset(synth(small_dir / "ds", 4, "24,24,8", "1,1,1"));
+  const DatasetFingerprint small_fp = dataset_fingerprint(small_dir / "ds", few_samples());
+  const Plan small = make_plan(small_fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});
+  EXPECT_EQ(small.network.filters.front(), 32);
+  EXPECT_NE(small.compute_reason.find("which the memory budget's plan fits"), std::string::npos)
+      << small.compute_reason;
+  // Too small for any patch: an error that names the compute budget and what to do.
+  PlanOptions tiny{"cpu", 2ULL << 30, 0, 0, 10, "run"};
+  tiny.step_macs_budget = 1e3;
+  const std::string e = test::value_error_of([&] { make_plan(fp, tiny); });
+  EXPECT_NE(e.find("no patch fits the compute budget"), std::string::npos) << e;
+  EXPECT_NE(e.find("raise --compute"), std::string::npos) << e;
 }
 
 TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
@@ -460,7 +529,7 @@ TEST(Plan, TheYamlOfAnMrPlanWithNotesReadsBack) {
 
 /// A hand-made fingerprint of many cases, so that the 5% cap leaves the budget to decide the
 /// batch: the largest batch whose estimate fits, and one more would not.
-TEST(Plan, TheBatchIsTheLargestThatFits) {
+TEST(Plan, TheBatchIsTheLargestThatFits) {  // memory alone (no compute budget)
   DatasetFingerprint fp;
   fp.list = "hand-made";
   fp.channel_names = {"MR"};
@@ -478,7 +547,7 @@ TEST(Plan, TheBatchIsTheLargestThatFits) {
     fp.cases.push_back(c);
   }
   fp.listed = fp.cases.size();
-  const Plan p = make_plan(fp, {"cpu", 1536ULL << 20, 0, 0, 10, "run"});
+  const Plan p = make_plan(fp, {"cpu", 1536ULL << 20, 0, 0, 10, "run", 0});
   EXPECT_GT(p.patch.batch_size, 2);
   EXPECT_LT(p.patch.batch_size, 50);
   EXPECT_LE(p.memory.total(), 1536.0 * (1 << 20));

@@ -5,10 +5,11 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <set>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,47 @@ TEST(PlanRules, BadInputIsAValueError) {
   EXPECT_THROW(intensity_stats({}), ValueError);
   EXPECT_THROW(nn::deep_supervision_weights(0, true), ValueError);
   EXPECT_EQ(nn::deep_supervision_weights(1, true), std::vector<double>{1.0});
+}
+
+// The patch loop with a compute budget beside memory: the patch shrinks until a batch of 2
+// fits both; the batch is the largest both allow (and the channels are the model's).
+TEST(PlanRules, AComputeBudgetShrinksThePatchAndCapsTheBatch) {
+  const Spacing spacing{1, 1, 1}, median{160, 160, 160};
+  // A toy cost: memory 1 per voxel and sample; compute 10 per voxel, sample and base channel.
+  StepModel m;
+  m.budget = 1e12;  // memory is no limit
+  m.cost = [](const Topology& t, const std::vector<std::int64_t>&, std::int64_t batch) {
+    return static_cast<double>(t.patch[0] * t.patch[1] * t.patch[2] * batch);
+  };
+  const auto compute = [](const Topology& t, const std::vector<std::int64_t>& f, std::int64_t batch) {
+    return 10.0 * static_cast<double>(f.front() * t.patch[0] * t.patch[1] * t.patch[2] * batch);
+  };
+  const PatchPlan free = plan_patch(spacing, median, 1e12, m);
+  m.compute = compute;
+  m.compute_budget = 2 * 10.0 * 32 * 64 * 64 * 64;  // a batch of 2 at 64^3 with 32 channels
+  const PatchPlan p = plan_patch(spacing, median, 1e12, m);
+  const auto voxels = [](const Shape& s) { return s[0] * s[1] * s[2]; };
+  EXPECT_LT(voxels(p.topology.patch), voxels(free.topology.patch));
+  EXPECT_LE(compute(p.topology, p.features, 2), m.compute_budget);
+  EXPECT_EQ(p.features.front(), 32);
+  EXPECT_LE(compute(p.topology, p.features, p.batch_size), m.compute_budget);
+  EXPECT_GT(compute(p.topology, p.features, p.batch_size + 1), m.compute_budget);
+  // Narrower channels: the same budget keeps a larger patch, channels capped at 10x the base.
+  m.base_features = 8;
+  m.max_features = 80;
+  const PatchPlan narrow = plan_patch(spacing, median, 1e12, m);
+  EXPECT_EQ(narrow.features.front(), 8);
+  EXPECT_EQ(*std::max_element(narrow.features.begin(), narrow.features.end()),
+            std::min<std::int64_t>(80, 8 << (narrow.features.size() - 1)));
+  EXPECT_GT(voxels(narrow.topology.patch), voxels(p.topology.patch));
+  // Nothing fits: the message names the compute budget, not memory.
+  m.compute_budget = 1;
+  try {
+    plan_patch(spacing, median, 1e12, m);
+    ADD_FAILURE() << "no ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("no patch fits the compute budget"), std::string::npos) << e.what();
+  }
 }
 
 // One case's fingerprint: the crop to the nonzero region of any channel, its share of the

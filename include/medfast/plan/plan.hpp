@@ -6,6 +6,7 @@
 /// step's memory (training_memory) against a budget: the device's free memory (CUDA) or a
 /// stated fraction of RAM (CPU). The run config is the one `medfast train --config` runs,
 /// written as YAML with each value's reason beside it (docs/plan.md).
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -80,9 +81,19 @@ struct PlanOptions {
   std::uint64_t host_memory_bytes = 0;   ///< CPU: physical memory (the caller asks the OS)
   int epochs = 100;
   std::string run_dir = "runs/plan";
+  /// A training step's multiply-accumulates (training_step_macs); negative: the device's
+  /// default (CPU: kCpuStepMacs; CUDA: none); 0: none.
+  double step_macs_budget = -1;
 };
 /// The CPU budget's share of physical memory.
 constexpr double kCpuMemoryFraction = 0.25;
+/// A CPU plan's compute budget per training step: the spleen recipe's own step (MONAI's UNet
+/// 16..256 at 96^3, batch 2: about 31 GMAC), what examples/spleen.yaml asks of a CPU.
+constexpr double kCpuStepMacs = 32e9;
+/// The channels a compute budget tries, widest first (nnU-Net's 32, then 16 and 8; the
+/// widest of each is 10x, as nnU-Net's 320 is of 32): the first whose patch keeps at least
+/// half of the memory budget's patch, else the narrowest.
+constexpr std::array<std::int64_t, 3> kComputeBaseFeatures{32, 16, 8};
 
 struct Plan {
   Spacing target_spacing{};
@@ -95,6 +106,8 @@ struct Plan {
   std::string budget_reason;          ///< where the budget came from
   MemoryEstimate memory;              ///< at the planned patch and batch
   double step_macs = 0;               ///< training_step_macs at the planned patch and batch
+  double step_macs_budget = 0;        ///< 0: compute not budgeted
+  std::string compute_reason;         ///< where the compute budget came from, and what it changed
   double validation_macs_per_voxel = 0;  ///< an eval forward's, per patch voxel
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
   bool amp = false;

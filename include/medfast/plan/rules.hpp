@@ -82,9 +82,11 @@ struct PatchPlan {
 };
 constexpr double kReferenceElements = 560e6;  ///< nnU-Net's UNet_reference_val_3d (8 GB)
 
-/// What the patch loop asks of memory: the cost of one training step of `batch` samples
-/// (linear in the batch) with a topology, and the budget a batch of 2 must fit.
-struct MemoryModel {
+/// What the patch loop asks of a training step: its memory (linear in the batch) within a
+/// budget that a batch of 2 must fit; where `compute` is set, its multiply-accumulates (linear
+/// in the batch) within `compute_budget` too; and the network's channels per stage,
+/// stage_features(stages, base_features, max_features) (nnU-Net's: 32..320).
+struct StepModel {
   std::function<double(const Topology&, const std::vector<std::int64_t>& features, std::int64_t batch)> cost;
   double budget = 0;
   /// nnU-Net rounds the batch its proxy allows (round(reference / estimate * 2)); medfast's
@@ -92,16 +94,21 @@ struct MemoryModel {
   bool round_batch = false;
   /// A cost as the messages give it (e.g. "1.5 GiB"); default: the number.
   std::function<std::string(double)> describe;
+  /// A step's multiply-accumulates; empty: compute is not budgeted.
+  std::function<double(const Topology&, const std::vector<std::int64_t>& features, std::int64_t batch)> compute;
+  double compute_budget = 0;
+  std::int64_t base_features = 32, max_features = 320;
 };
 /// nnU-Net's: feature_map_elements * batch / 2 against `reference` (its proxy is per batch of 2).
-MemoryModel nnunet_memory_model(std::int64_t classes, double reference = kReferenceElements);
+StepModel nnunet_memory_model(std::int64_t classes, double reference = kReferenceElements);
 
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, std::int64_t classes,
                      double dataset_voxels, double reference = kReferenceElements);
-/// The same loop with another memory model (medfast's estimate in bytes against a budget).
-/// ValueError when not even the smallest patch fits.
+/// The same loop with another step model (medfast's estimate in bytes against a budget, and
+/// a compute budget): the patch shrinks until both fit a batch of 2; the batch is the largest
+/// that both allow. ValueError, naming the budget, when not even the smallest patch fits.
 PatchPlan plan_patch(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,
-                     const MemoryModel& memory);
+                     const StepModel& model);
 
 /// A channel's normalization by its name (nnU-Net's table, case-insensitive): CT, noNorm,
 /// zscore, rescale_to_0_1; any other name (MRI, T2, ...) z-scores per image.
