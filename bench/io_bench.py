@@ -5,10 +5,13 @@ Usage: /usr/bin/python3 bench/io_bench.py [--build build] [--dir DIR] [--size-mb
                                           [--block-size 1M] [--queue-depth 128] [--repeat 3]
 
 Cold reads of a SIZE file of random bytes: O_DIRECT (fio --direct=1, medfast
-odirect/io_uring) or with the file dropped from the page cache before each
-run (Python, medfast posix). Writes include fsync (fio --end_fsync=1).
-medfast's loads run with --validate (bytes compared with a plain read after
-the timed loops) and stores with --validate (read back and compared).
+odirect/io_uring) with the file dropped from the page cache before each run
+(medfast's O_DIRECT reads take what the cache holds first: io_cache_first), as
+for Python and medfast posix. Warm reads: the file in the page cache, medfast
+io_uring and odirect with io_cache_first on and off against a Python read.
+Writes include fsync (fio --end_fsync=1). medfast's loads run with --validate
+(bytes compared with a plain read after the timed loops) and stores with
+--validate (read back and compared).
 """
 import argparse
 import json
@@ -44,9 +47,10 @@ def medfast_json(args):
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
 
 
-def python_read(path):
+def python_read(path, cold=True):
     import torch
-    drop_cache(path)
+    if cold:
+        drop_cache(path)
     t0 = time.perf_counter()
     t = torch.frombuffer(bytearray(open(path, "rb").read()), dtype=torch.uint8)
     dt = time.perf_counter() - t0
@@ -87,7 +91,7 @@ def main():
     # Runs alternate between the tools so that drift of a shared or virtual
     # disk hits every tool alike; each figure is the median over the rounds.
     fio_opts = {"fio io_uring direct": [], "fio +fixedbufs+registerfiles": ["--fixedbufs=1", "--registerfiles=1"]}
-    loads = {"io_uring": [], "odirect": [], "posix": ["--drop-cache"]}
+    loads = {"io_uring": ["--drop-cache"], "odirect": ["--drop-cache"], "posix": ["--drop-cache"]}
     results = {name: [] for name in list(fio_opts) + [f"medfast {b}" for b in loads] + ["python read()"]}
     for _ in range(a.repeat):
         for name, extra in fio_opts.items():
@@ -109,6 +113,32 @@ def main():
         rel = f"{v / fio_best:9.2f}x  {v / py:8.2f}x" if k.startswith("medfast") else ""
         print(f"  {k:30} {v:5.2f}  ({min(results[k]):.2f}-{max(results[k]):.2f})  {rel}")
     best = max(((k, v) for k, v in med.items() if k.startswith("medfast")), key=lambda kv: kv[1])
+
+    # Warm: the file in the page cache (a disk cache or a checkpoint read again).
+    warm = {"io_uring cache first": ["--backend", "io_uring"],
+            "io_uring O_DIRECT only": ["--backend", "io_uring", "--cache-first", "off"],
+            "odirect cache first": ["--backend", "odirect"]}
+    for extra in warm.values():  # correctness first: the bytes and where they came from
+        j = medfast_json([medfast, "io", "load", "--file", path, "--loop", "1", "--validate", "--json"] + extra)
+        assert j["validated"], j
+    python_read(path, cold=False)  # cached now
+    wresults = {f"medfast {k}": [] for k in warm}
+    wresults["python read() warm"] = []
+    for _ in range(a.repeat):
+        for name, extra in warm.items():
+            j = medfast_json([medfast, "io", "load", "--file", path, "--block-size", a.block_size, "--queue-depth",
+                              str(a.queue_depth), "--loop", "1", "--json"] + extra)
+            # all from the cache (a page the kernel dropped meanwhile comes direct), or none
+            cached = j["page_cache_bytes"]
+            assert (cached >= 0.9 * j["bytes"]) if j["cache_first"] else cached == 0, (name, cached, j["bytes"])
+            wresults[f"medfast {name}"].append(j["median_gbps"])
+        wresults["python read() warm"].append(python_read(path, cold=False))
+    wmed_read = {k: statistics.median(v) for k, v in wresults.items()}
+    pyw = wmed_read["python read() warm"]
+    print("\nread (warm: in the page cache)   GB/s  (min-max)      vs python")
+    for k, v in wmed_read.items():
+        rel = f"{v / pyw:9.2f}x" if k.startswith("medfast") else ""
+        print(f"  {k:30} {v:5.2f}  ({min(wresults[k]):.2f}-{max(wresults[k]):.2f})  {rel}")
 
     wpath = os.path.join(a.dir, "fio-write.bin")
     wres = {"fio io_uring direct": [], "medfast io_uring": [], "medfast odirect": [], "medfast posix": []}

@@ -29,13 +29,15 @@ namespace {
 struct EngineFlags {
   std::string backend, block_size;
   int queue_depth = 0, threads = 0;
-  std::string direct;
+  std::string direct, cache_first;
   void add(CLI::App* app) {
     app->add_option("--backend", backend, "posix | odirect | io_uring | cufile | auto (setting io_backend)");
     app->add_option("--block-size", block_size, "bytes per request, e.g. 1M (setting io_block_size)");
     app->add_option("--queue-depth", queue_depth, "io_uring requests in flight (setting io_queue_depth)");
     app->add_option("--threads", threads, "posix/odirect worker threads (setting io_threads)");
     app->add_option("--direct", direct, "on | off: O_DIRECT (setting io_direct)");
+    app->add_option("--cache-first", cache_first,
+                    "on | off: O_DIRECT reads take what the page cache holds first (setting io_cache_first)");
   }
   void apply(Settings& s) const {
     if (!backend.empty()) s.set("io_backend", backend, SettingSource::flag, "--backend");
@@ -43,6 +45,7 @@ struct EngineFlags {
     if (queue_depth > 0) s.set("io_queue_depth", std::to_string(queue_depth), SettingSource::flag, "--queue-depth");
     if (threads > 0) s.set("io_threads", std::to_string(threads), SettingSource::flag, "--threads");
     if (!direct.empty()) s.set("io_direct", direct, SettingSource::flag, "--direct");
+    if (!cache_first.empty()) s.set("io_cache_first", cache_first, SettingSource::flag, "--cache-first");
   }
 };
 
@@ -115,8 +118,12 @@ bool same_bytes_as_plain_read(const std::string& path, const char* data, std::ui
 }
 
 nlohmann::json engine_json(const io::FileHandle& f, const io::IoOptions& o) {
-  return {{"backend", io::backend_name(f.backend())}, {"direct", f.direct()},  {"block_size", o.block_size},
-          {"queue_depth", o.queue_depth},             {"threads", o.threads}};
+  return {{"backend", io::backend_name(f.backend())},
+          {"direct", f.direct()},
+          {"cache_first", f.direct() && o.cache_first},
+          {"block_size", o.block_size},
+          {"queue_depth", o.queue_depth},
+          {"threads", o.threads}};
 }
 
 struct LoadArgs {
@@ -151,6 +158,7 @@ LoadResult load(const std::string& file, const io::IoOptions& options, const std
     r.seconds.push_back(seconds_since(t0));
     MEDFAST_CHECK(got == r.bytes, file, ": read ", got, " of ", r.bytes, " bytes");
   }
+  r.engine["page_cache_bytes"] = f.page_cache_bytes();  // of all loops' bytes, those O_DIRECT reads took from the cache
   if (validate) {
     r.validated = same_bytes_as_plain_read(file, buf.host_bytes(), r.bytes);
     MEDFAST_CHECK(r.validated, "io load --validate: ", file, ": the bytes read differ from a plain read");
@@ -183,6 +191,11 @@ int report(const char* what, const std::string& target, const LoadResult& r, con
     std::printf("  loop %zu: %.3f s, %.2f GB/s\n", i + 1, r.seconds[i], gbps[i]);
   }
   std::printf("  median: %.2f GB/s%s\n", median(gbps), r.validated ? " (validated against a plain read)" : "");
+  if (r.engine.contains("page_cache_bytes") && r.engine["cache_first"].get<bool>()) {
+    std::printf("  from the page cache: %s of %s read (io_cache_first)\n",
+                format_bytes(r.engine["page_cache_bytes"].get<std::uint64_t>()).c_str(),
+                format_bytes(r.bytes * r.seconds.size()).c_str());
+  }
   return 0;
 }
 

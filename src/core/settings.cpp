@@ -71,6 +71,9 @@ std::vector<SettingDef> make_defs() {
       integer("io_queue_depth", kDefaultIoQueueDepth, 1, 4096, "io_uring requests kept in flight"),
       integer("io_threads", kDefaultIoThreads, 0, 1024, "posix backend worker threads (0: the threads setting)"),
       choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
+      choice("io_cache_first", "on", {"on", "off"},
+             "O_DIRECT reads take what the page cache already holds from it first, without waiting, the rest "
+             "direct (a file read again comes from memory); off: every byte O_DIRECT"),
       bytes("io_alignment", kDefaultIoAlignment, "O_DIRECT buffer/offset/length alignment"),
       choice("host_memory_reuse", "on", {"on", "off"},
              "train, eval and infer keep freed host memory for reuse (glibc: large blocks from the heap, never "

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <map>
 #include <mutex>
@@ -91,6 +93,7 @@ IoOptions IoOptions::from(const Settings& s) {
   const auto t = s.get_int("io_threads");
   o.threads = t > 0 ? static_cast<int>(t) : s.threads();
   o.direct = s.get_bool("io_direct");
+  o.cache_first = s.get_bool("io_cache_first");
   o.alignment = s.get_bytes("io_alignment");
   try {
     o.validate();
@@ -231,9 +234,30 @@ struct FileHandle::Impl {
     if (cufile) shim::cufile()->handle_deregister(cufile);
   }
 
+  std::atomic<std::uint64_t> from_page_cache{0};
+
   std::size_t read(void* dst, std::size_t n, std::uint64_t off) {
     if (n == 0) return 0;
-    return engine->read(static_cast<char*>(dst), n, off);
+    auto* out = static_cast<char*>(dst);
+    if (!f.direct || !f.opt.cache_first || !os::page_cache_reads()) return engine->read(out, n, off);
+    // Cache first. The first block on the calling thread: a file that is not cached costs
+    // one call and goes to the engine whole (io_uring's queue depth for a cold file).
+    const auto first =
+        static_cast<std::size_t>(std::min<std::uint64_t>(n, detail::align_down(off, f.B()) + f.B() - off));
+    const std::size_t got = f.file.read_cached(out, first, off);
+    from_page_cache.fetch_add(got, std::memory_order_relaxed);
+    if (got == 0) return engine->read(out, n, off);
+    if (got == n || (got < first && off + got >= f.file.size())) return got;
+    // Cached, at least in part: every block takes what the cache holds of it and the rest
+    // O_DIRECT, so that a page the kernel dropped costs its block, not the rest of the file.
+    return got + detail::run_pieces(detail::shared_pool(f.opt.threads), off + got, n - got, f.B(),
+                                    [&](std::uint64_t o, std::size_t l) {
+                                      char* at = out + (o - off);
+                                      std::size_t c = f.file.read_cached(at, l, o);
+                                      from_page_cache.fetch_add(c, std::memory_order_relaxed);
+                                      if (c < l) c += detail::read_direct_range(f, at + c, l - c, o + c);
+                                      return c;
+                                    });
   }
 
   void write(const void* src, std::size_t n, std::uint64_t off) {
@@ -268,6 +292,9 @@ const std::string& FileHandle::path() const { return impl_->f.path; }
 const IoOptions& FileHandle::options() const { return impl_->f.opt; }
 bool FileHandle::direct() const { return impl_->f.direct; }
 std::uint64_t FileHandle::size() const { return impl_->f.file.size(); }
+std::uint64_t FileHandle::page_cache_bytes() const {
+  return impl_->from_page_cache.load(std::memory_order_relaxed);
+}
 
 std::size_t FileHandle::read(void* dst, std::size_t size, std::uint64_t offset) {
   return impl_->read(dst, size, offset);

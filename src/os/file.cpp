@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -216,6 +217,46 @@ std::size_t transfer_once(Op op, const std::string& path, std::size_t size, std:
 std::size_t File::read_once(void* buffer, std::size_t size, std::uint64_t offset) const {
   return transfer_once(Op::read, path_, size, offset,
                        [&](std::size_t chunk) { return ::pread(fd_, buffer, chunk, static_cast<off_t>(offset)); });
+}
+
+namespace {
+std::atomic<bool> g_nowait_refused{false};
+}  // namespace
+
+bool page_cache_reads() {
+  return !g_nowait_refused.load(std::memory_order_relaxed);
+}
+
+std::size_t File::read_cached(void* buffer, std::size_t size, std::uint64_t offset) const {
+  auto* out = static_cast<char*>(buffer);
+  std::size_t done = 0;
+  while (done < size && !g_nowait_refused.load(std::memory_order_relaxed)) {
+    std::size_t chunk = std::min<std::size_t>(size - done, 0x40000000);
+    if (int err = consult_hook(Op::read, path_, offset + done, chunk)) {
+      if (err == EINTR) continue;
+      throw_os(str("read of ", size - done, " bytes at offset ", offset + done, " from ", path_, " failed"), err);
+    }
+#ifdef RWF_NOWAIT
+    iovec iov{out + done, chunk};
+    const ssize_t n = ::preadv2(fd_, &iov, 1, static_cast<off_t>(offset + done), RWF_NOWAIT);
+#else
+    const ssize_t n = -1;
+    errno = ENOSYS;
+#endif
+    if (n > 0) {
+      done += std::min(static_cast<std::size_t>(n), chunk);
+      continue;
+    }
+    if (n == 0) break;  // end of file
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) break;  // the next byte is not cached
+    if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) {
+      g_nowait_refused.store(true, std::memory_order_relaxed);  // this kernel or file system: never
+      break;
+    }
+    throw_os(str("read of ", size - done, " bytes at offset ", offset + done, " from ", path_, " failed"), errno);
+  }
+  return done;
 }
 
 std::size_t File::write_once(const void* buffer, std::size_t size, std::uint64_t offset) {

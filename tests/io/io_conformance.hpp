@@ -33,12 +33,17 @@ inline std::vector<Config> configs() {
   c.push_back({"posix", IoOptions().set_backend("posix").set_threads(3)});
   c.push_back({"posix_small_blocks", IoOptions().set_backend("posix").set_threads(4).set_block_size(8192)});
   c.push_back({"odirect", IoOptions().set_backend("odirect").set_threads(2)});
-  c.push_back({"odirect_small_blocks", IoOptions().set_backend("odirect").set_threads(3).set_block_size(8192)});
-  c.push_back({"odirect_512", IoOptions().set_backend("odirect").set_alignment(512).set_block_size(4096)});
+  // O_DIRECT for every byte (the files the tests write are in the page cache, which the
+  // default configurations read first)
+  c.push_back({"odirect_small_blocks",
+               IoOptions().set_backend("odirect").set_threads(3).set_block_size(8192).set_cache_first(false)});
+  c.push_back({"odirect_512",
+               IoOptions().set_backend("odirect").set_alignment(512).set_block_size(4096).set_cache_first(false)});
   c.push_back({"odirect_buffered", IoOptions().set_backend("odirect").set_direct(false)});
   if (probe().io_uring) {
     c.push_back({"io_uring", IoOptions().set_backend("io_uring")});
-    c.push_back({"io_uring_small", IoOptions().set_backend("io_uring").set_block_size(8192).set_queue_depth(4)});
+    c.push_back({"io_uring_small",
+                 IoOptions().set_backend("io_uring").set_block_size(8192).set_queue_depth(4).set_cache_first(false)});
     c.push_back({"io_uring_buffered", IoOptions().set_backend("io_uring").set_direct(false).set_block_size(8192)});
   }
   return c;

@@ -54,6 +54,10 @@ struct IoOptions {
   int queue_depth = kDefaultIoQueueDepth;
   int threads = 1;  ///< posix/odirect workers
   bool direct = true;
+  /// O_DIRECT reads take what the page cache already holds from it first (without waiting:
+  /// os::File::read_cached), the rest direct: a file read again (a disk cache, a checkpoint
+  /// just written) comes from memory. false: every byte O_DIRECT.
+  bool cache_first = true;
   std::uint64_t alignment = kDefaultIoAlignment;
 
   IoOptions& set_backend(const std::string& v);
@@ -61,6 +65,10 @@ struct IoOptions {
   IoOptions& set_queue_depth(int v);
   IoOptions& set_threads(int v);
   IoOptions& set_direct(bool v) { direct = v; return *this; }
+  IoOptions& set_cache_first(bool v) {
+    cache_first = v;
+    return *this;
+  }
   IoOptions& set_alignment(std::uint64_t v);
   /// Throws ValueError naming the field (block_size must be a multiple of alignment...).
   void validate() const;
@@ -98,6 +106,8 @@ class FileHandle {
   /// True if O_DIRECT is in use (the file system may refuse it: then false).
   bool direct() const;
   std::uint64_t size() const;
+  /// The bytes this handle's O_DIRECT reads took from the page cache (IoOptions::cache_first).
+  std::uint64_t page_cache_bytes() const;
 
   /// Reads up to `size` bytes at `offset` into host memory; fewer only at end of file.
   std::size_t read(void* dst, std::size_t size, std::uint64_t offset);

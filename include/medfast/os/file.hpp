@@ -99,6 +99,12 @@ class File {
   /// One pread(2) (EINTR retried, no continuation of short reads): for
   /// O_DIRECT, where a continuation must restart at an aligned offset.
   std::size_t read_once(void* buffer, std::size_t size, std::uint64_t offset) const;
+  /// Reads what the page cache already holds of [offset, offset + size), without waiting
+  /// for a device (preadv2 with RWF_NOWAIT, Linux 4.14): stops at the first byte that is not
+  /// cached, or at end of file. Returns the bytes read: 0 where none of them was cached, or
+  /// where the kernel or the file system cannot read without waiting (page_cache_reads()
+  /// then says false). Other errors throw as read_at's do.
+  std::size_t read_cached(void* buffer, std::size_t size, std::uint64_t offset) const;
   /// One pwrite(2) (EINTR retried); returns the bytes written.
   std::size_t write_once(const void* buffer, std::size_t size, std::uint64_t offset);
   /// Asks the kernel to drop this file's clean pages from the page cache
@@ -117,6 +123,9 @@ class File {
   int fd_ = -1;
   std::string path_;
 };
+
+/// Whether File::read_cached can read here (false once the kernel refused RWF_NOWAIT).
+bool page_cache_reads();
 
 FileInfo stat(const std::string& path);
 bool exists(const std::string& path);
