@@ -14,8 +14,9 @@ after its 1.5 x 1.5 x 2 mm resampling and its crop to the body):
 The baseline: examples/spleen.yaml with only its data paths (data.dataset, data.cache.dir,
 train.run_dir), channel and label counts (model.in_channels, out_channels) changed, and the
 machine's device (train.device, train.amp) where it has no GPU; its 9 validation cases are
-the list's last 9. The plan: `medfast train --dataset DS` with data.validation.num=9 set on top
-(the same validation cases and the same training cases; every other value the plan's).
+the list's last 9. The plan: `medfast train --dataset DS` with data.validation.num=9 and the
+baseline's validation.interval (1) set on top (the same validation cases, training cases and
+validation cadence; every other value the plan's).
 
 Per dataset and seed: the baseline trains --epochs epochs (seed S: train.seed, data.seed); its
 best validation Dice D and the process time at the epoch that first reached it (metrics.jsonl's
@@ -44,6 +45,7 @@ DATASETS = {
     "ct_fine": ["--size", "224,224,160", "--spacing", "1.2,1.2,1.2"],
 }
 CASES = 16
+BASELINE_INTERVAL = 1  # examples/spleen.yaml's validation.interval
 
 
 def run(cmd, cwd=None, timeout=None):
@@ -112,6 +114,9 @@ def main():
             # Stopped at --give-up times the baseline's time: past 1x it cannot meet the bar anyway.
             out = run([a.medfast, "--threads", str(a.threads), "train", "--dataset", ds, "--json", "--overwrite",
                        "--set", f"train.run_dir={plan_dir}", "--set", "data.validation.num=9",
+                       # the baseline's validation cadence: the plan's own (a tenth of its epoch cap)
+                       # would let it stop at the bar only every 20 epochs
+                       "--set", f"validation.interval={BASELINE_INTERVAL}",
                        "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={best}"] + common,
                       timeout=a.give_up * bar["process_seconds"] + 60)
             if out is None:
