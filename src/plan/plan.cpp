@@ -181,13 +181,19 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   a.config["schedule"] = {{"name", "poly"}, {"power", 0.9}};
   why["/schedule"] = "nnU-Net's polynomial decay";
   const int interval = std::max(1, p.epochs / 10);
-  a.config["validation"] = {
-      {"interval", interval},
-      {"sliding_window",
-       {{"roi_size", patch_v}, {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)}, {"overlap", 0.5},
-        {"mode", "gaussian"}}}};
+  const bool compute_budgeted = p.step_macs_budget > 0;
+  a.config["validation"] = {{"interval", interval},
+                            {"sliding_window",
+                             {{"roi_size", patch_v},
+                              {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)},
+                              {"overlap", compute_budgeted ? 0.25 : 0.5},
+                              {"mode", "gaussian"}}}};
   why["/validation/interval"] = "ten validations over the run";
-  why["/validation/sliding_window"] = "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted";
+  why["/validation/sliding_window"] =
+      compute_budgeted
+          ? "windows of the patch, Gaussian-weighted, overlapping by a quarter (nnU-Net: half; within a compute "
+            "budget a third of the windows, for the same Dice on a checkpoint measured both ways: docs/plan.md)"
+          : "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted";
   a.config["train"] = {{"run_dir", p.run_dir}, {"epochs", p.epochs}, {"seed", 0}, {"device", p.device}, {"amp", p.amp}};
   why["/train/epochs"] = "set for your time budget (nnU-Net trains 1000 epochs of 250 steps)";
   why["/train/amp"] = p.amp ? "float16 autocast on the GPU (what the memory estimate assumes)"
@@ -428,6 +434,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
       training_step_macs(network_for(p.patch.topology, p.patch.features), p.patch.topology.patch, 2);
   if (p.step_macs_budget > 0 && unbudgeted_macs > p.step_macs_budget) {
     const Shape memory_patch = p.patch.topology.patch;
+    const std::size_t memory_levels = p.patch.topology.stages();
     StepModel budgeted = model;
     budgeted.compute_budget = p.step_macs_budget;
     budgeted.compute = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
@@ -447,6 +454,14 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
         continue;  // no patch fits with these channels: narrower ones may
       }
       if (2 * volume_of(p.patch.topology.patch) >= volume_of(memory_patch)) break;
+    }
+    // A budget that leaves a network too shallow to see context (fewer than 3 levels where
+    // the memory budget allows them) is refused rather than planned.
+    if (p.patch.topology.stages() < std::min<std::size_t>(3, memory_levels)) {
+      throw ValueError(str(fp.list, ": the compute budget (", fmt(p.step_macs_budget / 1e9, 4),
+                           " GMAC a training step) leaves a patch of ", fmt3(p.patch.topology.patch), " and ",
+                           p.patch.topology.stages(), " level(s), too small to learn from; the memory budget allows ",
+                           fmt3(memory_patch), " (", memory_levels, " levels): raise --compute"));
     }
     p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step",
                            ": ", fmt(p.step_macs_budget / 1e9, 4),

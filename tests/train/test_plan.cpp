@@ -452,6 +452,9 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
       << yaml;
   const nlohmann::json j = plan_json(fp, cpu);
   EXPECT_EQ(j["step_macs_budget"], kCpuStepMacs);
+  // Validation within the budget: windows overlapping by a quarter (nnU-Net's half without).
+  EXPECT_EQ(run_config(fp, cpu, dir / "ds/dataset.json")["validation"]["sliding_window"]["overlap"], 0.25);
+  EXPECT_EQ(run_config(fp, wide, dir / "ds/dataset.json")["validation"]["sliding_window"]["overlap"], 0.5);
   EXPECT_EQ(j["network"]["filters"][0], base);
 
   // A roomier --compute: at least as wide, never over it.
@@ -480,6 +483,11 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   const std::string e = test::value_error_of([&] { make_plan(fp, tiny); });
   EXPECT_NE(e.find("no patch fits the compute budget"), std::string::npos) << e;
   EXPECT_NE(e.find("raise --compute"), std::string::npos) << e;
+  // One that a patch of a few voxels would fit: refused too, not a one-level network.
+  tiny.step_macs_budget = 1e6;
+  const std::string shallow = test::value_error_of([&] { make_plan(fp, tiny); });
+  EXPECT_NE(shallow.find("too small to learn from"), std::string::npos) << shallow;
+  EXPECT_NE(shallow.find("raise --compute"), std::string::npos) << shallow;
 }
 
 TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
