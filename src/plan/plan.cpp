@@ -192,7 +192,7 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   why["/validation/sliding_window"] =
       compute_budgeted
           ? "windows of the patch, Gaussian-weighted, overlapping by a quarter (nnU-Net: half; within a compute "
-            "budget a third of the windows, for the same Dice on a checkpoint measured both ways: docs/plan.md)"
+            "budget, 0.6x the validation time for the same Dice on a checkpoint scored both ways: docs/plan.md)"
           : "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted";
   a.config["train"] = {{"run_dir", p.run_dir}, {"epochs", p.epochs}, {"seed", 0}, {"device", p.device}, {"amp", p.amp}};
   why["/train/epochs"] = "set for your time budget (nnU-Net trains 1000 epochs of 250 steps)";
