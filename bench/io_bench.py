@@ -57,6 +57,15 @@ def python_read(path, cold=True):
     return t.numel() / dt / 1e9
 
 
+def table(title, columns, results, relative):
+    """One table of the rounds' medians (min-max beside), medfast's rows also as ratios."""
+    print(f"\n{title:32} GB/s  (min-max)      {columns}")
+    for k, runs in results.items():
+        v = statistics.median(runs)
+        rel = relative(v) if k.startswith("medfast") else ""
+        print(f"  {k:30} {v:5.2f}  ({min(runs):.2f}-{max(runs):.2f})  {rel}")
+
+
 def machine(path):
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "cpu?")
     dev = subprocess.run(["df", "--output=source", path], capture_output=True, text=True).stdout.split()[-1]
@@ -108,10 +117,7 @@ def main():
     med = {k: statistics.median(v) for k, v in results.items()}
     fio_best = max(med["fio io_uring direct"], med["fio +fixedbufs+registerfiles"])
     py = med["python read()"]
-    print("\nread (cold)                      GB/s  (min-max)      vs best fio  vs python")
-    for k, v in med.items():
-        rel = f"{v / fio_best:9.2f}x  {v / py:8.2f}x" if k.startswith("medfast") else ""
-        print(f"  {k:30} {v:5.2f}  ({min(results[k]):.2f}-{max(results[k]):.2f})  {rel}")
+    table("read (cold)", "vs best fio  vs python", results, lambda v: f"{v / fio_best:9.2f}x  {v / py:8.2f}x")
     best = max(((k, v) for k, v in med.items() if k.startswith("medfast")), key=lambda kv: kv[1])
 
     # Warm: the file in the page cache (a disk cache or a checkpoint read again).
@@ -133,12 +139,8 @@ def main():
             assert (cached >= 0.9 * j["bytes"]) if j["cache_first"] else cached == 0, (name, cached, j["bytes"])
             wresults[f"medfast {name}"].append(j["median_gbps"])
         wresults["python read() warm"].append(python_read(path, cold=False))
-    wmed_read = {k: statistics.median(v) for k, v in wresults.items()}
-    pyw = wmed_read["python read() warm"]
-    print("\nread (warm: in the page cache)   GB/s  (min-max)      vs python")
-    for k, v in wmed_read.items():
-        rel = f"{v / pyw:9.2f}x" if k.startswith("medfast") else ""
-        print(f"  {k:30} {v:5.2f}  ({min(wresults[k]):.2f}-{max(wresults[k]):.2f})  {rel}")
+    pyw = statistics.median(wresults["python read() warm"])
+    table("read (warm: in the page cache)", "vs python", wresults, lambda v: f"{v / pyw:9.2f}x")
 
     wpath = os.path.join(a.dir, "fio-write.bin")
     wres = {"fio io_uring direct": [], "medfast io_uring": [], "medfast odirect": [], "medfast posix": []}
@@ -153,10 +155,7 @@ def main():
     os.remove(wpath)
     wmed = {k: statistics.median(v) for k, v in wres.items()}
     fio_write = wmed["fio io_uring direct"]
-    print("\nwrite (+fsync)                   GB/s  (min-max)      vs fio")
-    for k, v in wmed.items():
-        rel = f"{v / fio_write:9.2f}x" if k.startswith("medfast") else ""
-        print(f"  {k:30} {v:5.2f}  ({min(wres[k]):.2f}-{max(wres[k]):.2f})  {rel}")
+    table("write (+fsync)", "vs fio", wres, lambda v: f"{v / fio_write:9.2f}x")
     wrows = [(k, v) for k, v in wmed.items() if k.startswith("medfast")]
     print(f"\nbest read: {best[0]} {best[1] / fio_best:.2f}x best fio, {best[1] / py:.2f}x python; "
           f"best write: {max(w[1] for w in wrows) / fio_write:.2f}x fio")
