@@ -277,8 +277,7 @@ class Campaign:
             return r.stdout.strip()
         if r.returncode > 0:
             raise RuntimeError(f"import medfast failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
-        gdb = shutil.which("gdb") or shutil.which("cuda-gdb") or next(
-            (t for t in ("/usr/local/cuda/bin/cuda-gdb",) if os.access(t, os.X_OK)), None)
+        gdb = find_program(["gdb", "cuda-gdb"], ["/usr/local/cuda/bin/cuda-gdb"])
         frames = []
         if gdb:
             try:
@@ -511,9 +510,8 @@ class Campaign:
         and racecheck audits shared-memory hazards inside kernels, here libtorch's). Fits one
         10-minute device call: `bash scripts/gpu_check.sh --only sanitizer`."""
         self.need_cuda()
-        tool = shutil.which("compute-sanitizer") or next(
-            (t for t in ("/usr/local/cuda/bin/compute-sanitizer", "/usr/local/cuda/compute-sanitizer/compute-sanitizer")
-             if os.access(t, os.X_OK)), None)
+        tool = find_program(["compute-sanitizer"], ["/usr/local/cuda/bin/compute-sanitizer",
+                                                     "/usr/local/cuda/compute-sanitizer/compute-sanitizer"])
         if not tool:
             raise Skip("compute-sanitizer is not on PATH (nor in /usr/local/cuda)")
         binary = os.path.join(self.build, "tests", "medfast_gpu_tests")
@@ -579,6 +577,13 @@ class Campaign:
         if passed == "0":
             raise Skip(f"{name}: no test ran under compute-sanitizer ({skipped} skipped: see the log)")
         return f"{summary}; {passed} tests passed, {skipped} skipped; {seconds} s"
+
+
+def find_program(names, paths):
+    """The first of `names` on PATH, else the first executable of `paths` (CUDA's tools are not
+    always on PATH); None."""
+    return next((p for p in map(shutil.which, names) if p), None) or next(
+        (p for p in paths if os.access(p, os.X_OK)), None)
 
 
 def failed_tests(ctest_output):
