@@ -117,10 +117,16 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                     {"spatial_size", patch_v},
                     {"pos", 1},
                     {"neg", 2},
-                    {"num_samples", 1},
+                    {"num_samples", p.crops_per_case},
                     {"fg_indices_key", "label_fg"},
                     {"bg_indices_key", "label_bg"}});
-  random_why.push_back("the planned patch; a third of the crops centred on foreground (nnU-Net's oversampling)");
+  random_why.push_back(str(
+      "the planned patch; a third of the crops centred on foreground (nnU-Net's oversampling)",
+      p.crops_per_case > 1 ? str("; ", p.crops_per_case, " crops a case (the spleen recipe's num_samples): a step of ",
+                                 p.patch.batch_size, " cases trains ", p.patch.batch_size * p.crops_per_case,
+                                 " crops within the compute budget, and an epoch ", p.crops_per_case,
+                                 "x the crops between two validations")
+                           : std::string()));
   for (int axis = 0; axis < 3; ++axis) {
     random.push_back({{"name", "RandFlip"}, {"keys", {"image", "label"}}, {"spatial_axis", {axis}}, {"prob", 0.5}});
     random_why.push_back(axis == 0 ? "nnU-Net mirrors every axis" : "");
@@ -150,13 +156,15 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   }
   data["seed"] = 0;
   data["loader"] = {{"batch_size", p.patch.batch_size}, {"shuffle", true}, {"prefetch", 4}};
-  why["/data/loader"] = str("batch size ", p.patch.batch_size, ": the largest whose estimated step (",
-                            format_bytes(static_cast<std::uint64_t>(p.memory.total())), ") fits the budget of ",
-                            format_bytes(p.budget_bytes),
-                            p.step_macs_budget > 0 ? str(" and whose compute (", fmt(p.step_macs / 1e9, 4),
-                                                         " GMAC) fits ", fmt(p.step_macs_budget / 1e9, 4), " GMAC")
-                                                   : std::string(),
-                            ", at most 5% of the dataset's voxels per batch, at least 2");
+  why["/data/loader"] =
+      str("batch size ", p.patch.batch_size,
+          p.crops_per_case > 1 ? str(" cases (", p.patch.batch_size * p.crops_per_case, " crops)") : std::string(),
+          ": the largest whose estimated step (", format_bytes(static_cast<std::uint64_t>(p.memory.total())),
+          ") fits the budget of ", format_bytes(p.budget_bytes),
+          p.step_macs_budget > 0 ? str(" and whose compute (", fmt(p.step_macs / 1e9, 4), " GMAC) fits ",
+                                       fmt(p.step_macs_budget / 1e9, 4), " GMAC")
+                                 : std::string(),
+          ", at most 5% of the dataset's voxels per batch, at least 2");
   if (p.validation_cases > 0) {
     data["validation"] = {{"num", p.validation_cases}};
     why["/data/validation"] = str("the last ", p.validation_cases, " of ", fp.cases.size(),
@@ -176,24 +184,47 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                       {"include_background", false}, {"batch", true},       {"smooth_nr", 1e-5},
                       {"smooth_dr", 1e-5}};
   why["/loss"] = "nnU-Net's: Dice over the foreground classes, batch Dice, plus cross-entropy";
-  a.config["optimizer"] = {{"name", "SGD"}, {"lr", 0.01}, {"momentum", 0.99}, {"nesterov", true}, {"weight_decay", 3e-5}};
-  why["/optimizer"] = "nnU-Net's: SGD, Nesterov momentum 0.99, lr 0.01, weight decay 3e-5";
+  a.config["optimizer"] = {
+      {"name", "SGD"}, {"lr", p.lr}, {"momentum", p.momentum}, {"nesterov", true}, {"weight_decay", 3e-5}};
+  why["/optimizer"] =
+      p.momentum == kLongRunMomentum
+          ? str("nnU-Net's: SGD, Nesterov momentum 0.99, lr 0.01, weight decay 3e-5 (this run: about ", p.planned_steps,
+                " steps)")
+          : str("nnU-Net's SGD (Nesterov, weight decay 3e-5) for a short run: its momentum 0.99 averages about 100 "
+                "steps, meant for ",
+                kLongRunSteps, " or more (nnU-Net trains 250,000); this run has about ", p.planned_steps, " (",
+                p.epochs, " epochs of ", p.planned_steps / std::max(1, p.epochs),
+                "), so momentum 0.9 and lr 0.1: the same step lr / (1 - momentum), averaged over 10 steps (the "
+                "spleen recipe's SGD)");
   a.config["schedule"] = {{"name", "poly"}, {"power", 0.9}};
   why["/schedule"] = "nnU-Net's polynomial decay";
   const int interval = std::max(1, p.epochs / 10);
   const bool compute_budgeted = p.step_macs_budget > 0;
-  a.config["validation"] = {{"interval", interval},
-                            {"sliding_window",
-                             {{"roi_size", patch_v},
-                              {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)},
-                              {"overlap", compute_budgeted ? 0.25 : 0.5},
-                              {"mode", "gaussian"}}}};
+  const Shape& window = p.validation_window;
+  const bool whole = window[0] >= p.largest_case[0] && window[1] >= p.largest_case[1] && window[2] >= p.largest_case[2];
+  const bool beyond_patch = window != patch;
+  a.config["validation"] = {
+      {"interval", interval},
+      {"sliding_window",
+       {{"roi_size", std::vector<std::int64_t>(window.begin(), window.end())},
+        {"sw_batch_size", beyond_patch ? std::int64_t{1} : std::min<std::int64_t>(p.patch.batch_size, 4)},
+        {"overlap", compute_budgeted ? 0.25 : 0.5},
+        {"mode", "gaussian"}}}};
   why["/validation/interval"] = "ten validations over the run";
   why["/validation/sliding_window"] =
-      compute_budgeted
-          ? "windows of the patch, Gaussian-weighted, overlapping by a quarter (nnU-Net: half; within a compute "
-            "budget, 0.6x the validation time for the same Dice on a checkpoint scored both ways: docs/plan.md)"
-          : "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted";
+      !compute_budgeted
+          ? std::string(
+                "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted (with nnU-Net's network "
+                "a window the size of a case scored lower: docs/plan.md)")
+          : str(whole ? str("one window holds the largest case (", fmt3(p.largest_case),
+                            " at the target spacing), so each case is one forward: within the compute budget the "
+                            "patch is small, and checkpoints scored this way got a higher Dice than in windows of "
+                            "the patch, in half the time (docs/plan.md); about ",
+                            format_bytes(static_cast<std::uint64_t>(p.validation_memory)), " for its forward")
+                      : str("windows of ", fmt3(window), ", as large as the memory budget allows (the largest case is ",
+                            fmt3(p.largest_case), "; about ",
+                            format_bytes(static_cast<std::uint64_t>(p.validation_memory)), " a forward)"),
+                "; larger cases slide Gaussian-weighted windows overlapping by a quarter (nnU-Net: half)");
   a.config["train"] = {{"run_dir", p.run_dir}, {"epochs", p.epochs}, {"seed", 0}, {"device", p.device}, {"amp", p.amp}};
   why["/train/epochs"] = "set for your time budget (nnU-Net trains 1000 epochs of 250 steps)";
   why["/train/amp"] = p.amp ? "float16 autocast on the GPU (what the memory estimate assumes)"
@@ -310,6 +341,14 @@ MemoryEstimate training_memory(const NetworkPlan& net, const Shape& patch, std::
                  kStepOverheadBytes;
   m.parameters = static_cast<double>(net.parameters()) * 4.0 * static_cast<double>(1 + o.optimizer_states);
   return m;
+}
+
+double inference_memory(const NetworkPlan& net, const Shape& window, std::int64_t activation_bytes) {
+  const std::vector<double> v = level_voxels(net, window);
+  double maps = 10.0 * static_cast<double>(net.filters[0]) * v[0];
+  for (std::size_t k = 0; k < net.filters.size(); ++k) maps += static_cast<double>(net.filters[k]) * v[k];
+  return maps * static_cast<double>(activation_bytes) + 3.0 * static_cast<double>(net.out_channels) * v[0] * 4.0 +
+         kStepOverheadBytes;
 }
 
 double forward_macs(const NetworkPlan& net, const Shape& patch, bool training) {
@@ -435,26 +474,40 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   if (p.step_macs_budget > 0 && unbudgeted_macs > p.step_macs_budget) {
     const Shape memory_patch = p.patch.topology.patch;
     const std::size_t memory_levels = p.patch.topology.stages();
+    // Within the budget each case gives kCropsPerCase crops: a step of `batch` cases trains
+    // batch * kCropsPerCase of them (and a batch's share of the dataset counts them all).
     StepModel budgeted = model;
+    budgeted.cost = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
+      return training_memory(network_for(t, features), t.patch, batch * kCropsPerCase, mo).total();
+    };
     budgeted.compute_budget = p.step_macs_budget;
     budgeted.compute = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
-      return training_step_macs(network_for(t, features), t.patch, batch);
+      return training_step_macs(network_for(t, features), t.patch, batch * kCropsPerCase);
+    };
+    const double crop_voxels = dataset_voxels / static_cast<double>(kCropsPerCase);
+    const auto planned_budgeted = [&]() {
+      try {
+        return plan_patch(p.target_spacing, p.median_shape, crop_voxels, budgeted);
+      } catch (const ValueError& e) {
+        throw ValueError(str(fp.list, ": ", e.what(), ": raise --compute"));
+      }
     };
     for (std::size_t i = 0; i < kComputeBaseFeatures.size(); ++i) {
       budgeted.base_features = kComputeBaseFeatures[i];
       budgeted.max_features = 10 * kComputeBaseFeatures[i];
       const bool narrowest = i + 1 == kComputeBaseFeatures.size();
       if (narrowest) {
-        p.patch = planned(budgeted, "--compute");
+        p.patch = planned_budgeted();
         break;
       }
       try {
-        p.patch = plan_patch(p.target_spacing, p.median_shape, dataset_voxels, budgeted);
+        p.patch = plan_patch(p.target_spacing, p.median_shape, crop_voxels, budgeted);
       } catch (const ValueError&) {
         continue;  // no patch fits with these channels: narrower ones may
       }
       if (2 * volume_of(p.patch.topology.patch) >= volume_of(memory_patch)) break;
     }
+    p.crops_per_case = kCropsPerCase;
     // A budget that leaves a network too shallow to see context (fewer than 3 levels where
     // the memory budget allows them) is refused rather than planned.
     if (p.patch.topology.stages() < std::min<std::size_t>(3, memory_levels)) {
@@ -463,23 +516,60 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
                            p.patch.topology.stages(), " level(s), too small to learn from; the memory budget allows ",
                            fmt3(memory_patch), " (", memory_levels, " levels): raise --compute"));
     }
-    p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step",
-                           ": ", fmt(p.step_macs_budget / 1e9, 4),
-                           " GMAC a step, where nnU-Net's network at the memory "
-                           "budget's patch (",
-                           fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2");
+    p.compute_reason =
+        str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step", ": ",
+            fmt(p.step_macs_budget / 1e9, 4),
+            " GMAC a step, where nnU-Net's network at the memory "
+            "budget's patch (",
+            fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2, one crop a case");
   } else if (p.step_macs_budget > 0) {
+    // The memory budget's plan fits: as many crops a case (up to kCropsPerCase) as still fit.
+    for (std::int64_t c = kCropsPerCase; c > 1; --c) {
+      const NetworkPlan n = network_for(p.patch.topology, p.patch.features);
+      if (training_step_macs(n, p.patch.topology.patch, p.patch.batch_size * c) <= p.step_macs_budget &&
+          training_memory(n, p.patch.topology.patch, p.patch.batch_size * c, mo).total() <=
+              static_cast<double>(p.budget_bytes)) {
+        p.crops_per_case = c;
+        break;
+      }
+    }
     p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default", ": ",
                            fmt(p.step_macs_budget / 1e9, 4), " GMAC a step, which the memory budget's plan fits");
   }
+  const std::int64_t crops = p.patch.batch_size * p.crops_per_case;
   p.network = network_for(p.patch.topology, p.patch.features);
-  p.memory = training_memory(p.network, p.patch.topology.patch, p.patch.batch_size, mo);
-  p.step_macs = training_step_macs(p.network, p.patch.topology.patch, p.patch.batch_size);
+  p.memory = training_memory(p.network, p.patch.topology.patch, crops, mo);
+  p.step_macs = training_step_macs(p.network, p.patch.topology.patch, crops);
   p.validation_macs_per_voxel = forward_macs(p.network, p.patch.topology.patch, /*training=*/false) /
                                 static_cast<double>(volume_of(p.patch.topology.patch));
+  // The validation window: within a compute budget every case whole where memory allows (one
+  // forward a case); else nnU-Net's windows of the patch.
+  p.largest_case = resampled_max_shape(spacings, shapes, p.target_spacing);
+  const Topology& top = p.patch.topology;
+  Shape& w = p.validation_window;
+  for (int d = 0; d < 3; ++d) {
+    w[d] = p.step_macs_budget > 0
+               ? std::max(top.patch[d], (p.largest_case[d] + top.divisor[d] - 1) / top.divisor[d] * top.divisor[d])
+               : top.patch[d];
+  }
+  while (inference_memory(p.network, w, mo.activation_bytes) > static_cast<double>(p.budget_bytes)) {
+    int axis = -1;
+    for (int d = 0; d < 3; ++d) {
+      if (w[d] > top.patch[d] && (axis < 0 || w[d] * top.patch[axis] > w[axis] * top.patch[d])) axis = d;
+    }
+    if (axis < 0) break;  // the patch itself: its training step fits, so its forward does
+    w[axis] -= top.divisor[axis];
+  }
+  p.validation_memory = inference_memory(p.network, w, mo.activation_bytes);
   p.validation_cases = fp.cases.size() >= 2 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(
                                                                             static_cast<double>(fp.cases.size()) / 5)))
                                             : 0;
+  // nnU-Net's momentum where the run is long enough to warm it up, else the recipe's.
+  const auto training_cases = static_cast<std::int64_t>(fp.cases.size() - p.validation_cases);
+  p.planned_steps = static_cast<std::int64_t>(p.epochs) *
+                    std::max<std::int64_t>(1, (training_cases + p.patch.batch_size - 1) / p.patch.batch_size);
+  p.momentum = p.planned_steps >= kLongRunSteps ? kLongRunMomentum : kShortRunMomentum;
+  p.lr = p.momentum == kLongRunMomentum ? 0.01 : 0.1;
   return p;
 }
 
@@ -525,6 +615,7 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
           {"median_shape", p.median_shape},
           {"patch_size", t.patch},
           {"batch_size", p.patch.batch_size},
+          {"crops_per_case", p.crops_per_case},
           {"normalization", norm},
           {"classes", p.classes},
           {"network",
@@ -541,6 +632,9 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
             {"parameters", p.memory.parameters}}},
           {"estimated_step_macs", p.step_macs},
           {"estimated_validation_macs_per_voxel", p.validation_macs_per_voxel},
+          {"validation_window", p.validation_window},
+          {"largest_case", p.largest_case},
+          {"estimated_validation_memory_bytes", static_cast<std::uint64_t>(p.validation_memory)},
           {"step_macs_budget", p.step_macs_budget},
           {"compute_budget", p.compute_reason},
           {"budget_bytes", p.budget_bytes},
@@ -551,6 +645,8 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
             {"batch_size", nnunet.batch_size},
             {"levels", nnunet.topology.stages()}}},
           {"validation_cases", p.validation_cases},
+          {"planned_steps", p.planned_steps},
+          {"optimizer", {{"name", "SGD"}, {"lr", p.lr}, {"momentum", p.momentum}}},
           {"device", p.device},
           {"amp", p.amp},
           {"epochs", p.epochs},
@@ -574,6 +670,8 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   o << "\n  memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per step of a "
     << format_bytes(p.budget_bytes) << " budget (" << p.budget_reason << ")";
   o << "\n  compute: " << compute_text(p);
+  o << "\n  validation: windows of " << fmt3(p.validation_window) << " (the largest case is " << fmt3(p.largest_case)
+    << "), about " << format_bytes(static_cast<std::uint64_t>(p.validation_memory)) << " a forward";
   for (const auto& n : fp.notes) o << "\n  note: " << n.text();
   return o.str();
 }

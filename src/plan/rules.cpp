@@ -176,6 +176,21 @@ Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::
   return out;
 }
 
+Shape resampled_max_shape(const std::vector<Spacing>& spacings, const std::vector<Shape>& shapes,
+                          const Spacing& target) {
+  if (spacings.empty() || spacings.size() != shapes.size())
+    throw ValueError("largest shape: one spacing and shape per case");
+  Shape out{1, 1, 1};
+  for (std::size_t c = 0; c < shapes.size(); ++c) {
+    for (int d = 0; d < 3; ++d) {
+      const double r = spacings[c][d] / target[d], n = static_cast<double>(shapes[c][d]);
+      const double either = std::max(round_half_even(r * n), round_half_even((n - 1) * r + 1));
+      out[d] = std::max(out[d], static_cast<std::int64_t>(either));
+    }
+  }
+  return out;
+}
+
 namespace {
 
 PatchPlan plan_patch_ordered(const Spacing& spacing, const Spacing& median_shape, double dataset_voxels,

@@ -430,7 +430,12 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   const Plan cpu = make_plan(fp, {"cpu", 2ULL << 30, 0, 0, 10, "run"});  // the default budget
   EXPECT_EQ(cpu.step_macs_budget, kCpuStepMacs);
   EXPECT_LE(cpu.step_macs, kCpuStepMacs);
-  EXPECT_DOUBLE_EQ(cpu.step_macs, training_step_macs(cpu.network, cpu.patch.topology.patch, cpu.patch.batch_size));
+  // Each case of a step gives kCropsPerCase crops; the step's compute and memory count them all.
+  EXPECT_EQ(cpu.crops_per_case, kCropsPerCase);
+  const std::int64_t crops = cpu.patch.batch_size * kCropsPerCase;
+  EXPECT_DOUBLE_EQ(cpu.step_macs, training_step_macs(cpu.network, cpu.patch.topology.patch, crops));
+  EXPECT_DOUBLE_EQ(cpu.memory.total(), training_memory(cpu.network, cpu.patch.topology.patch, crops).total());
+  EXPECT_EQ(run_config(fp, cpu, dir / "ds/dataset.json")["data"]["random"][0]["num_samples"], kCropsPerCase);
   const std::int64_t base = cpu.network.filters.front();
   EXPECT_TRUE(base == 16 || base == 8) << base;
   EXPECT_EQ(*std::max_element(cpu.network.filters.begin(), cpu.network.filters.end()),
@@ -439,7 +444,7 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   EXPECT_TRUE(base == 8 || 2 * voxels(cpu.patch.topology.patch) >= voxels(wide.patch.topology.patch));
   EXPECT_GE(cpu.patch.batch_size, 2);
   if (cpu.patch.batch_size > 2) {
-    EXPECT_GT(training_step_macs(cpu.network, cpu.patch.topology.patch, cpu.patch.batch_size + 1), kCpuStepMacs);
+    EXPECT_GT(training_step_macs(cpu.network, cpu.patch.topology.patch, crops + kCropsPerCase), kCpuStepMacs);
   }
   EXPECT_NE(cpu.compute_reason.find("the spleen recipe's step"), std::string::npos) << cpu.compute_reason;
   const std::string yaml = run_config_yaml(fp, cpu, dir / "ds/dataset.json");
@@ -448,7 +453,9 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   EXPECT_NE(comments.find(str("channels ", base, "..", 10 * base, " (nnU-Net's 32..320 narrowed to fit the compute budget)")),
             std::string::npos)
       << yaml;
-  EXPECT_NE(yaml.find("(budget a CPU plan's default, the spleen recipe's step: 32 GMAC a step"), std::string::npos)
+  EXPECT_NE(yaml.find("(budget a CPU plan's default, the spleen recipe's step: 128 GMAC a step"), std::string::npos)
+      << yaml;
+  EXPECT_NE(comments.find(str("batch size ", cpu.patch.batch_size, " cases (", crops, " crops)")), std::string::npos)
       << yaml;
   const nlohmann::json j = plan_json(fp, cpu);
   EXPECT_EQ(j["step_macs_budget"], kCpuStepMacs);
@@ -468,6 +475,7 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   const Plan gpu = make_plan(fp, {"cuda", 0, 10ULL << 30, 16ULL << 30, 10, "run"});
   EXPECT_EQ(gpu.step_macs_budget, 0);
   EXPECT_EQ(gpu.network.filters.front(), 32);
+  EXPECT_EQ(gpu.crops_per_case, 1);  // nnU-Net's one patch a sample
   EXPECT_NE(run_config_yaml(fp, gpu, dir / "ds/dataset.json").find("(no compute budget)"), std::string::npos);
   // Images whose memory plan already fits keep nnU-Net's channels.
   test::TempDir small_dir;
@@ -477,6 +485,15 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   EXPECT_EQ(small.network.filters.front(), 32);
   EXPECT_NE(small.compute_reason.find("which the memory budget's plan fits"), std::string::npos)
       << small.compute_reason;
+  // ... and as many crops a case (up to kCropsPerCase) as the budget still allows.
+  EXPECT_GE(small.crops_per_case, 1);
+  EXPECT_LE(small.crops_per_case, kCropsPerCase);
+  EXPECT_LE(small.step_macs, kCpuStepMacs);
+  if (small.crops_per_case < kCropsPerCase) {
+    EXPECT_GT(training_step_macs(small.network, small.patch.topology.patch,
+                                 small.patch.batch_size * (small.crops_per_case + 1)),
+              kCpuStepMacs);
+  }
   // Too small for any patch: an error that names the compute budget and what to do.
   PlanOptions tiny{"cpu", 2ULL << 30, 0, 0, 10, "run"};
   tiny.step_macs_budget = 1e3;
@@ -502,12 +519,14 @@ TEST(Plan, TheYamlIsTheRunConfigAndTrainReadsIt) {
   EXPECT_NE(yaml.find("# nnU-Net's target spacing"), std::string::npos);
   EXPECT_NE(yaml.find("# Compute: about "), std::string::npos);
   EXPECT_GT(p.step_macs, 0);
-  EXPECT_DOUBLE_EQ(p.step_macs, training_step_macs(p.network, p.patch.topology.patch, p.patch.batch_size));
+  EXPECT_DOUBLE_EQ(p.step_macs,
+                   training_step_macs(p.network, p.patch.topology.patch, p.patch.batch_size * p.crops_per_case));
   const train::RunConfig rc = train::load_run_config(read, dir / "plan.yaml", Settings{});
   (void)rc;
   const nlohmann::json j = plan_json(fp, p);
   for (const char* k : {"target_spacing", "median_shape", "patch_size", "batch_size", "normalization", "network",
-                        "estimated_memory_bytes", "estimated_step_macs", "estimated_validation_macs_per_voxel"}) {
+                        "estimated_memory_bytes", "estimated_step_macs", "estimated_validation_macs_per_voxel",
+                        "validation_window", "largest_case", "estimated_validation_memory_bytes", "crops_per_case"}) {
     EXPECT_TRUE(j.contains(k)) << k;
   }
   for (const char* k : {"name", "strides", "kernel_sizes", "filters"}) EXPECT_TRUE(j["network"].contains(k)) << k;
@@ -533,6 +552,125 @@ TEST(Plan, TheYamlOfAnMrPlanWithNotesReadsBack) {
   EXPECT_TRUE(crop);
   EXPECT_TRUE(masked);
   (void)train::load_run_config(read, dir / "plan.yaml", Settings{});
+}
+
+/// A hand-made MR fingerprint: one case of each shape at `spacing`.
+DatasetFingerprint hand_made(const std::vector<Shape>& shapes, const Spacing& spacing) {
+  DatasetFingerprint fp;
+  fp.list = "hand-made";
+  fp.channel_names = {"MR"};
+  fp.label_names = {{0, "background"}, {1, "organ"}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    CaseSummary c;
+    c.image = c.label = str("case", i);
+    c.shape = shapes[i];
+    c.channels = 1;
+    c.crop.shape_after_crop = c.shape;
+    c.crop.spacing = spacing;
+    c.crop.samples = {{1.0, 2.0, 3.0}};
+    c.crop.foreground_voxels = 3;
+    c.label_voxels = {{0, shapes[i][0] * shapes[i][1] * shapes[i][2] - 3}, {1, 3}};
+    fp.cases.push_back(c);
+  }
+  fp.listed = fp.cases.size();
+  return fp;
+}
+
+/// Validation windows within a compute budget: one holds the largest case (rounded up to the
+/// network's divisor) where its forward fits the memory budget, so each case is one forward;
+/// else the window shrinks, the axis furthest above the patch first, until it fits. Without a
+/// compute budget, nnU-Net's windows of the patch.
+TEST(Plan, ValidationWindowsHoldTheLargestCaseWhereMemoryAllows) {
+  const DatasetFingerprint fp =
+      hand_made({{120, 100, 30}, {131, 97, 34}, {110, 104, 28}, {125, 90, 31}, {118, 99, 29}}, {1.0, 1.0, 2.5});
+  const std::uint64_t budget = 2ULL << 30;
+  const Plan p = make_plan(fp, {"cpu", budget, 0, 0, 10, "run", -1});  // the CPU's compute budget
+  ASSERT_GT(p.step_macs_budget, 0);
+  EXPECT_EQ(p.largest_case, (Shape{131, 104, 34}));
+  const Shape& w = p.validation_window;
+  const Topology& t = p.patch.topology;
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_GE(w[d], p.largest_case[d]) << d;
+    EXPECT_LT(w[d] - p.largest_case[d], t.divisor[d]) << d;
+    EXPECT_EQ(w[d] % t.divisor[d], 0) << d;
+    EXPECT_GE(w[d], t.patch[d]) << d;
+  }
+  EXPECT_DOUBLE_EQ(p.validation_memory, inference_memory(p.network, w, 4));
+  EXPECT_LE(p.validation_memory, static_cast<double>(budget));
+  const nlohmann::json c = run_config(fp, p, "ds/dataset.json");
+  EXPECT_EQ(c["validation"]["sliding_window"]["roi_size"], nlohmann::json(w));
+  EXPECT_EQ(c["validation"]["sliding_window"]["sw_batch_size"],
+            w == t.patch ? std::min<std::int64_t>(p.patch.batch_size, 4) : 1);
+  EXPECT_EQ(c["validation"]["sliding_window"]["overlap"], 0.25);  // for larger cases
+  const nlohmann::json j = plan_json(fp, p);
+  EXPECT_EQ(j["validation_window"], nlohmann::json(w));
+  EXPECT_EQ(j["largest_case"], nlohmann::json(p.largest_case));
+  std::string yaml = run_config_yaml(fp, p, "ds/dataset.json");
+  for (std::size_t at; (at = yaml.find("\n  # ")) != std::string::npos;) yaml.replace(at, 5, " ");
+  EXPECT_NE(yaml.find("one window holds the largest case (131 x 104 x 34 at the target spacing)"), std::string::npos)
+      << yaml;
+  EXPECT_NE(plan_summary(fp, p).find(str("validation: windows of ", w[0], " x ", w[1], " x ", w[2])),
+            std::string::npos);
+
+  // Cases far larger than what memory allows a forward: the window shrinks to fit, never below
+  // the patch, the longest axis (against the patch) first.
+  const DatasetFingerprint big = hand_made({{400, 400, 200}, {380, 410, 190}}, {1.0, 1.0, 1.0});
+  const std::uint64_t small_budget = 1ULL << 30;
+  const Plan q = make_plan(big, {"cpu", small_budget, 0, 0, 10, "run", -1});
+  EXPECT_LE(q.validation_memory, static_cast<double>(small_budget));
+  bool shrunk = false;
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_GE(q.validation_window[d], q.patch.topology.patch[d]) << d;
+    EXPECT_EQ(q.validation_window[d] % q.patch.topology.divisor[d], 0) << d;
+    shrunk = shrunk || q.validation_window[d] < q.largest_case[d];
+  }
+  EXPECT_TRUE(shrunk);
+  // Not the patch alone: memory allows a window larger than the patch, and one a step larger
+  // along every axis would not fit.
+  EXPECT_NE(q.validation_window, q.patch.topology.patch);
+  Shape more = q.validation_window;
+  for (int d = 0; d < 3; ++d) more[d] += q.patch.topology.divisor[d];
+  EXPECT_GT(inference_memory(q.network, more, 4), static_cast<double>(small_budget));
+  EXPECT_EQ(run_config(big, q, "ds/dataset.json")["validation"]["sliding_window"]["sw_batch_size"],
+            q.validation_window == q.patch.topology.patch ? std::min<std::int64_t>(q.patch.batch_size, 4) : 1);
+
+  // No compute budget (a GPU's plan, --compute 0): windows of the patch, half overlapping.
+  const Plan none = make_plan(fp, {"cpu", budget, 0, 0, 10, "run", 0});
+  EXPECT_EQ(none.validation_window, none.patch.topology.patch);
+  const nlohmann::json n = run_config(fp, none, "ds/dataset.json")["validation"]["sliding_window"];
+  EXPECT_EQ(n["roi_size"], nlohmann::json(none.patch.topology.patch));
+  EXPECT_EQ(n["overlap"], 0.5);
+  EXPECT_EQ(n["sw_batch_size"], std::min<std::int64_t>(none.patch.batch_size, 4));
+}
+
+/// SGD's momentum by the run's length: nnU-Net's 0.99 (lr 0.01) for 10,000 steps or more, else
+/// 0.9 (lr 0.1), the same step lr / (1 - momentum).
+TEST(Plan, ShortRunsTakeTheShorterMomentum) {
+  const DatasetFingerprint fp =
+      hand_made({{40, 40, 24}, {40, 40, 24}, {40, 40, 24}, {40, 40, 24}, {40, 40, 24}}, {1.0, 1.0, 1.5});
+  const Plan short_run = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, 100, "run", 0});
+  const std::int64_t steps_an_epoch = (5 - 1 + short_run.patch.batch_size - 1) / short_run.patch.batch_size;
+  EXPECT_EQ(short_run.validation_cases, 1U);
+  EXPECT_EQ(short_run.planned_steps, 100 * steps_an_epoch);
+  EXPECT_EQ(short_run.momentum, kShortRunMomentum);
+  EXPECT_EQ(short_run.lr, 0.1);
+  const nlohmann::json o = run_config(fp, short_run, "ds/dataset.json")["optimizer"];
+  EXPECT_EQ(o["momentum"], 0.9);
+  EXPECT_EQ(o["lr"], 0.1);
+  EXPECT_EQ(o["nesterov"], true);
+  std::string yaml = run_config_yaml(fp, short_run, "ds/dataset.json");
+  for (std::size_t at; (at = yaml.find("\n# ")) != std::string::npos;) yaml.replace(at, 3, " ");
+  EXPECT_NE(yaml.find(str("this run has about ", 100 * steps_an_epoch, " (100 epochs of ", steps_an_epoch, ")")),
+            std::string::npos)
+      << yaml;
+  const int long_epochs = static_cast<int>((kLongRunSteps + steps_an_epoch - 1) / steps_an_epoch);
+  const Plan long_run = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, long_epochs, "run", 0});
+  EXPECT_GE(long_run.planned_steps, kLongRunSteps);
+  EXPECT_EQ(long_run.momentum, kLongRunMomentum);
+  EXPECT_EQ(run_config(fp, long_run, "ds/dataset.json")["optimizer"]["lr"], 0.01);
+  const Plan just_short = make_plan(fp, {"cpu", 1ULL << 30, 0, 0, long_epochs - 1, "run", 0});
+  EXPECT_LT(just_short.planned_steps, kLongRunSteps);
+  EXPECT_EQ(just_short.momentum, kShortRunMomentum);
 }
 
 /// A hand-made fingerprint of many cases, so that the 5% cap leaves the budget to decide the

@@ -143,6 +143,20 @@ TEST(PlanRules, CoarseAxisWithManyVoxelsKeepsItsMedianSpacing) {
                    "coarse axis, many voxels");
 }
 
+/// The largest case per axis at the target spacing, as either rounding makes it: nnU-Net's
+/// round(r * n) or the Spacing transform's round((n - 1) * r + 1) (r = spacing / target).
+TEST(PlanRules, TheLargestCaseAtTheTargetSpacing) {
+  // x: 8 (10 * 0.8), y: 12, z: 15 (10 * 1.5; the transform's 14.5 rounds to 14).
+  EXPECT_EQ(
+      resampled_max_shape({{1, 1, 3}, {1, 1, 2.5}, {0.5, 1, 2}}, {{10, 10, 10}, {9, 12, 11}, {3, 4, 5}}, {1.25, 1, 2}),
+      (Shape{8, 12, 15}));
+  // Where the transform's shape is larger (9 voxels at half the spacing: 4.5 -> 4 by nnU-Net's
+  // rounding, 5 by the transform's), the window takes it.
+  EXPECT_EQ(resampled_max_shape({{0.5, 0.5, 1}}, {{9, 9, 9}}, {1, 1, 2}), (Shape{5, 5, 5}));
+  EXPECT_THROW(resampled_max_shape({}, {}, {1, 1, 1}), ValueError);
+  EXPECT_THROW(resampled_max_shape({{1, 1, 1}}, {}, {1, 1, 1}), ValueError);
+}
+
 TEST(PlanRules, BadInputIsAValueError) {
   EXPECT_THROW(target_spacing({}, {}), ValueError);
   EXPECT_THROW(target_spacing({{1, 1, 1}}, {}), ValueError);

@@ -54,6 +54,15 @@ struct MemoryOptions {
 MemoryEstimate training_memory(const NetworkPlan& network, const Shape& patch, std::int64_t batch,
                                const MemoryOptions& options = {});
 
+/// Memory of one eval forward of a validation window (batch 1) and of its share of the
+/// sliding window's buffers: the encoder's output at each level, kept for the decoder; about
+/// 10 maps of the top level at once (the up-convolution, the concatenated input, a block's
+/// convolutions, norms and activations, and what the allocator keeps of them); and the
+/// probabilities, their sum and the window's weights in float32 (classes per voxel). The
+/// spleen-like plan's 192 x 192 x 80 window: 1.19 GB estimated, about 1.25 GB measured (the
+/// peak RSS of `medfast eval` 1.15 GB above that of a run of the patch's windows).
+double inference_memory(const NetworkPlan& network, const Shape& window, std::int64_t activation_bytes);
+
 /// Multiply-accumulates of one sample's forward through the network at `patch`: each level's
 /// two convolutions, the transposed convolutions and the decoder's two, the output head and,
 /// in training, the deep-supervision heads (medfast's DynUNet skips them in eval mode, where
@@ -87,13 +96,24 @@ struct PlanOptions {
 };
 /// The CPU budget's share of physical memory.
 constexpr double kCpuMemoryFraction = 0.25;
-/// A CPU plan's compute budget per training step: the spleen recipe's own step (MONAI's UNet
-/// 16..256 at 96^3, batch 2: about 31 GMAC), what examples/spleen.yaml asks of a CPU.
-constexpr double kCpuStepMacs = 32e9;
+/// A CPU plan's compute budget per training step: the spleen recipe's own step as it runs
+/// (MONAI's UNet 16..256, 2 cases of 4 crops of 96^3 each: about 125 GMAC), what
+/// examples/spleen.yaml asks of a CPU.
+constexpr double kCpuStepMacs = 128e9;
+/// Crops a case gives a step within a compute budget (the spleen recipe's num_samples): an
+/// epoch of few cases trains 4x the crops between two validations, and a step trains more
+/// crops than cases (a budgeted patch is small).
+constexpr std::int64_t kCropsPerCase = 4;
 /// The channels a compute budget tries, widest first (nnU-Net's 32, then 16 and 8; the
 /// widest of each is 10x, as nnU-Net's 320 is of 32): the first whose patch keeps at least
 /// half of the memory budget's patch, else the narrowest.
 constexpr std::array<std::int64_t, 3> kComputeBaseFeatures{32, 16, 8};
+
+/// SGD's momentum: nnU-Net's 0.99 (an average over about 100 steps, lr 0.01) for a run of at
+/// least kLongRunSteps steps; a shorter one takes 0.9 and lr 0.1 (the spleen recipe's), the same
+/// step lr / (1 - momentum) over 10 steps, which a run of a few hundred steps warms up.
+constexpr std::int64_t kLongRunSteps = 10000;
+constexpr double kLongRunMomentum = 0.99, kShortRunMomentum = 0.9;
 
 struct Plan {
   Spacing target_spacing{};
@@ -104,12 +124,25 @@ struct Plan {
   std::vector<std::int64_t> classes;  ///< label values (0 first)
   std::uint64_t budget_bytes = 0;
   std::string budget_reason;          ///< where the budget came from
-  MemoryEstimate memory;              ///< at the planned patch and batch
-  double step_macs = 0;               ///< training_step_macs at the planned patch and batch
+  /// Crops each case of a batch gives (RandCropByPosNegLabel's num_samples): kCropsPerCase
+  /// within a compute budget, else 1 (nnU-Net's one patch a sample).
+  std::int64_t crops_per_case = 1;
+  MemoryEstimate memory;              ///< at the planned patch, batch_size * crops_per_case crops
+  double step_macs = 0;               ///< training_step_macs at the planned patch, for those crops
   double step_macs_budget = 0;        ///< 0: compute not budgeted
   std::string compute_reason;         ///< where the compute budget came from, and what it changed
   double validation_macs_per_voxel = 0;  ///< an eval forward's, per patch voxel
+  /// The validation window. Within a compute budget: the largest case (resampled_max_shape)
+  /// rounded up to the network's divisor, so that each case is one forward, shrunk (the axis
+  /// furthest above the patch first) while inference_memory exceeds the budget; at least the
+  /// patch. Without one: the patch (nnU-Net's).
+  Shape validation_window{};
+  double validation_memory = 0;       ///< inference_memory of that window
+  Shape largest_case{};               ///< resampled_max_shape
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
+  std::int64_t planned_steps = 0;     ///< epochs * steps an epoch (the training cases in batches)
+  double momentum = kLongRunMomentum;  ///< kLongRunMomentum for planned_steps >= kLongRunSteps
+  double lr = 0.01;                    ///< 1 - momentum: 0.01 or 0.1
   bool amp = false;
   std::string device;
   int epochs = 0;

@@ -65,6 +65,12 @@ double feature_map_elements(const Topology& topology, const std::vector<std::int
 /// shape), half to even, per axis): what the patch is planned for.
 Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::vector<Shape>& shapes,
                                const Spacing& target);
+/// The largest case per axis at `target` spacing, as either rule rounds a case's shape there
+/// (nnU-Net's round(spacing / target * n), medfast's and MONAI's Spacing round((n - 1) *
+/// spacing / target + 1)): a window this large holds every case whole. ValueError for no
+/// cases or mismatched lists.
+Shape resampled_max_shape(const std::vector<Spacing>& spacings, const std::vector<Shape>& shapes,
+                          const Spacing& target);
 
 /// The 3d_fullres patch and batch size (get_plans_for_configuration): an initial patch of
 /// about 256^3 voxels shaped by 1/spacing, capped by the median shape; while the memory
