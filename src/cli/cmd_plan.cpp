@@ -21,6 +21,7 @@ namespace {
 struct PlanArgs {
   std::string dataset, device, memory, out, run_dir;
   int epochs = 100;
+  int validation = -1;                 ///< --validation (negative: a fifth of the cases)
   double compute_gmac = std::nan("");  ///< --compute (NaN: not given)
   bool json = false, no_cache = false;
 };
@@ -115,6 +116,7 @@ Planned make(const PlanArgs& a, Context& ctx, bool show_progress) {
   }
   po.host_memory_bytes = os::machine_info().memory_bytes;
   po.epochs = a.epochs;
+  po.validation_cases = a.validation;
   po.run_dir = a.run_dir;
   p.plan = plan::make_plan(p.fingerprint, po);
   return p;
@@ -167,11 +169,12 @@ std::string dataset_run_dir(const std::string& dataset) {
   return "runs/" + folder.substr(folder.find_last_of('/') + 1);
 }
 
-std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, Context& ctx,
-                              bool quiet) {
+std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, int validation,
+                              Context& ctx, bool quiet) {
   PlanArgs a;
   a.dataset = dataset;
   if (epochs > 0) a.epochs = epochs;
+  a.validation = validation;
   a.run_dir = ".";  // the plan is written into the run's folder
   const Planned p = make(a, ctx, !quiet);
   const std::string out = run_dir + "/plan.yaml";
@@ -194,6 +197,8 @@ Command register_plan(CLI::App& root) {
                   str("Compute budget of a training step in GMAC (multiply-accumulates; 0: none) [default: CPU: ",
                       plan::kCpuStepMacs / 1e9, ", the spleen recipe's step; CUDA: none]"));
   app->add_option("--epochs", a->epochs, "train.epochs of the run")->capture_default_str();
+  app->add_option("--validation", a->validation,
+                  "Cases that validate (data.validation.num: the list's last N) [default: a fifth of the cases]");
   app->add_option("--run-dir", a->run_dir, "train.run_dir of the run (written absolute) [default: ./runs/<dataset>]");
   app->add_option("--out", a->out,
                   "Write the run config here (YAML; cases left out: a list of the others beside it) [default: print it]");

@@ -216,6 +216,7 @@ int run_train(const TrainArgs& given, Context& ctx) {
     // --set train.run_dir names that folder (and is not applied again to the plan).
     std::string run_dir;
     int epochs = 0;  // a --set train.epochs plans for that many (validation interval, decay)
+    int validation = -1;  // a --set data.validation.num plans for that many (validation interval)
     std::vector<std::string> sets;
     for (const auto& s : a.sets) {
       if (s.rfind("train.run_dir=", 0) == 0) {
@@ -224,6 +225,10 @@ int run_train(const TrainArgs& given, Context& ctx) {
       }
       if (s.rfind("train.epochs=", 0) == 0) {
         epochs = static_cast<int>(parse_int(s.substr(std::string("train.epochs=").size()), "--set train.epochs"));
+      }
+      if (s.rfind("data.validation.num=", 0) == 0) {
+        validation = static_cast<int>(
+            parse_int(s.substr(std::string("data.validation.num=").size()), "--set data.validation.num"));
       }
       sets.push_back(s);
     }
@@ -244,7 +249,7 @@ int run_train(const TrainArgs& given, Context& ctx) {
                              "/last.ckpt): pass --resume to continue it with its plan, --overwrite to plan and start "
                              "again, or --set train.run_dir=... for another folder"));
       }
-      a.config = plan_for_training(a.dataset, run_dir, epochs, ctx, a.json);
+      a.config = plan_for_training(a.dataset, run_dir, epochs, validation, ctx, a.json);
     }
     a.sets = sets;
   }

@@ -76,11 +76,12 @@ Command register_launch(CLI::App& root);
 Command register_plan(CLI::App& root);
 /// The run folder `plan` and `train --dataset` default to: runs/<the dataset folder's name>.
 std::string dataset_run_dir(const std::string& dataset);
-/// `train --dataset`: plans `dataset` (cmd_plan.cpp) for `epochs` (0: the plan's default),
-/// writes the plan to <run_dir>/plan.yaml (its train.run_dir: that folder) and returns that
-/// path; prints the plan's summary unless `quiet`.
-std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, Context& ctx,
-                              bool quiet);
+/// `train --dataset`: plans `dataset` (cmd_plan.cpp) for `epochs` (0: the plan's default) and
+/// `validation` cases (negative: the plan's default), writes the plan to <run_dir>/plan.yaml
+/// (its train.run_dir: that folder) and returns that path; prints the plan's summary unless
+/// `quiet`.
+std::string plan_for_training(const std::string& dataset, const std::string& run_dir, int epochs, int validation,
+                              Context& ctx, bool quiet);
 Command register_trace(CLI::App& root);
 Command register_report(CLI::App& root);
 

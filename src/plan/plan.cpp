@@ -198,7 +198,7 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                 "spleen recipe's SGD)");
   a.config["schedule"] = {{"name", "poly"}, {"power", 0.9}};
   why["/schedule"] = "nnU-Net's polynomial decay";
-  const int interval = std::max(1, p.epochs / 10);
+  const int interval = p.validation_interval;
   const bool compute_budgeted = p.step_macs_budget > 0;
   const Shape& window = p.validation_window;
   const bool whole = window[0] >= p.largest_case[0] && window[1] >= p.largest_case[1] && window[2] >= p.largest_case[2];
@@ -208,9 +208,12 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
       {"sliding_window",
        {{"roi_size", std::vector<std::int64_t>(window.begin(), window.end())},
         {"sw_batch_size", beyond_patch ? std::int64_t{1} : std::min<std::int64_t>(p.patch.batch_size, 4)},
-        {"overlap", compute_budgeted ? 0.25 : 0.5},
+        {"overlap", p.validation_overlap},
         {"mode", "gaussian"}}}};
-  why["/validation/interval"] = "ten validations over the run";
+  why["/validation/interval"] =
+      str("validation at most a third of the run's time: ", p.validation_cases, " cases of ", fmt(p.validation_windows),
+          " window(s), about ", fmt(p.validation_epoch_macs / 1e9, 4), " GMAC, against an epoch's training, about ",
+          fmt(p.epoch_macs / 1e9, 4), " GMAC (", p.planned_steps / std::max(1, p.epochs), " steps)");
   why["/validation/sliding_window"] =
       !compute_budgeted
           ? std::string(
@@ -561,15 +564,41 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
     w[axis] -= top.divisor[axis];
   }
   p.validation_memory = inference_memory(p.network, w, mo.activation_bytes);
-  p.validation_cases = fp.cases.size() >= 2 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(
-                                                                            static_cast<double>(fp.cases.size()) / 5)))
-                                            : 0;
+  if (o.validation_cases >= 0) {
+    if (static_cast<std::size_t>(o.validation_cases) >= fp.cases.size()) {
+      throw ValueError(str(fp.list, ": ", o.validation_cases, " validation cases leave none of its ", fp.cases.size(),
+                           " to train on (data.validation.num: at most ", fp.cases.size() - 1, ")"));
+    }
+    p.validation_cases = static_cast<std::size_t>(o.validation_cases);
+  } else {
+    p.validation_cases =
+        fp.cases.size() >= 2
+            ? std::max<std::size_t>(1, static_cast<std::size_t>(std::lround(static_cast<double>(fp.cases.size()) / 5)))
+            : 0;
+  }
   // nnU-Net's momentum where the run is long enough to warm it up, else the recipe's.
   const auto training_cases = static_cast<std::int64_t>(fp.cases.size() - p.validation_cases);
   p.planned_steps = static_cast<std::int64_t>(p.epochs) *
                     std::max<std::int64_t>(1, (training_cases + p.patch.batch_size - 1) / p.patch.batch_size);
   p.momentum = p.planned_steps >= kLongRunSteps ? kLongRunMomentum : kShortRunMomentum;
   p.lr = p.momentum == kLongRunMomentum ? 0.01 : 0.1;
+
+  // Validation at most a third of the run's time: its forwards against an epoch's steps.
+  p.validation_overlap = p.step_macs_budget > 0 ? 0.25 : 0.5;
+  double windows = 1;  // a median case's
+  for (int d = 0; d < 3; ++d) {
+    const double size = p.median_shape[d], roi = static_cast<double>(w[d]);
+    if (size > roi) windows *= std::ceil((size - roi) / (roi * (1 - p.validation_overlap))) + 1;
+  }
+  p.validation_windows = windows;
+  p.validation_epoch_macs = static_cast<double>(p.validation_cases) * windows * forward_macs(p.network, w, false);
+  p.epoch_macs = static_cast<double>(p.planned_steps / std::max(1, p.epochs)) * p.step_macs;
+  p.validation_interval =
+      p.epoch_macs > 0
+          ? std::max(1, static_cast<int>(std::ceil(
+                            (1 - kValidationShare) / kValidationShare * p.validation_epoch_macs / p.epoch_macs - 1e-9)))
+          : 1;
+  p.validation_interval = std::min(p.validation_interval, std::max(1, p.epochs));  // the last epoch validates
   return p;
 }
 

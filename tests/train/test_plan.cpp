@@ -643,6 +643,40 @@ TEST(Plan, ValidationWindowsHoldTheLargestCaseWhereMemoryAllows) {
   EXPECT_EQ(n["sw_batch_size"], std::min<std::int64_t>(none.patch.batch_size, 4));
 }
 
+/// The validation interval: the fewest epochs whose training keeps validation's forwards within
+/// a third of the run's MACs (at most the run's epochs).
+TEST(Plan, ValidationTakesAtMostAThirdOfTheRun) {
+  std::vector<Shape> shapes(16, Shape{192, 192, 72});
+  const DatasetFingerprint fp = hand_made(shapes, {1.5, 1.5, 3.0});
+  for (const int validation : {3, 9}) {
+    PlanOptions o{"cpu", 6ULL << 30, 0, 0, 100, "run", -1};
+    o.validation_cases = validation;
+    const Plan p = make_plan(fp, o);
+    SCOPED_TRACE(validation);
+    EXPECT_EQ(p.validation_cases, static_cast<std::size_t>(validation));
+    const std::int64_t steps = (16 - validation + p.patch.batch_size - 1) / p.patch.batch_size;
+    EXPECT_DOUBLE_EQ(p.epoch_macs, static_cast<double>(steps) * p.step_macs);
+    EXPECT_EQ(p.validation_windows, 1);  // the window holds every case
+    EXPECT_DOUBLE_EQ(p.validation_epoch_macs, validation * forward_macs(p.network, p.validation_window, false));
+    const auto share = [&](int k) { return p.validation_epoch_macs / (k * p.epoch_macs + p.validation_epoch_macs); };
+    EXPECT_LE(share(p.validation_interval), 1.0 / 3 + 1e-12);
+    if (p.validation_interval > 1) EXPECT_GT(share(p.validation_interval - 1), 1.0 / 3);
+    EXPECT_EQ(run_config(fp, p, "ds/dataset.json")["validation"]["interval"], p.validation_interval);
+    EXPECT_EQ(run_config(fp, p, "ds/dataset.json")["data"]["validation"]["num"], validation);
+  }
+  // 9 of 16 cases validating every epoch would take over a third: every few epochs instead.
+  PlanOptions nine{"cpu", 6ULL << 30, 0, 0, 100, "run", -1};
+  nine.validation_cases = 9;
+  EXPECT_GT(make_plan(fp, nine).validation_interval, 1);
+  // Never more epochs apart than the run has.
+  nine.epochs = 1;
+  EXPECT_EQ(make_plan(fp, nine).validation_interval, 1);
+  nine.epochs = 100;
+  nine.validation_cases = 16;
+  EXPECT_NE(test::value_error_of([&] { make_plan(fp, nine); }).find("leave none of its 16 to train on"),
+            std::string::npos);
+}
+
 /// SGD's momentum by the run's length: nnU-Net's 0.99 (lr 0.01) for 10,000 steps or more, else
 /// 0.9 (lr 0.1), the same step lr / (1 - momentum).
 TEST(Plan, ShortRunsTakeTheShorterMomentum) {
@@ -731,15 +765,26 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   EXPECT_NE(r.out.find("from the cache"), std::string::npos) << r.out;  // the second plan reads no case
   EXPECT_TRUE(os::exists(dir / "p/plan.yaml"));
   // train --dataset: plan (summary first), write <run_dir>/plan.yaml, train it.
-  r = test::run("cd " + dir.path() + " && " + bin + "train --dataset ds --set train.epochs=1 --set train.run_dir=runs/x");
+  r = test::run("cd " + dir.path() + " && " + bin +
+                "train --dataset ds --set train.epochs=1 --set train.run_dir=runs/x --set data.validation.num=2");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_EQ(r.out.rfind("plan for ", 0), 0u) << r.out;
   EXPECT_TRUE(os::exists(dir / "runs/x/plan.yaml"));
   EXPECT_TRUE(os::exists(dir / "runs/x/last.ckpt"));
-  // Planned for the epochs asked for: its validation interval (a tenth of them) and decay.
+  // Planned for the epochs and validation cases asked for: its validation interval (at most
+  // the epochs), momentum and decay.
   const nlohmann::json planned = data::load_yaml_as_json(dir / "runs/x/plan.yaml");
   EXPECT_EQ(planned["train"]["epochs"], 1);
   EXPECT_EQ(planned["validation"]["interval"], 1);
+  EXPECT_EQ(planned["data"]["validation"]["num"], 2);
+  EXPECT_NE(test::read_file(dir / "runs/x/plan.yaml").find("validation at most a third of the run's time: 2 cases"),
+            std::string::npos);
+  // As many validation cases as cases: nothing would train.
+  r = test::run(bin + "plan --dataset " + dir / "ds" + " --memory 1GiB --validation 4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("4 validation cases leave none of its 4 to train on (data.validation.num: at most 3)"),
+            std::string::npos)
+      << r.err;
   // The run's folder holds a run now: without --resume or --overwrite, refused before
   // planning; with --resume, the run's own plan (not planned again).
   const std::string plan_text = test::read_file(dir / "runs/x/plan.yaml");

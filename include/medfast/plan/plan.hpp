@@ -93,6 +93,8 @@ struct PlanOptions {
   /// A training step's multiply-accumulates (training_step_macs); negative: the device's
   /// default (CPU: kCpuStepMacs; CUDA: none); 0: none.
   double step_macs_budget = -1;
+  /// Cases that validate (the list's last); negative: a fifth of them (at least 1 of 2 or more).
+  int validation_cases = -1;
 };
 /// The CPU budget's share of physical memory.
 constexpr double kCpuMemoryFraction = 0.25;
@@ -114,6 +116,10 @@ constexpr std::array<std::int64_t, 3> kComputeBaseFeatures{32, 16, 8};
 /// step lr / (1 - momentum) over 10 steps, which a run of a few hundred steps warms up.
 constexpr std::int64_t kLongRunSteps = 10000;
 constexpr double kLongRunMomentum = 0.99, kShortRunMomentum = 0.9;
+
+/// The largest share of a run's time that validation takes (by the MACs of its forwards
+/// against the training steps'; on a CPU both run at about the same GMAC/s).
+constexpr double kValidationShare = 1.0 / 3;
 
 struct Plan {
   Spacing target_spacing{};
@@ -143,6 +149,13 @@ struct Plan {
   std::int64_t planned_steps = 0;     ///< epochs * steps an epoch (the training cases in batches)
   double momentum = kLongRunMomentum;  ///< kLongRunMomentum for planned_steps >= kLongRunSteps
   double lr = 0.01;                    ///< 1 - momentum: 0.01 or 0.1
+  double validation_overlap = 0.5;     ///< 0.25 within a compute budget (nnU-Net: 0.5)
+  double validation_windows = 1;       ///< windows of a median-shaped case
+  double validation_epoch_macs = 0;    ///< one validation's forwards (validation_cases cases)
+  double epoch_macs = 0;               ///< one epoch's training steps
+  /// Epochs between validations: the fewest that keep validation within kValidationShare of
+  /// the run's time (validation_epoch_macs against interval * epoch_macs), at most the epochs.
+  int validation_interval = 1;
   bool amp = false;
   std::string device;
   int epochs = 0;
