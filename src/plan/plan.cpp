@@ -473,7 +473,8 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   // The compute budget (CPU by default): fewer channels first, then a smaller patch.
   p.step_macs_budget = o.step_macs_budget >= 0 ? o.step_macs_budget : (p.amp ? 0 : kCpuStepMacs);
   const double unbudgeted_macs =
-      training_step_macs(network_for(p.patch.topology, p.patch.features), p.patch.topology.patch, 2);
+      training_step_macs(network_for(p.patch.topology, p.patch.features), p.patch.topology.patch,
+                         2 * kCropsPerCase);  // a step of 2 cases of kCropsPerCase crops, as budgeted
   if (p.step_macs_budget > 0 && unbudgeted_macs > p.step_macs_budget) {
     const Shape memory_patch = p.patch.topology.patch;
     const std::size_t memory_levels = p.patch.topology.stages();
@@ -519,12 +520,12 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
                            p.patch.topology.stages(), " level(s), too small to learn from; the memory budget allows ",
                            fmt3(memory_patch), " (", memory_levels, " levels): raise --compute"));
     }
-    p.compute_reason =
-        str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step", ": ",
-            fmt(p.step_macs_budget / 1e9, 4),
-            " GMAC a step, where nnU-Net's network at the memory "
-            "budget's patch (",
-            fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2, one crop a case");
+    p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step",
+                           ": ", fmt(p.step_macs_budget / 1e9, 4),
+                           " GMAC a step, where nnU-Net's network at the memory "
+                           "budget's patch (",
+                           fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2, ",
+                           kCropsPerCase, " crops a case");
   } else if (p.step_macs_budget > 0) {
     // The memory budget's plan fits: as many crops a case (up to kCropsPerCase) as still fit.
     for (std::int64_t c = kCropsPerCase; c > 1; --c) {
