@@ -461,14 +461,14 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   model.cost = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
     return training_memory(network_for(t, features), t.patch, batch, mo).total();
   };
-  const auto planned = [&](const StepModel& m, const char* raise) {
+  const auto planned = [&](const StepModel& m, double voxels, const char* raise) {
     try {
-      return plan_patch(p.target_spacing, p.median_shape, dataset_voxels, m);
+      return plan_patch(p.target_spacing, p.median_shape, voxels, m);
     } catch (const ValueError& e) {
       throw ValueError(str(fp.list, ": ", e.what(), ": raise ", raise));
     }
   };
-  p.patch = planned(model, "--memory");
+  p.patch = planned(model, dataset_voxels, "--memory");
 
   // The compute budget (CPU by default): fewer channels first, then a smaller patch.
   p.step_macs_budget = o.step_macs_budget >= 0 ? o.step_macs_budget : (p.amp ? 0 : kCpuStepMacs);
@@ -489,19 +489,12 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
       return training_step_macs(network_for(t, features), t.patch, batch * kCropsPerCase);
     };
     const double crop_voxels = dataset_voxels / static_cast<double>(kCropsPerCase);
-    const auto planned_budgeted = [&]() {
-      try {
-        return plan_patch(p.target_spacing, p.median_shape, crop_voxels, budgeted);
-      } catch (const ValueError& e) {
-        throw ValueError(str(fp.list, ": ", e.what(), ": raise --compute"));
-      }
-    };
     for (std::size_t i = 0; i < kComputeBaseFeatures.size(); ++i) {
       budgeted.base_features = kComputeBaseFeatures[i];
       budgeted.max_features = 10 * kComputeBaseFeatures[i];
       const bool narrowest = i + 1 == kComputeBaseFeatures.size();
       if (narrowest) {
-        p.patch = planned_budgeted();
+        p.patch = planned(budgeted, crop_voxels, "--compute");
         break;
       }
       try {
@@ -528,8 +521,8 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
                            kCropsPerCase, " crops a case");
   } else if (p.step_macs_budget > 0) {
     // The memory budget's plan fits: as many crops a case (up to kCropsPerCase) as still fit.
+    const NetworkPlan n = network_for(p.patch.topology, p.patch.features);
     for (std::int64_t c = kCropsPerCase; c > 1; --c) {
-      const NetworkPlan n = network_for(p.patch.topology, p.patch.features);
       if (training_step_macs(n, p.patch.topology.patch, p.patch.batch_size * c) <= p.step_macs_budget &&
           training_memory(n, p.patch.topology.patch, p.patch.batch_size * c, mo).total() <=
               static_cast<double>(p.budget_bytes)) {
