@@ -84,8 +84,12 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
         {"keys", {"image", "label"}},
         {"pixdim", {tidy(p.target_spacing[0]), tidy(p.target_spacing[1]), tidy(p.target_spacing[2])}},
         {"mode", {"bilinear", "nearest"}}},
-       "nnU-Net's target spacing: the median spacing per axis (the 10th percentile on an axis over 3x coarser "
-       "than the others with a third of their voxels)");
+       p.lowres ? str("nnU-Net's 3d_lowres spacing: its target spacing (", fmt3(p.fullres_spacing),
+                      " mm) grown 3% a step until the patch holds a quarter of the median case (there ",
+                      fmt3(p.fullres_median_shape, 5),
+                      "): within the compute budget a patch at full resolution sees too little of a case")
+                : std::string("nnU-Net's target spacing: the median spacing per axis (the 10th percentile on an "
+                              "axis over 3x coarser than the others with a third of their voxels)"));
   const ChannelNormalization& n0 = p.normalization.at(0);
   if (n0.scheme == Normalization::ct) {
     const IntensityStats& s = *n0.stats;
@@ -122,11 +126,11 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                     {"bg_indices_key", "label_bg"}});
   random_why.push_back(str(
       "the planned patch; a third of the crops centred on foreground (nnU-Net's oversampling)",
-      p.crops_per_case > 1 ? str("; ", p.crops_per_case, " crops a case (the spleen recipe's num_samples): a step of ",
-                                 p.patch.batch_size, " cases trains ", p.patch.batch_size * p.crops_per_case,
-                                 " crops within the compute budget, and an epoch ", p.crops_per_case,
-                                 "x the crops between two validations")
-                           : std::string()));
+      p.crops_per_case > 1
+          ? str("; ", p.crops_per_case, " crops a case (the spleen recipe's num_samples): a step of ",
+                p.patch.batch_size, " cases trains ", p.patch.batch_size * p.crops_per_case,
+                " crops within the compute budget, and an epoch ", p.crops_per_case, "x the crops of one crop a case")
+          : std::string()));
   for (int axis = 0; axis < 3; ++axis) {
     random.push_back({{"name", "RandFlip"}, {"keys", {"image", "label"}}, {"spatial_axis", {axis}}, {"prob", 0.5}});
     random_why.push_back(axis == 0 ? "nnU-Net mirrors every axis" : "");
@@ -167,8 +171,8 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
           ", at most 5% of the dataset's voxels per batch, at least 2");
   if (p.validation_cases > 0) {
     data["validation"] = {{"num", p.validation_cases}};
-    why["/data/validation"] = str("the last ", p.validation_cases, " of ", fp.cases.size(),
-                                  " cases validate (a fifth, as one of nnU-Net's 5 folds)");
+    why["/data/validation"] = str("the last ", p.validation_cases, " of ", fp.cases.size(), " cases validate (",
+                                  p.validation_cases_asked ? "as asked" : "a fifth, as one of nnU-Net's 5 folds", ")");
   }
   a.config["data"] = data;
 
@@ -201,33 +205,25 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   const int interval = p.validation_interval;
   const bool compute_budgeted = p.step_macs_budget > 0;
   const Shape& window = p.validation_window;
-  const bool whole = window[0] >= p.largest_case[0] && window[1] >= p.largest_case[1] && window[2] >= p.largest_case[2];
-  const bool beyond_patch = window != patch;
-  a.config["validation"] = {
-      {"interval", interval},
-      {"sliding_window",
-       {{"roi_size", std::vector<std::int64_t>(window.begin(), window.end())},
-        {"sw_batch_size", beyond_patch ? std::int64_t{1} : std::min<std::int64_t>(p.patch.batch_size, 4)},
-        {"overlap", p.validation_overlap},
-        {"mode", "gaussian"}}}};
+  a.config["validation"] = {{"interval", interval},
+                            {"sliding_window",
+                             {{"roi_size", std::vector<std::int64_t>(window.begin(), window.end())},
+                              {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)},
+                              {"overlap", p.validation_overlap},
+                              {"mode", "gaussian"}}}};
   why["/validation/interval"] =
-      str("validation at most a third of the run's time: ", p.validation_cases, " cases of ", fmt(p.validation_windows),
-          " window(s), about ", fmt(p.validation_epoch_macs / 1e9, 4), " GMAC, against an epoch's training, about ",
+      str("every ", interval,
+          " epoch(s) and the last: the fewest that keep validation within a third of the run's "
+          "time (at most train.epochs); a validation is ",
+          p.validation_cases, " cases of about ", fmt(p.validation_windows), " window(s), about ",
+          fmt(p.validation_epoch_macs / 1e9, 4), " GMAC, against an epoch's training, about ",
           fmt(p.epoch_macs / 1e9, 4), " GMAC (", p.planned_steps / std::max(1, p.epochs), " steps)");
   why["/validation/sliding_window"] =
-      !compute_budgeted
-          ? std::string(
-                "nnU-Net's: windows of the patch, half overlapping, Gaussian-weighted (with nnU-Net's network "
-                "a window the size of a case scored lower: docs/plan.md)")
-          : str(whole ? str("one window holds the largest case (", fmt3(p.largest_case),
-                            " at the target spacing), so each case is one forward: within the compute budget the "
-                            "patch is small, and checkpoints scored this way got a higher Dice than in windows of "
-                            "the patch, in half the time (docs/plan.md); about ",
-                            format_bytes(static_cast<std::uint64_t>(p.validation_memory)), " for its forward")
-                      : str("windows of ", fmt3(window), ", as large as the memory budget allows (the largest case is ",
-                            fmt3(p.largest_case), "; about ",
-                            format_bytes(static_cast<std::uint64_t>(p.validation_memory)), " a forward)"),
-                "; larger cases slide Gaussian-weighted windows overlapping by a quarter (nnU-Net: half)");
+      str("nnU-Net's windows of the patch, Gaussian-weighted (windows the size of a case scored lower: instance norm "
+          "sees other statistics there than in training crops; docs/plan.md), overlapping by ",
+          compute_budgeted ? "a quarter (nnU-Net: half; within the compute budget a third as many windows)" : "half",
+          "; about ", format_bytes(static_cast<std::uint64_t>(p.validation_memory)), " for the largest case (",
+          fmt3(p.largest_case), ")");
   a.config["train"] = {{"run_dir", p.run_dir}, {"epochs", p.epochs}, {"seed", 0}, {"device", p.device}, {"amp", p.amp}};
   why["/train/epochs"] = "set for your time budget (nnU-Net trains 1000 epochs of 250 steps)";
   why["/train/amp"] = p.amp ? "float16 autocast on the GPU (what the memory estimate assumes)"
@@ -396,6 +392,8 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   }
   p.target_spacing = target_spacing(spacings, shapes);
   p.median_shape = resampled_median_shape(spacings, shapes, p.target_spacing);
+  p.fullres_spacing = p.target_spacing;
+  p.fullres_median_shape = p.median_shape;
   p.classes = fp.classes();
   const std::int64_t out_channels = p.classes.back() + 1;  // class indices 0..max: one output each
   const double dataset_voxels = dataset_voxels_of(fp, p.median_shape);
@@ -488,21 +486,44 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
     budgeted.compute = [&](const Topology& t, const std::vector<std::int64_t>& features, std::int64_t batch) {
       return training_step_macs(network_for(t, features), t.patch, batch * kCropsPerCase);
     };
-    const double crop_voxels = dataset_voxels / static_cast<double>(kCropsPerCase);
-    for (std::size_t i = 0; i < kComputeBaseFeatures.size(); ++i) {
-      budgeted.base_features = kComputeBaseFeatures[i];
-      budgeted.max_features = 10 * kComputeBaseFeatures[i];
-      const bool narrowest = i + 1 == kComputeBaseFeatures.size();
-      if (narrowest) {
-        p.patch = planned(budgeted, crop_voxels, "--compute");
-        break;
+    // The patch at the plan's spacing: the widest channels whose patch is at least half the
+    // memory budget's (by volume), else the narrowest.
+    const auto budgeted_patch = [&] {
+      const double crop_voxels = dataset_voxels_of(fp, p.median_shape) / static_cast<double>(kCropsPerCase);
+      PatchPlan chosen;
+      for (std::size_t i = 0; i < kComputeBaseFeatures.size(); ++i) {
+        budgeted.base_features = kComputeBaseFeatures[i];
+        budgeted.max_features = 10 * kComputeBaseFeatures[i];
+        if (i + 1 == kComputeBaseFeatures.size()) return planned(budgeted, crop_voxels, "--compute");
+        try {
+          chosen = plan_patch(p.target_spacing, p.median_shape, crop_voxels, budgeted);
+        } catch (const ValueError&) {
+          continue;  // no patch fits with these channels: narrower ones may
+        }
+        if (2 * volume_of(chosen.topology.patch) >= volume_of(memory_patch)) break;
       }
-      try {
-        p.patch = plan_patch(p.target_spacing, p.median_shape, crop_voxels, budgeted);
-      } catch (const ValueError&) {
-        continue;  // no patch fits with these channels: narrower ones may
+      return chosen;
+    };
+    p.patch = budgeted_patch();
+    // nnU-Net's 3d_lowres where the budget's patch covers less than a quarter of the median
+    // case: the spacing grows by 3% a step (axes finer than half the coarsest first) until it
+    // does. Within the compute budget it is the configuration that trains (nnU-Net trains
+    // both and keeps the better, or cascades them): fewer voxels a case, so more of a case in
+    // each crop and fewer validation windows.
+    for (int step = 0; step < 1000 && static_cast<double>(volume_of(p.patch.topology.patch)) <
+                                          kLowresThreshold * p.median_shape[0] * p.median_shape[1] * p.median_shape[2];
+         ++step) {
+      const double coarsest = std::max({p.target_spacing[0], p.target_spacing[1], p.target_spacing[2]});
+      const bool anisotropic =
+          std::any_of(p.target_spacing.begin(), p.target_spacing.end(), [&](double s) { return coarsest / s > 2; });
+      for (double& s : p.target_spacing) {
+        if (!anisotropic || coarsest / s > 2) s *= kLowresSpacingStep;
       }
-      if (2 * volume_of(p.patch.topology.patch) >= volume_of(memory_patch)) break;
+      for (int d = 0; d < 3; ++d) {
+        p.median_shape[d] = std::round(p.fullres_spacing[d] / p.target_spacing[d] * p.fullres_median_shape[d]);
+      }
+      p.patch = budgeted_patch();
+      p.lowres = true;
     }
     p.crops_per_case = kCropsPerCase;
     // A budget that leaves a network too shallow to see context (fewer than 3 levels where
@@ -539,31 +560,26 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   p.step_macs = training_step_macs(p.network, p.patch.topology.patch, crops);
   p.validation_macs_per_voxel = forward_macs(p.network, p.patch.topology.patch, /*training=*/false) /
                                 static_cast<double>(volume_of(p.patch.topology.patch));
-  // The validation window: within a compute budget every case whole where memory allows (one
-  // forward a case); else nnU-Net's windows of the patch.
+  // The validation window: the patch (nnU-Net's). Windows the size of a case were tried: with
+  // instance norm their statistics are not the training crops', and trained networks missed
+  // whole organs in them (docs/plan.md). The memory: a window's forward and the sliding
+  // window's case-sized buffers (probabilities, their weights, the output) for the largest case.
   p.largest_case = resampled_max_shape(spacings, shapes, p.target_spacing);
-  const Topology& top = p.patch.topology;
-  Shape& w = p.validation_window;
-  for (int d = 0; d < 3; ++d) {
-    w[d] = p.step_macs_budget > 0
-               ? std::max(top.patch[d], (p.largest_case[d] + top.divisor[d] - 1) / top.divisor[d] * top.divisor[d])
-               : top.patch[d];
+  p.validation_window = p.patch.topology.patch;
+  p.validation_memory =
+      inference_memory(p.network, p.validation_window, mo.activation_bytes) +
+      3.0 * static_cast<double>(p.network.out_channels) * 4.0 * static_cast<double>(volume_of(p.largest_case));
+  if (o.validation_cases < -1) {
+    throw ValueError(str(fp.list, ": ", o.validation_cases,
+                         " validation cases (data.validation.num: 0 or more, or -1 for a fifth of the cases)"));
   }
-  while (inference_memory(p.network, w, mo.activation_bytes) > static_cast<double>(p.budget_bytes)) {
-    int axis = -1;
-    for (int d = 0; d < 3; ++d) {
-      if (w[d] > top.patch[d] && (axis < 0 || w[d] * top.patch[axis] > w[axis] * top.patch[d])) axis = d;
-    }
-    if (axis < 0) break;  // the patch itself: its training step fits, so its forward does
-    w[axis] -= top.divisor[axis];
-  }
-  p.validation_memory = inference_memory(p.network, w, mo.activation_bytes);
   if (o.validation_cases >= 0) {
     if (static_cast<std::size_t>(o.validation_cases) >= fp.cases.size()) {
       throw ValueError(str(fp.list, ": ", o.validation_cases, " validation cases leave none of its ", fp.cases.size(),
                            " to train on (data.validation.num: at most ", fp.cases.size() - 1, ")"));
     }
     p.validation_cases = static_cast<std::size_t>(o.validation_cases);
+    p.validation_cases_asked = true;
   } else {
     p.validation_cases =
         fp.cases.size() >= 2
@@ -579,6 +595,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
 
   // Validation at most a third of the run's time: its forwards against an epoch's steps.
   p.validation_overlap = p.step_macs_budget > 0 ? 0.25 : 0.5;
+  const Shape& w = p.validation_window;
   double windows = 1;  // a median case's
   for (int d = 0; d < 3; ++d) {
     const double size = p.median_shape[d], roi = static_cast<double>(w[d]);
@@ -632,10 +649,13 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
   }
   const Topology& t = p.patch.topology;
   // What nnU-Net's own proxy and 8 GB reference would plan for this fingerprint, beside it.
-  const PatchPlan nnunet =
-      plan_patch(p.target_spacing, p.median_shape, p.network.out_channels, dataset_voxels_of(fp, p.median_shape));
+  const PatchPlan nnunet = plan_patch(p.fullres_spacing, p.fullres_median_shape, p.network.out_channels,
+                                      dataset_voxels_of(fp, p.fullres_median_shape));
   return {{"target_spacing", p.target_spacing},
           {"median_shape", p.median_shape},
+          {"lowres", p.lowres},
+          {"fullres_spacing", p.fullres_spacing},
+          {"fullres_median_shape", p.fullres_median_shape},
           {"patch_size", t.patch},
           {"batch_size", p.patch.batch_size},
           {"crops_per_case", p.crops_per_case},
@@ -668,6 +688,8 @@ nlohmann::json plan_json(const DatasetFingerprint& fp, const Plan& p) {
             {"batch_size", nnunet.batch_size},
             {"levels", nnunet.topology.stages()}}},
           {"validation_cases", p.validation_cases},
+          {"validation_interval", p.validation_interval},
+          {"validation_overlap", p.validation_overlap},
           {"planned_steps", p.planned_steps},
           {"optimizer", {{"name", "SGD"}, {"lr", p.lr}, {"momentum", p.momentum}}},
           {"device", p.device},
@@ -680,9 +702,11 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   std::ostringstream o;
   o << "plan for " << fp.list << ": " << fp.cases.size() << " of " << fp.listed << " cases";
   if (fp.from_cache > 0) o << " (" << fp.from_cache << " from the cache)";
-  o << "\n  target spacing " << fmt3(p.target_spacing) << " mm, median shape there " << fmt3(p.median_shape, 5)
-    << "\n  patch " << fmt3(p.patch.topology.patch) << ", batch " << p.patch.batch_size << ", DynUNet "
-    << p.patch.topology.stages() << " levels, " << p.network.parameters() << " parameters"
+  o << "\n  target spacing " << fmt3(p.target_spacing) << " mm"
+    << (p.lowres ? str(" (nnU-Net's 3d_lowres; full resolution ", fmt3(p.fullres_spacing), " mm)") : std::string())
+    << ", median shape there " << fmt3(p.median_shape, 5) << "\n  patch " << fmt3(p.patch.topology.patch) << ", batch "
+    << p.patch.batch_size << ", DynUNet " << p.patch.topology.stages() << " levels, " << p.network.parameters()
+    << " parameters"
     << "\n  normalization: ";
   for (std::size_t i = 0; i < p.normalization.size(); ++i) {
     const auto& n = p.normalization[i];
@@ -693,8 +717,9 @@ std::string plan_summary(const DatasetFingerprint& fp, const Plan& p) {
   o << "\n  memory: about " << format_bytes(static_cast<std::uint64_t>(p.memory.total())) << " per step of a "
     << format_bytes(p.budget_bytes) << " budget (" << p.budget_reason << ")";
   o << "\n  compute: " << compute_text(p);
-  o << "\n  validation: windows of " << fmt3(p.validation_window) << " (the largest case is " << fmt3(p.largest_case)
-    << "), about " << format_bytes(static_cast<std::uint64_t>(p.validation_memory)) << " a forward";
+  o << "\n  validation: every " << p.validation_interval << " epoch(s), windows of " << fmt3(p.validation_window)
+    << " overlapping by " << p.validation_overlap << " (the largest case is " << fmt3(p.largest_case) << "), about "
+    << format_bytes(static_cast<std::uint64_t>(p.validation_memory));
   for (const auto& n : fp.notes) o << "\n  note: " << n.text();
   return o.str();
 }

@@ -277,8 +277,13 @@ void expect_rules_of_nnunet(const DatasetFingerprint& fp, const Plan& p) {
   const auto r = test::run(test::python() + " " + test::source_dir() + "/tests/golden/nnunet_rules.py < " + dir / "f.json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto want = nlohmann::json::parse(r.out);
-  for (int d = 0; d < 3; ++d) EXPECT_NEAR(p.target_spacing[d], want["target_spacing"][d].get<double>(), 1e-12);
-  for (int d = 0; d < 3; ++d) EXPECT_EQ(p.median_shape[d], want["median_shape"][d].get<double>());
+  // nnU-Net's 3d_fullres spacing (the plan trains at it unless its compute budget takes 3d_lowres).
+  for (int d = 0; d < 3; ++d) EXPECT_NEAR(p.fullres_spacing[d], want["target_spacing"][d].get<double>(), 1e-12);
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(p.fullres_median_shape[d], want["median_shape"][d].get<double>());
+  if (!p.lowres) {
+    EXPECT_EQ(p.target_spacing, p.fullres_spacing);
+    EXPECT_EQ(p.median_shape, p.fullres_median_shape);
+  }
   // What nnU-Net itself would plan with its 8 GB reference, as plan --json reports it.
   const nlohmann::json j = plan_json(fp, p);
   EXPECT_EQ(j["nnunet_8gb_reference"]["patch_size"], want["patch"]);
@@ -331,7 +336,7 @@ TEST(Plan, AnisotropicMrFollowsNnunetsRules) {
   // The slices are 5x the in-plane spacing with a fifth of the voxels: the 10th percentile.
   std::vector<double> z;
   for (const auto& c : fp.cases) z.push_back(c.crop.spacing[2]);
-  EXPECT_NEAR(p.target_spacing[2], percentile(z, 10), 1e-12);
+  EXPECT_NEAR(p.fullres_spacing[2], percentile(z, 10), 1e-12);
   // In-plane kernels first: 3x3x1 until pooling has made the voxels near-isotropic.
   EXPECT_EQ(p.network.kernels[0], (Shape{3, 3, 1}));
   EXPECT_EQ(p.network.strides[1], (Shape{2, 2, 1}));
@@ -576,71 +581,101 @@ DatasetFingerprint hand_made(const std::vector<Shape>& shapes, const Spacing& sp
   return fp;
 }
 
-/// Validation windows within a compute budget: one holds the largest case (rounded up to the
-/// network's divisor) where its forward fits the memory budget, so each case is one forward;
-/// else the window shrinks, the axis furthest above the patch first, until it fits. Without a
-/// compute budget, nnU-Net's windows of the patch.
-TEST(Plan, ValidationWindowsHoldTheLargestCaseWhereMemoryAllows) {
+/// Validation windows are the patch (nnU-Net's), Gaussian-weighted, overlapping by a quarter
+/// within a compute budget and by half without one. Their memory: a window's forward and the
+/// sliding window's case-sized buffers for the largest case at the target spacing.
+TEST(Plan, ValidationWindowsAreThePatch) {
   const DatasetFingerprint fp =
       hand_made({{120, 100, 30}, {131, 97, 34}, {110, 104, 28}, {125, 90, 31}, {118, 99, 29}}, {1.0, 1.0, 2.5});
   const std::uint64_t budget = 2ULL << 30;
   const Plan p = make_plan(fp, {"cpu", budget, 0, 0, 10, "run", -1});  // the CPU's compute budget
   ASSERT_GT(p.step_macs_budget, 0);
   EXPECT_EQ(p.largest_case, (Shape{131, 104, 34}));
-  const Shape& w = p.validation_window;
   const Topology& t = p.patch.topology;
-  for (int d = 0; d < 3; ++d) {
-    EXPECT_GE(w[d], p.largest_case[d]) << d;
-    EXPECT_LT(w[d] - p.largest_case[d], t.divisor[d]) << d;
-    EXPECT_EQ(w[d] % t.divisor[d], 0) << d;
-    EXPECT_GE(w[d], t.patch[d]) << d;
-  }
-  EXPECT_DOUBLE_EQ(p.validation_memory, inference_memory(p.network, w, 4));
-  EXPECT_LE(p.validation_memory, static_cast<double>(budget));
+  EXPECT_EQ(p.validation_window, t.patch);
+  EXPECT_DOUBLE_EQ(p.validation_memory,
+                   inference_memory(p.network, t.patch, 4) + 3.0 * 2 * 4 * (131.0 * 104 * 34));  // 2 classes
+  EXPECT_EQ(p.validation_overlap, 0.25);
   const nlohmann::json c = run_config(fp, p, "ds/dataset.json");
-  EXPECT_EQ(c["validation"]["sliding_window"]["roi_size"], nlohmann::json(w));
-  EXPECT_EQ(c["validation"]["sliding_window"]["sw_batch_size"],
-            w == t.patch ? std::min<std::int64_t>(p.patch.batch_size, 4) : 1);
-  EXPECT_EQ(c["validation"]["sliding_window"]["overlap"], 0.25);  // for larger cases
+  EXPECT_EQ(c["validation"]["sliding_window"]["roi_size"], nlohmann::json(t.patch));
+  EXPECT_EQ(c["validation"]["sliding_window"]["sw_batch_size"], std::min<std::int64_t>(p.patch.batch_size, 4));
+  EXPECT_EQ(c["validation"]["sliding_window"]["overlap"], 0.25);
+  EXPECT_EQ(c["validation"]["sliding_window"]["mode"], "gaussian");
   const nlohmann::json j = plan_json(fp, p);
-  EXPECT_EQ(j["validation_window"], nlohmann::json(w));
+  EXPECT_EQ(j["validation_window"], nlohmann::json(t.patch));
   EXPECT_EQ(j["largest_case"], nlohmann::json(p.largest_case));
+  EXPECT_EQ(j["validation_interval"], p.validation_interval);
+  EXPECT_EQ(j["validation_overlap"], 0.25);
   std::string yaml = run_config_yaml(fp, p, "ds/dataset.json");
   for (std::size_t at; (at = yaml.find("\n  # ")) != std::string::npos;) yaml.replace(at, 5, " ");
-  EXPECT_NE(yaml.find("one window holds the largest case (131 x 104 x 34 at the target spacing)"), std::string::npos)
-      << yaml;
-  EXPECT_NE(plan_summary(fp, p).find(str("validation: windows of ", w[0], " x ", w[1], " x ", w[2])),
-            std::string::npos);
+  EXPECT_NE(yaml.find("nnU-Net's windows of the patch, Gaussian-weighted"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("for the largest case (131 x 104 x 34)"), std::string::npos) << yaml;
+  EXPECT_NE(plan_summary(fp, p).find(str("validation: every ", p.validation_interval, " epoch(s), windows of ",
+                                         t.patch[0], " x ", t.patch[1], " x ", t.patch[2], " overlapping by 0.25")),
+            std::string::npos)
+      << plan_summary(fp, p);
 
-  // Cases far larger than what memory allows a forward: the window shrinks to fit, never below
-  // the patch, the longest axis (against the patch) first.
-  const DatasetFingerprint big = hand_made({{400, 400, 200}, {380, 410, 190}}, {1.0, 1.0, 1.0});
-  const std::uint64_t small_budget = 1ULL << 30;
-  const Plan q = make_plan(big, {"cpu", small_budget, 0, 0, 10, "run", -1});
-  EXPECT_LE(q.validation_memory, static_cast<double>(small_budget));
-  bool shrunk = false;
-  for (int d = 0; d < 3; ++d) {
-    EXPECT_GE(q.validation_window[d], q.patch.topology.patch[d]) << d;
-    EXPECT_EQ(q.validation_window[d] % q.patch.topology.divisor[d], 0) << d;
-    shrunk = shrunk || q.validation_window[d] < q.largest_case[d];
-  }
-  EXPECT_TRUE(shrunk);
-  // Not the patch alone: memory allows a window larger than the patch, and one a step larger
-  // along every axis would not fit.
-  EXPECT_NE(q.validation_window, q.patch.topology.patch);
-  Shape more = q.validation_window;
-  for (int d = 0; d < 3; ++d) more[d] += q.patch.topology.divisor[d];
-  EXPECT_GT(inference_memory(q.network, more, 4), static_cast<double>(small_budget));
-  EXPECT_EQ(run_config(big, q, "ds/dataset.json")["validation"]["sliding_window"]["sw_batch_size"],
-            q.validation_window == q.patch.topology.patch ? std::min<std::int64_t>(q.patch.batch_size, 4) : 1);
-
-  // No compute budget (a GPU's plan, --compute 0): windows of the patch, half overlapping.
+  // No compute budget (a GPU's plan, --compute 0): half overlapping.
   const Plan none = make_plan(fp, {"cpu", budget, 0, 0, 10, "run", 0});
   EXPECT_EQ(none.validation_window, none.patch.topology.patch);
   const nlohmann::json n = run_config(fp, none, "ds/dataset.json")["validation"]["sliding_window"];
   EXPECT_EQ(n["roi_size"], nlohmann::json(none.patch.topology.patch));
   EXPECT_EQ(n["overlap"], 0.5);
   EXPECT_EQ(n["sw_batch_size"], std::min<std::int64_t>(none.patch.batch_size, 4));
+}
+
+/// Within a compute budget, nnU-Net's 3d_lowres rule: where the budget's patch holds less than
+/// a quarter of the median case, the spacing grows 3% a step (on an anisotropic set the finer
+/// axes first, until within 2x of the coarsest) until it holds a quarter; the median case is
+/// the full-resolution one rescaled. Without a compute budget (or where the patch holds a
+/// quarter), the full-resolution spacing.
+TEST(Plan, ACpuPlanTrainsAtNnunetsLowresSpacingWhereItsPatchSeesTooLittle) {
+  const auto steps_of = [](double ratio) { return std::log(ratio) / std::log(kLowresSpacingStep); };
+  const auto expect_lowres = [&](const Plan& p) {
+    ASSERT_TRUE(p.lowres);
+    const double median = p.median_shape[0] * p.median_shape[1] * p.median_shape[2];
+    EXPECT_GE(static_cast<double>(p.patch.topology.patch[0] * p.patch.topology.patch[1] * p.patch.topology.patch[2]),
+              kLowresThreshold * median);
+    for (int d = 0; d < 3; ++d) {
+      const double n = steps_of(p.target_spacing[d] / p.fullres_spacing[d]);
+      EXPECT_NEAR(n, std::round(n), 1e-6) << d;  // whole 3% steps
+      EXPECT_EQ(p.median_shape[d], std::round(p.fullres_spacing[d] / p.target_spacing[d] * p.fullres_median_shape[d]))
+          << d;
+    }
+  };
+  // Isotropic CT, 224 x 224 x 160 at 1.2 mm: the CPU's patch is a few percent of a case.
+  const DatasetFingerprint ct = hand_made(std::vector<Shape>(8, Shape{224, 224, 160}), {1.2, 1.2, 1.2});
+  const Plan p = make_plan(ct, {"cpu", 6ULL << 30, 0, 0, 10, "run", -1});
+  ASSERT_GT(p.step_macs_budget, 0);
+  EXPECT_EQ(p.fullres_spacing, (Spacing{1.2, 1.2, 1.2}));
+  EXPECT_EQ(p.fullres_median_shape, (Spacing{224, 224, 160}));
+  expect_lowres(p);
+  EXPECT_DOUBLE_EQ(p.target_spacing[0], p.target_spacing[2]);  // every axis alike
+  const nlohmann::json c = run_config(ct, p, "ds/dataset.json");
+  nlohmann::json spacing;
+  for (const auto& step : c["data"]["deterministic"]) {
+    if (step["name"] == "Spacing") spacing = step["pixdim"];
+  }
+  EXPECT_NEAR(spacing[0].get<double>(), p.target_spacing[0], 1e-5);
+  const nlohmann::json j = plan_json(ct, p);
+  EXPECT_EQ(j["lowres"], true);
+  EXPECT_EQ(j["fullres_spacing"], nlohmann::json(p.fullres_spacing));
+  EXPECT_NE(plan_summary(ct, p).find("(nnU-Net's 3d_lowres; full resolution 1.2 x 1.2 x 1.2 mm)"), std::string::npos)
+      << plan_summary(ct, p);
+
+  // Anisotropic (0.5 x 0.5 x 3 mm): the in-plane axes grow first; the slices stay 3 mm until
+  // the others are within 2x of them.
+  const DatasetFingerprint mr = hand_made(std::vector<Shape>(8, Shape{448, 448, 48}), {0.5, 0.5, 3.0});
+  const Plan q = make_plan(mr, {"cpu", 6ULL << 30, 0, 0, 10, "run", -1});
+  expect_lowres(q);
+  EXPECT_EQ(q.target_spacing[2], q.fullres_spacing[2]);
+  EXPECT_GT(q.target_spacing[0], q.fullres_spacing[0]);
+
+  // No compute budget: nnU-Net's 3d_fullres, as nnU-Net trains it.
+  const Plan none = make_plan(ct, {"cpu", 6ULL << 30, 0, 0, 10, "run", 0});
+  EXPECT_FALSE(none.lowres);
+  EXPECT_EQ(none.target_spacing, none.fullres_spacing);
+  EXPECT_EQ(plan_json(ct, none)["lowres"], false);
 }
 
 /// The validation interval: the fewest epochs whose training keeps validation's forwards within
@@ -656,8 +691,14 @@ TEST(Plan, ValidationTakesAtMostAThirdOfTheRun) {
     EXPECT_EQ(p.validation_cases, static_cast<std::size_t>(validation));
     const std::int64_t steps = (16 - validation + p.patch.batch_size - 1) / p.patch.batch_size;
     EXPECT_DOUBLE_EQ(p.epoch_macs, static_cast<double>(steps) * p.step_macs);
-    EXPECT_EQ(p.validation_windows, 1);  // the window holds every case
-    EXPECT_DOUBLE_EQ(p.validation_epoch_macs, validation * forward_macs(p.network, p.validation_window, false));
+    double windows = 1;  // of the median case at the plan's spacing, overlapping by a quarter
+    for (int d = 0; d < 3; ++d) {
+      const double roi = static_cast<double>(p.validation_window[d]);
+      if (p.median_shape[d] > roi) windows *= std::ceil((p.median_shape[d] - roi) / (0.75 * roi)) + 1;
+    }
+    EXPECT_EQ(p.validation_windows, windows);
+    EXPECT_DOUBLE_EQ(p.validation_epoch_macs,
+                     validation * windows * forward_macs(p.network, p.validation_window, false));
     const auto share = [&](int k) { return p.validation_epoch_macs / (k * p.epoch_macs + p.validation_epoch_macs); };
     EXPECT_LE(share(p.validation_interval), 1.0 / 3 + 1e-12);
     if (p.validation_interval > 1) EXPECT_GT(share(p.validation_interval - 1), 1.0 / 3);
@@ -675,6 +716,10 @@ TEST(Plan, ValidationTakesAtMostAThirdOfTheRun) {
   nine.validation_cases = 16;
   EXPECT_NE(test::value_error_of([&] { make_plan(fp, nine); }).find("leave none of its 16 to train on"),
             std::string::npos);
+  nine.validation_cases = -5;
+  EXPECT_NE(
+      test::value_error_of([&] { make_plan(fp, nine); }).find("-5 validation cases (data.validation.num: 0 or more"),
+      std::string::npos);
 }
 
 /// SGD's momentum by the run's length: nnU-Net's 0.99 (lr 0.01) for 10,000 steps or more, else
@@ -777,8 +822,10 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   EXPECT_EQ(planned["train"]["epochs"], 1);
   EXPECT_EQ(planned["validation"]["interval"], 1);
   EXPECT_EQ(planned["data"]["validation"]["num"], 2);
-  EXPECT_NE(test::read_file(dir / "runs/x/plan.yaml").find("validation at most a third of the run's time: 2 cases"),
-            std::string::npos);
+  const std::string yaml = test::read_file(dir / "runs/x/plan.yaml");
+  EXPECT_NE(yaml.find("every 1 epoch(s) and the last"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("a validation is 2 cases"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("cases validate (as asked)"), std::string::npos) << yaml;
   // As many validation cases as cases: nothing would train.
   r = test::run(bin + "plan --dataset " + dir / "ds" + " --memory 1GiB --validation 4");
   EXPECT_EQ(r.exit_code, 1);

@@ -93,7 +93,8 @@ struct PlanOptions {
   /// A training step's multiply-accumulates (training_step_macs); negative: the device's
   /// default (CPU: kCpuStepMacs; CUDA: none); 0: none.
   double step_macs_budget = -1;
-  /// Cases that validate (the list's last); negative: a fifth of them (at least 1 of 2 or more).
+  /// Cases that validate (the list's last); -1: a fifth of them (at least 1 of 2 or more).
+  /// Less than -1, or all the cases: ValueError.
   int validation_cases = -1;
 };
 /// The CPU budget's share of physical memory.
@@ -110,6 +111,12 @@ constexpr std::int64_t kCropsPerCase = 4;
 /// widest of each is 10x, as nnU-Net's 320 is of 32): the first whose patch keeps at least
 /// half of the memory budget's patch, else the narrowest.
 constexpr std::array<std::int64_t, 3> kComputeBaseFeatures{32, 16, 8};
+/// nnU-Net's 3d_lowres rule (lowres_creation_threshold, spacing_increase_factor): where the
+/// patch holds less than this share of the median case's voxels, the spacing grows by this
+/// factor a step (the axes finer than half the coarsest first) until it does. medfast applies
+/// it within a compute budget, and trains the low-resolution configuration.
+constexpr double kLowresThreshold = 0.25;
+constexpr double kLowresSpacingStep = 1.03;
 
 /// SGD's momentum: nnU-Net's 0.99 (an average over about 100 steps, lr 0.01) for a run of at
 /// least kLongRunSteps steps; a shorter one takes 0.9 and lr 0.1 (the spleen recipe's), the same
@@ -122,8 +129,13 @@ constexpr double kLongRunMomentum = 0.99, kShortRunMomentum = 0.9;
 constexpr double kValidationShare = 1.0 / 3;
 
 struct Plan {
-  Spacing target_spacing{};
-  Spacing median_shape{};  ///< at the target spacing (what the patch is planned for)
+  Spacing target_spacing{};        ///< the spacing the run trains at: fullres_spacing, or lowres's
+  Spacing median_shape{};          ///< at the target spacing (what the patch is planned for)
+  Spacing fullres_spacing{};       ///< nnU-Net's 3d_fullres target spacing (the rules' target_spacing)
+  Spacing fullres_median_shape{};  ///< the median case there
+  /// Within a compute budget, the patch at fullres_spacing held less than kLowresThreshold of
+  /// the median case: the run trains at nnU-Net's 3d_lowres spacing.
+  bool lowres = false;
   PatchPlan patch;
   NetworkPlan network;
   std::vector<ChannelNormalization> normalization;
@@ -138,14 +150,15 @@ struct Plan {
   double step_macs_budget = 0;        ///< 0: compute not budgeted
   std::string compute_reason;         ///< where the compute budget came from, and what it changed
   double validation_macs_per_voxel = 0;  ///< an eval forward's, per patch voxel
-  /// The validation window. Within a compute budget: the largest case (resampled_max_shape)
-  /// rounded up to the network's divisor, so that each case is one forward, shrunk (the axis
-  /// furthest above the patch first) while inference_memory exceeds the budget; at least the
-  /// patch. Without one: the patch (nnU-Net's).
+  /// The validation window: the patch (nnU-Net's; windows the size of a case, tried, scored
+  /// lower once trained: instance norm's statistics there are not the training crops').
   Shape validation_window{};
-  double validation_memory = 0;       ///< inference_memory of that window
+  /// inference_memory of that window and the sliding window's case-sized buffers
+  /// (3 x classes x float32) for the largest case.
+  double validation_memory = 0;
   Shape largest_case{};               ///< resampled_max_shape
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)
+  bool validation_cases_asked = false;  ///< PlanOptions::validation_cases gave their number
   std::int64_t planned_steps = 0;     ///< epochs * steps an epoch (the training cases in batches)
   double momentum = kLongRunMomentum;  ///< kLongRunMomentum for planned_steps >= kLongRunSteps
   double lr = 0.01;                    ///< 1 - momentum: 0.01 or 0.1
