@@ -23,7 +23,9 @@ Per dataset and seed: the baseline trains --epochs epochs (seed S: train.seed, d
 best validation Dice D and the process time at the epoch that first reached it (metrics.jsonl's
 process_seconds: from the command's start, so reading and caching count) are the bar. The
 plan then trains with train.target_dice D and stops when it reaches it; its time is the process
-time of that epoch. It is planned for as many epochs as the baseline trains (--plan-epochs,
+time of that epoch. A baseline whose every validation scored 0 (it never segmented: the
+recipe's CT window on MR) sets no Dice to reach: there the plan's time to its first Dice above 0
+is compared with the baseline's whole run. It is planned for as many epochs as the baseline trains (--plan-epochs,
 default --epochs: its polynomial decay runs over them, as `train --dataset --set
 train.epochs=N` plans it), so both get the same number of passes over the data. Verified first, per run: every epoch's
 loss is finite and the run wrote its checkpoint. Reported: per dataset the median over seeds of
@@ -120,26 +122,33 @@ def main():
             base = history(base_dir)
             best = max(r["dice"] for r in base if r.get("dice") is not None)
             bar = first_reaching(base, best)
+            # A baseline that never segmented anything (Dice 0 in every validation) sets no bar in
+            # time: the plan meets it where it segments (Dice above 0) within the baseline's run.
+            failed = best <= 0
             # Stopped at --give-up times the baseline's time: past 1x it cannot meet the bar anyway.
             out = run([a.medfast, "--threads", str(a.threads), "train", "--dataset", ds, "--json", "--overwrite",
                        "--set", f"train.run_dir={plan_dir}", "--set", "data.validation.num=9",
-                       "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={best}"] + common,
-                      timeout=a.give_up * bar["process_seconds"] + 60)
+                       "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={best if not failed else 1e-6}"] + common,
+                      timeout=a.give_up * (base[-1] if failed else bar)["process_seconds"] + 60)
             if out is None:
                 print(f"{name} seed {seed}: the plan's run stopped at {a.give_up}x the baseline's time", flush=True)
             stopped = out is None
             planned = history(plan_dir) if os.path.exists(os.path.join(plan_dir, "metrics.jsonl")) or not stopped else []
-            reached = first_reaching(planned, best)
+            reached = first_reaching(planned, best if not failed else 1e-6)
             plan_best = max([r["dice"] for r in planned if r.get("dice") is not None] or [0.0])
             row = {"seed": seed, "baseline_dice": best, "baseline_epoch": bar["epoch"],
-                   "baseline_seconds": bar["process_seconds"], "plan_best_dice": plan_best,
+                   "baseline_seconds": bar["process_seconds"], "baseline_failed": failed,
+                   "baseline_run_seconds": base[-1]["process_seconds"], "plan_best_dice": plan_best,
                    "plan_reached": reached is not None,
                    "plan_epoch": reached["epoch"] if reached else None,
                    "plan_epochs_run": len(planned), "plan_stopped": stopped,
                    "plan_seconds": reached["process_seconds"] if reached else None}
-            row["ratio"] = row["plan_seconds"] / row["baseline_seconds"] if reached else None
+            # Against a failed baseline: the plan's time to a Dice above 0 over the baseline's run.
+            row["ratio"] = (row["plan_seconds"] / (row["baseline_run_seconds"] if failed else row["baseline_seconds"])
+                            if reached else None)
             rows.append(row)
-            print(f"{name} seed {seed}: baseline Dice {best:.4f} at epoch {bar['epoch']} ({bar['process_seconds']:.0f} s); "
+            print(f"{name} seed {seed}: baseline " + (f"never segmented (Dice 0 in all {len(base)} epochs, {base[-1]['process_seconds']:.0f} s)" if failed else
+                  f"Dice {best:.4f} at epoch {bar['epoch']} ({bar['process_seconds']:.0f} s)") + "; "
                   f"plan {'reached it at epoch %d (%.0f s): %.3fx' % (reached['epoch'], reached['process_seconds'], row['ratio']) if reached else 'did not reach it (best %.4f)' % plan_best}",
                   flush=True)
         ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
