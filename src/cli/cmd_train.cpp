@@ -218,17 +218,18 @@ int run_train(const TrainArgs& given, Context& ctx) {
     int epochs = 0;  // a --set train.epochs plans for that many (validation interval, decay)
     int validation = -1;  // a --set data.validation.num plans for that many (validation interval)
     std::vector<std::string> sets;
+    // The value of a --set of `key` (nullptr for another key).
+    const auto value_of = [](const std::string& set, const std::string& key) -> const char* {
+      return set.rfind(key + "=", 0) == 0 ? set.c_str() + key.size() + 1 : nullptr;
+    };
     for (const auto& s : a.sets) {
-      if (s.rfind("train.run_dir=", 0) == 0) {
-        run_dir = s.substr(std::string("train.run_dir=").size());
+      if (const char* v = value_of(s, "train.run_dir")) {
+        run_dir = v;
         continue;
       }
-      if (s.rfind("train.epochs=", 0) == 0) {
-        epochs = static_cast<int>(parse_int(s.substr(std::string("train.epochs=").size()), "--set train.epochs"));
-      }
-      if (s.rfind("data.validation.num=", 0) == 0) {
-        validation = static_cast<int>(
-            parse_int(s.substr(std::string("data.validation.num=").size()), "--set data.validation.num"));
+      if (const char* v = value_of(s, "train.epochs")) epochs = static_cast<int>(parse_int(v, "--set train.epochs"));
+      if (const char* v = value_of(s, "data.validation.num")) {
+        validation = static_cast<int>(parse_int(v, "--set data.validation.num"));
       }
       sets.push_back(s);
     }

@@ -208,7 +208,7 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   a.config["validation"] = {{"interval", interval},
                             {"sliding_window",
                              {{"roi_size", std::vector<std::int64_t>(window.begin(), window.end())},
-                              {"sw_batch_size", std::min<std::int64_t>(p.patch.batch_size, 4)},
+                              {"sw_batch_size", p.validation_batch},
                               {"overlap", p.validation_overlap},
                               {"mode", "gaussian"}}}};
   why["/validation/interval"] =
@@ -500,18 +500,38 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
         } catch (const ValueError&) {
           continue;  // no patch fits with these channels: narrower ones may
         }
-        if (2 * volume_of(chosen.topology.patch) >= volume_of(memory_patch)) break;
+        // Half the memory budget's patch, or of the median case where that is smaller (a
+        // low-resolution case can be smaller than the full-resolution patch).
+        const double yardstick = std::min(static_cast<double>(volume_of(memory_patch)),
+                                          p.median_shape[0] * p.median_shape[1] * p.median_shape[2]);
+        if (2.0 * static_cast<double>(volume_of(chosen.topology.patch)) >= yardstick) break;
       }
       return chosen;
     };
+    // A budget that leaves a network too shallow to see context (fewer than 3 levels where
+    // the memory budget allows them) is refused rather than planned.
+    const auto check_levels = [&] {
+      if (p.patch.topology.stages() < std::min<std::size_t>(3, memory_levels)) {
+        throw ValueError(str(fp.list, ": the compute budget (", fmt(p.step_macs_budget / 1e9, 4),
+                             " GMAC a training step) leaves a patch of ", fmt3(p.patch.topology.patch), " at ",
+                             fmt3(p.target_spacing), " mm and ", p.patch.topology.stages(),
+                             " level(s), too small to learn from; the memory budget allows ", fmt3(memory_patch),
+                             " at ", fmt3(p.fullres_spacing), " mm (", memory_levels, " levels): raise --compute"));
+      }
+    };
     p.patch = budgeted_patch();
+    check_levels();
     // nnU-Net's 3d_lowres where the budget's patch covers less than a quarter of the median
     // case: the spacing grows by 3% a step (axes finer than half the coarsest first) until it
     // does. Within the compute budget it is the configuration that trains (nnU-Net trains
     // both and keeps the better, or cascades them): fewer voxels a case, so more of a case in
-    // each crop and fewer validation windows.
-    for (int step = 0; step < 1000 && static_cast<double>(volume_of(p.patch.topology.patch)) <
-                                          kLowresThreshold * p.median_shape[0] * p.median_shape[1] * p.median_shape[2];
+    // each crop and fewer validation windows. nnU-Net drops 3d_lowres where the case shrank
+    // less than 2x (a cascade over it would add little); trained alone, any shrink saves
+    // windows, so medfast keeps it (docs/plan.md).
+    double median_voxels =  // unrounded, as nnU-Net's test takes it
+        p.fullres_median_shape[0] * p.fullres_median_shape[1] * p.fullres_median_shape[2];
+    for (int step = 0;
+         step < 1000 && static_cast<double>(volume_of(p.patch.topology.patch)) < kLowresThreshold * median_voxels;
          ++step) {
       const double coarsest = std::max({p.target_spacing[0], p.target_spacing[1], p.target_spacing[2]});
       const bool anisotropic =
@@ -519,21 +539,17 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
       for (double& s : p.target_spacing) {
         if (!anisotropic || coarsest / s > 2) s *= kLowresSpacingStep;
       }
+      median_voxels = 1;
       for (int d = 0; d < 3; ++d) {
-        p.median_shape[d] = std::round(p.fullres_spacing[d] / p.target_spacing[d] * p.fullres_median_shape[d]);
+        const double n = p.fullres_spacing[d] / p.target_spacing[d] * p.fullres_median_shape[d];
+        median_voxels *= n;
+        p.median_shape[d] = std::round(n);
       }
       p.patch = budgeted_patch();
       p.lowres = true;
     }
+    check_levels();
     p.crops_per_case = kCropsPerCase;
-    // A budget that leaves a network too shallow to see context (fewer than 3 levels where
-    // the memory budget allows them) is refused rather than planned.
-    if (p.patch.topology.stages() < std::min<std::size_t>(3, memory_levels)) {
-      throw ValueError(str(fp.list, ": the compute budget (", fmt(p.step_macs_budget / 1e9, 4),
-                           " GMAC a training step) leaves a patch of ", fmt3(p.patch.topology.patch), " and ",
-                           p.patch.topology.stages(), " level(s), too small to learn from; the memory budget allows ",
-                           fmt3(memory_patch), " (", memory_levels, " levels): raise --compute"));
-    }
     p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default, the spleen recipe's step",
                            ": ", fmt(p.step_macs_budget / 1e9, 4),
                            " GMAC a step, where nnU-Net's network at the memory "
@@ -541,18 +557,28 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
                            fmt3(memory_patch), ") would take ", fmt(unbudgeted_macs / 1e9, 4), " GMAC at batch 2, ",
                            kCropsPerCase, " crops a case");
   } else if (p.step_macs_budget > 0) {
-    // The memory budget's plan fits: as many crops a case (up to kCropsPerCase) as still fit.
+    // The memory budget's plan fits: as many crops a case (up to kCropsPerCase) as still fit;
+    // where even one crop a case exceeds the compute budget (a large batch of small cases),
+    // fewer cases a step, at least 2.
     const NetworkPlan n = network_for(p.patch.topology, p.patch.features);
+    const auto fits = [&](std::int64_t crops) {
+      return training_step_macs(n, p.patch.topology.patch, crops) <= p.step_macs_budget &&
+             training_memory(n, p.patch.topology.patch, crops, mo).total() <= static_cast<double>(p.budget_bytes);
+    };
+    p.crops_per_case = 1;
     for (std::int64_t c = kCropsPerCase; c > 1; --c) {
-      if (training_step_macs(n, p.patch.topology.patch, p.patch.batch_size * c) <= p.step_macs_budget &&
-          training_memory(n, p.patch.topology.patch, p.patch.batch_size * c, mo).total() <=
-              static_cast<double>(p.budget_bytes)) {
+      if (fits(p.patch.batch_size * c)) {
         p.crops_per_case = c;
         break;
       }
     }
+    const std::int64_t memory_batch = p.patch.batch_size;
+    while (p.crops_per_case == 1 && p.patch.batch_size > 2 && !fits(p.patch.batch_size)) --p.patch.batch_size;
     p.compute_reason = str(o.step_macs_budget >= 0 ? "--compute" : "a CPU plan's default", ": ",
-                           fmt(p.step_macs_budget / 1e9, 4), " GMAC a step, which the memory budget's plan fits");
+                           fmt(p.step_macs_budget / 1e9, 4), " GMAC a step, which the memory budget's plan fits",
+                           p.patch.batch_size < memory_batch
+                               ? str(" at ", p.patch.batch_size, " of its ", memory_batch, " cases a step")
+                               : std::string());
   }
   const std::int64_t crops = p.patch.batch_size * p.crops_per_case;
   p.network = network_for(p.patch.topology, p.patch.features);
@@ -566,12 +592,20 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   // window's case-sized buffers (probabilities, their weights, the output) for the largest case.
   p.largest_case = resampled_max_shape(spacings, shapes, p.target_spacing);
   p.validation_window = p.patch.topology.patch;
-  p.validation_memory =
-      inference_memory(p.network, p.validation_window, mo.activation_bytes) +
+  const double case_buffers =
       3.0 * static_cast<double>(p.network.out_channels) * 4.0 * static_cast<double>(volume_of(p.largest_case));
+  // Windows a forward (sw_batch_size): up to 4 of the batch, fewer where memory asks.
+  p.validation_batch = std::min<std::int64_t>(p.patch.batch_size, 4);
+  const auto validation_memory = [&] {
+    return static_cast<double>(p.validation_batch) *
+               inference_memory(p.network, p.validation_window, mo.activation_bytes) +
+           case_buffers;
+  };
+  while (p.validation_batch > 1 && validation_memory() > static_cast<double>(p.budget_bytes)) --p.validation_batch;
+  p.validation_memory = validation_memory();
   if (o.validation_cases < -1) {
     throw ValueError(str(fp.list, ": ", o.validation_cases,
-                         " validation cases (data.validation.num: 0 or more, or -1 for a fifth of the cases)"));
+                         " validation cases: expected 0 or more (0: none), or -1 (a fifth of the cases)"));
   }
   if (o.validation_cases >= 0) {
     if (static_cast<std::size_t>(o.validation_cases) >= fp.cases.size()) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "medfast/core/error.hpp"
@@ -419,6 +420,28 @@ TEST(Plan, TheBudgetDecidesPatchAndBatch) {  // memory alone (no compute budget)
   EXPECT_NE(e.find("raise --memory"), std::string::npos) << e;
 }
 
+/// A hand-made MR fingerprint: one case of each shape at `spacing`.
+DatasetFingerprint hand_made(const std::vector<Shape>& shapes, const Spacing& spacing) {
+  DatasetFingerprint fp;
+  fp.list = "hand-made";
+  fp.channel_names = {"MR"};
+  fp.label_names = {{0, "background"}, {1, "organ"}};
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    CaseSummary c;
+    c.image = c.label = str("case", i);
+    c.shape = shapes[i];
+    c.channels = 1;
+    c.crop.shape_after_crop = c.shape;
+    c.crop.spacing = spacing;
+    c.crop.samples = {{1.0, 2.0, 3.0}};
+    c.crop.foreground_voxels = 3;
+    c.label_voxels = {{0, shapes[i][0] * shapes[i][1] * shapes[i][2] - 3}, {1, 3}};
+    fp.cases.push_back(c);
+  }
+  fp.listed = fp.cases.size();
+  return fp;
+}
+
 /// A CPU plan's compute budget: nnU-Net's network at the memory budget's patch is narrowed
 /// (32 -> 16 -> 8 channels) before its patch shrinks, until a training step fits.
 TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
@@ -490,14 +513,23 @@ TEST(Plan, ACpuPlanFitsItsComputeBudgetNarrowerFirst) {
   EXPECT_EQ(small.network.filters.front(), 32);
   EXPECT_NE(small.compute_reason.find("which the memory budget's plan fits"), std::string::npos)
       << small.compute_reason;
-  // ... and as many crops a case (up to kCropsPerCase) as the budget still allows.
-  EXPECT_GE(small.crops_per_case, 1);
-  EXPECT_LE(small.crops_per_case, kCropsPerCase);
+  EXPECT_EQ(small.crops_per_case, kCropsPerCase);  // a step of 2 cases of 4 crops is far within it
   EXPECT_LE(small.step_macs, kCpuStepMacs);
-  if (small.crops_per_case < kCropsPerCase) {
-    EXPECT_GT(training_step_macs(small.network, small.patch.topology.patch,
-                                 small.patch.batch_size * (small.crops_per_case + 1)),
-              kCpuStepMacs);
+  // ... and as many crops a case (up to kCropsPerCase) as the budget still allows; where not
+  // even one a case fits, fewer cases a step. 1000 small cases: the memory plan's batch is
+  // large (the 5% cap); a budget of 8 of its crops takes one crop from each of 8 cases.
+  const DatasetFingerprint many = hand_made(std::vector<Shape>(1000, Shape{40, 40, 24}), {1.0, 1.0, 1.5});
+  const Plan unbudgeted = make_plan(many, {"cpu", 64ULL << 30, 0, 0, 10, "run", 0});
+  ASSERT_GT(unbudgeted.patch.batch_size, 8);
+  const double crop_macs = training_step_macs(unbudgeted.network, unbudgeted.patch.topology.patch, 1);
+  for (const auto& [crops, cases, per_case] : std::vector<std::tuple<double, std::int64_t, std::int64_t>>{
+           {8, 8, 1}, {2.0 * unbudgeted.patch.batch_size, unbudgeted.patch.batch_size, 2}}) {
+    SCOPED_TRACE(crops);
+    const Plan q = make_plan(many, {"cpu", 64ULL << 30, 0, 0, 10, "run", crops * crop_macs * (1 + 1e-9)});
+    EXPECT_EQ(q.network.filters, unbudgeted.network.filters);  // the memory plan's network
+    EXPECT_EQ(q.crops_per_case, per_case);
+    EXPECT_EQ(q.patch.batch_size, cases);
+    EXPECT_LE(q.step_macs, q.step_macs_budget);
   }
   // Too small for any patch: an error that names the compute budget and what to do.
   PlanOptions tiny{"cpu", 2ULL << 30, 0, 0, 10, "run"};
@@ -559,28 +591,6 @@ TEST(Plan, TheYamlOfAnMrPlanWithNotesReadsBack) {
   (void)train::load_run_config(read, dir / "plan.yaml", Settings{});
 }
 
-/// A hand-made MR fingerprint: one case of each shape at `spacing`.
-DatasetFingerprint hand_made(const std::vector<Shape>& shapes, const Spacing& spacing) {
-  DatasetFingerprint fp;
-  fp.list = "hand-made";
-  fp.channel_names = {"MR"};
-  fp.label_names = {{0, "background"}, {1, "organ"}};
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
-    CaseSummary c;
-    c.image = c.label = str("case", i);
-    c.shape = shapes[i];
-    c.channels = 1;
-    c.crop.shape_after_crop = c.shape;
-    c.crop.spacing = spacing;
-    c.crop.samples = {{1.0, 2.0, 3.0}};
-    c.crop.foreground_voxels = 3;
-    c.label_voxels = {{0, shapes[i][0] * shapes[i][1] * shapes[i][2] - 3}, {1, 3}};
-    fp.cases.push_back(c);
-  }
-  fp.listed = fp.cases.size();
-  return fp;
-}
-
 /// Validation windows are the patch (nnU-Net's), Gaussian-weighted, overlapping by a quarter
 /// within a compute budget and by half without one. Their memory: a window's forward and the
 /// sliding window's case-sized buffers for the largest case at the target spacing.
@@ -590,11 +600,15 @@ TEST(Plan, ValidationWindowsAreThePatch) {
   const std::uint64_t budget = 2ULL << 30;
   const Plan p = make_plan(fp, {"cpu", budget, 0, 0, 10, "run", -1});  // the CPU's compute budget
   ASSERT_GT(p.step_macs_budget, 0);
+  ASSERT_FALSE(p.lowres);
   EXPECT_EQ(p.largest_case, (Shape{131, 104, 34}));
   const Topology& t = p.patch.topology;
   EXPECT_EQ(p.validation_window, t.patch);
+  EXPECT_EQ(p.validation_batch, std::min<std::int64_t>(p.patch.batch_size, 4));
+  EXPECT_LE(p.validation_memory, static_cast<double>(budget));
   EXPECT_DOUBLE_EQ(p.validation_memory,
-                   inference_memory(p.network, t.patch, 4) + 3.0 * 2 * 4 * (131.0 * 104 * 34));  // 2 classes
+                   static_cast<double>(p.validation_batch) * inference_memory(p.network, t.patch, 4) +
+                       3.0 * 2 * 4 * (131.0 * 104 * 34));  // 2 classes
   EXPECT_EQ(p.validation_overlap, 0.25);
   const nlohmann::json c = run_config(fp, p, "ds/dataset.json");
   EXPECT_EQ(c["validation"]["sliding_window"]["roi_size"], nlohmann::json(t.patch));
@@ -651,6 +665,16 @@ TEST(Plan, ACpuPlanTrainsAtNnunetsLowresSpacingWhereItsPatchSeesTooLittle) {
   EXPECT_EQ(p.fullres_median_shape, (Spacing{224, 224, 160}));
   expect_lowres(p);
   EXPECT_DOUBLE_EQ(p.target_spacing[0], p.target_spacing[2]);  // every axis alike
+  // Pinned: 20 steps (1.2 x 1.03^20 = 2.167 mm, a median case of 124 x 124 x 89), the
+  // ct_fine plan of docs/plan.md.
+  EXPECT_NEAR(p.target_spacing[0], 1.2 * std::pow(kLowresSpacingStep, 20), 1e-9);
+  EXPECT_EQ(p.median_shape, (Spacing{124, 124, 89}));
+  EXPECT_EQ(p.largest_case, (Shape{124, 124, 89}));
+  std::string yaml = run_config_yaml(ct, p, "ds/dataset.json");
+  for (std::size_t at; (at = yaml.find("\n    # ")) != std::string::npos;) yaml.replace(at, 7, " ");
+  EXPECT_NE(yaml.find("nnU-Net's 3d_lowres spacing: its target spacing (1.2 x 1.2 x 1.2 mm) grown 3% a step"),
+            std::string::npos)
+      << yaml;
   const nlohmann::json c = run_config(ct, p, "ds/dataset.json");
   nlohmann::json spacing;
   for (const auto& step : c["data"]["deterministic"]) {
@@ -671,6 +695,29 @@ TEST(Plan, ACpuPlanTrainsAtNnunetsLowresSpacingWhereItsPatchSeesTooLittle) {
   EXPECT_EQ(q.target_spacing[2], q.fullres_spacing[2]);
   EXPECT_GT(q.target_spacing[0], q.fullres_spacing[0]);
 
+  // Cubes of 64..160 voxels: the larger ones go to 3d_lowres, the smaller keep full resolution
+  // where their patch holds a quarter of the case; either way the patch holds a quarter.
+  int lowres = 0, fullres = 0;
+  for (std::int64_t n = 64; n <= 160; n += 8) {
+    SCOPED_TRACE(n);
+    const DatasetFingerprint cube = hand_made(std::vector<Shape>(8, Shape{n, n, n}), {1.0, 1.0, 1.0});
+    const Plan cp = make_plan(cube, {"cpu", 6ULL << 30, 0, 0, 10, "run", -1});
+    const Shape& w = cp.patch.topology.patch;
+    const double patch = static_cast<double>(w[0] * w[1] * w[2]);
+    const double scale = cp.fullres_spacing[0] / cp.target_spacing[0];
+    const double median = std::pow(static_cast<double>(n) * scale, 3);  // unrounded
+    EXPECT_GE(patch, kLowresThreshold * median);
+    if (cp.lowres) {
+      ++lowres;
+      EXPECT_GT(static_cast<double>(n * n * n), median);
+    } else {
+      ++fullres;
+      EXPECT_EQ(cp.target_spacing, (Spacing{1.0, 1.0, 1.0}));
+    }
+  }
+  EXPECT_GT(lowres, 0);
+  EXPECT_GT(fullres, 0);
+
   // No compute budget: nnU-Net's 3d_fullres, as nnU-Net trains it.
   const Plan none = make_plan(ct, {"cpu", 6ULL << 30, 0, 0, 10, "run", 0});
   EXPECT_FALSE(none.lowres);
@@ -688,6 +735,7 @@ TEST(Plan, ValidationTakesAtMostAThirdOfTheRun) {
     o.validation_cases = validation;
     const Plan p = make_plan(fp, o);
     SCOPED_TRACE(validation);
+    ASSERT_TRUE(p.lowres);  // windows counted in the median case at the 3d_lowres spacing
     EXPECT_EQ(p.validation_cases, static_cast<std::size_t>(validation));
     const std::int64_t steps = (16 - validation + p.patch.batch_size - 1) / p.patch.batch_size;
     EXPECT_DOUBLE_EQ(p.epoch_macs, static_cast<double>(steps) * p.step_macs);
@@ -717,9 +765,10 @@ TEST(Plan, ValidationTakesAtMostAThirdOfTheRun) {
   EXPECT_NE(test::value_error_of([&] { make_plan(fp, nine); }).find("leave none of its 16 to train on"),
             std::string::npos);
   nine.validation_cases = -5;
-  EXPECT_NE(
-      test::value_error_of([&] { make_plan(fp, nine); }).find("-5 validation cases (data.validation.num: 0 or more"),
-      std::string::npos);
+  EXPECT_NE(test::value_error_of([&] {
+              make_plan(fp, nine);
+            }).find("-5 validation cases: expected 0 or more (0: none), or -1"),
+            std::string::npos);
 }
 
 /// SGD's momentum by the run's length: nnU-Net's 0.99 (lr 0.01) for 10,000 steps or more, else

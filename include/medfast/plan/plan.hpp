@@ -58,9 +58,10 @@ MemoryEstimate training_memory(const NetworkPlan& network, const Shape& patch, s
 /// sliding window's buffers: the encoder's output at each level, kept for the decoder; about
 /// 10 maps of the top level at once (the up-convolution, the concatenated input, a block's
 /// convolutions, norms and activations, and what the allocator keeps of them); and the
-/// probabilities, their sum and the window's weights in float32 (classes per voxel). The
-/// spleen-like plan's 192 x 192 x 80 window: 1.19 GB estimated, about 1.25 GB measured (the
-/// peak RSS of `medfast eval` 1.15 GB above that of a run of the patch's windows).
+/// probabilities, their sum and the window's weights in float32 (classes per voxel). A
+/// 192 x 192 x 80 window of the spleen-like plan's network (8..80 channels): 1.19 GB
+/// estimated, about 1.25 GB measured (the peak RSS of `medfast eval` 1.15 GB above that of a
+/// run of the patch's windows).
 double inference_memory(const NetworkPlan& network, const Shape& window, std::int64_t activation_bytes);
 
 /// Multiply-accumulates of one sample's forward through the network at `patch`: each level's
@@ -104,12 +105,13 @@ constexpr double kCpuMemoryFraction = 0.25;
 /// examples/spleen.yaml asks of a CPU.
 constexpr double kCpuStepMacs = 128e9;
 /// Crops a case gives a step within a compute budget (the spleen recipe's num_samples): an
-/// epoch of few cases trains 4x the crops between two validations, and a step trains more
-/// crops than cases (a budgeted patch is small).
+/// epoch of few cases trains 4x the crops of one crop a case, and a step trains more crops
+/// than cases (a budgeted patch is small).
 constexpr std::int64_t kCropsPerCase = 4;
 /// The channels a compute budget tries, widest first (nnU-Net's 32, then 16 and 8; the
 /// widest of each is 10x, as nnU-Net's 320 is of 32): the first whose patch keeps at least
-/// half of the memory budget's patch, else the narrowest.
+/// half of the memory budget's patch (at full resolution; at a 3d_lowres spacing, of the
+/// median case where that is smaller), else the narrowest.
 constexpr std::array<std::int64_t, 3> kComputeBaseFeatures{32, 16, 8};
 /// nnU-Net's 3d_lowres rule (lowres_creation_threshold, spacing_increase_factor): where the
 /// patch holds less than this share of the median case's voxels, the spacing grows by this
@@ -143,7 +145,8 @@ struct Plan {
   std::uint64_t budget_bytes = 0;
   std::string budget_reason;          ///< where the budget came from
   /// Crops each case of a batch gives (RandCropByPosNegLabel's num_samples): kCropsPerCase
-  /// within a compute budget, else 1 (nnU-Net's one patch a sample).
+  /// where the compute budget narrowed the plan; where the memory budget's plan fits it, as
+  /// many up to kCropsPerCase as fit; without a compute budget 1 (nnU-Net's one patch a sample).
   std::int64_t crops_per_case = 1;
   MemoryEstimate memory;              ///< at the planned patch, batch_size * crops_per_case crops
   double step_macs = 0;               ///< training_step_macs at the planned patch, for those crops
@@ -153,8 +156,11 @@ struct Plan {
   /// The validation window: the patch (nnU-Net's; windows the size of a case, tried, scored
   /// lower once trained: instance norm's statistics there are not the training crops').
   Shape validation_window{};
-  /// inference_memory of that window and the sliding window's case-sized buffers
-  /// (3 x classes x float32) for the largest case.
+  /// Windows a validation forward (sw_batch_size): min(batch, 4), fewer while
+  /// validation_memory would exceed the budget.
+  std::int64_t validation_batch = 1;
+  /// validation_batch x inference_memory of the window, and the sliding window's case-sized
+  /// buffers (3 x classes x float32) for the largest case.
   double validation_memory = 0;
   Shape largest_case{};               ///< resampled_max_shape
   std::size_t validation_cases = 0;   ///< the list's last cases, validated (nnU-Net: one fold of 5)

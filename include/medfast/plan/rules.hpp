@@ -67,8 +67,8 @@ Spacing resampled_median_shape(const std::vector<Spacing>& spacings, const std::
                                const Spacing& target);
 /// The largest case per axis at `target` spacing, as either rule rounds a case's shape there
 /// (nnU-Net's round(spacing / target * n), medfast's and MONAI's Spacing round((n - 1) *
-/// spacing / target + 1)): a window this large holds every case whole. ValueError for no
-/// cases or mismatched lists.
+/// spacing / target + 1)): the case the sliding window's case-sized buffers are planned for.
+/// ValueError for no cases or mismatched lists.
 Shape resampled_max_shape(const std::vector<Spacing>& spacings, const std::vector<Shape>& shapes,
                           const Spacing& target);
 
