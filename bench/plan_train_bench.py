@@ -148,16 +148,17 @@ def main():
             # A baseline that never segmented anything (Dice 0 in every validation) sets no bar in
             # time: the plan meets it where it segments (Dice above 0) within the baseline's run.
             failed = best <= 0
+            target = 1e-6 if failed else best  # the Dice the plan's run stops at
             # Stopped at --give-up times the baseline's time: past 1x it cannot meet the bar anyway.
             out = run([a.medfast, "--threads", str(a.threads), "train", "--dataset", ds, "--json", "--overwrite",
                        "--set", f"train.run_dir={plan_dir}", "--set", "data.validation.num=9",
-                       "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={best if not failed else 1e-6}"] + common,
+                       "--set", f"train.epochs={a.plan_epochs}", "--set", f"train.target_dice={target}"] + common,
                       timeout=a.give_up * (base[-1] if failed else bar)["process_seconds"] + 60)
             if out is None:
                 print(f"{name} seed {seed}: the plan's run stopped at {a.give_up}x the baseline's time", flush=True)
             stopped = out is None
             planned = history(plan_dir) if os.path.exists(os.path.join(plan_dir, "metrics.jsonl")) or not stopped else []
-            reached = first_reaching(planned, best if not failed else 1e-6)
+            reached = first_reaching(planned, target)
             plan_best = max([r["dice"] for r in planned if r.get("dice") is not None] or [0.0])
             row = {"seed": seed, "baseline_dice": best, "baseline_epoch": bar["epoch"],
                    "baseline_seconds": bar["process_seconds"], "baseline_failed": failed,

@@ -17,11 +17,15 @@ namespace {
 using Ordered = nlohmann::ordered_json;
 
 std::int64_t volume_of(const Shape& s) { return s[0] * s[1] * s[2]; }
+/// The voxels of a shape held as doubles (a median shape, possibly unrounded).
+double volume_of(const Spacing& s) {
+  return s[0] * s[1] * s[2];
+}
 
 /// nnU-Net's approximate dataset size (approximate_n_voxels_dataset): the median shape's voxels
 /// times the cases; a batch takes at most 5% of it.
 double dataset_voxels_of(const DatasetFingerprint& fp, const Spacing& median_shape) {
-  return median_shape[0] * median_shape[1] * median_shape[2] * static_cast<double>(fp.cases.size());
+  return volume_of(median_shape) * static_cast<double>(fp.cases.size());
 }
 
 std::string fmt(double v, int digits = 4) {
@@ -382,6 +386,14 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   p.epochs = o.epochs;
   p.run_dir = o.run_dir;
   if (o.epochs < 1) throw ValueError(str("plan: --epochs must be at least 1, got ", o.epochs));
+  if (o.validation_cases < -1) {
+    throw ValueError(str(fp.list, ": ", o.validation_cases,
+                         " validation cases: expected 0 or more (0: none), or -1 (a fifth of the cases)"));
+  }
+  if (o.validation_cases >= 0 && static_cast<std::size_t>(o.validation_cases) >= fp.cases.size()) {
+    throw ValueError(str(fp.list, ": ", o.validation_cases, " validation cases leave none of its ", fp.cases.size(),
+                         " to train on (data.validation.num: at most ", fp.cases.size() - 1, ")"));
+  }
   std::vector<Spacing> spacings;
   std::vector<Shape> shapes;  // after the crop (nnU-Net's shapes_after_crop)
   std::vector<double> relative;
@@ -502,8 +514,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
         }
         // Half the memory budget's patch, or of the median case where that is smaller (a
         // low-resolution case can be smaller than the full-resolution patch).
-        const double yardstick = std::min(static_cast<double>(volume_of(memory_patch)),
-                                          p.median_shape[0] * p.median_shape[1] * p.median_shape[2]);
+        const double yardstick = std::min(static_cast<double>(volume_of(memory_patch)), volume_of(p.median_shape));
         if (2.0 * static_cast<double>(volume_of(chosen.topology.patch)) >= yardstick) break;
       }
       return chosen;
@@ -528,8 +539,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
     // each crop and fewer validation windows. nnU-Net drops 3d_lowres where the case shrank
     // less than 2x (a cascade over it would add little); trained alone, any shrink saves
     // windows, so medfast keeps it (docs/plan.md).
-    double median_voxels =  // unrounded, as nnU-Net's test takes it
-        p.fullres_median_shape[0] * p.fullres_median_shape[1] * p.fullres_median_shape[2];
+    double median_voxels = volume_of(p.fullres_median_shape);  // unrounded, as nnU-Net's test takes it
     for (int step = 0;
          step < 1000 && static_cast<double>(volume_of(p.patch.topology.patch)) < kLowresThreshold * median_voxels;
          ++step) {
@@ -603,15 +613,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   };
   while (p.validation_batch > 1 && validation_memory() > static_cast<double>(p.budget_bytes)) --p.validation_batch;
   p.validation_memory = validation_memory();
-  if (o.validation_cases < -1) {
-    throw ValueError(str(fp.list, ": ", o.validation_cases,
-                         " validation cases: expected 0 or more (0: none), or -1 (a fifth of the cases)"));
-  }
   if (o.validation_cases >= 0) {
-    if (static_cast<std::size_t>(o.validation_cases) >= fp.cases.size()) {
-      throw ValueError(str(fp.list, ": ", o.validation_cases, " validation cases leave none of its ", fp.cases.size(),
-                           " to train on (data.validation.num: at most ", fp.cases.size() - 1, ")"));
-    }
     p.validation_cases = static_cast<std::size_t>(o.validation_cases);
     p.validation_cases_asked = true;
   } else {
