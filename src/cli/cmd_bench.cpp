@@ -125,6 +125,7 @@ int run_step(const StepArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.steps >= 1 && a.warmup >= 0, "bench step: --steps must be >= 1, --warmup >= 0");
   const nlohmann::json spec = nlohmann::json::parse(a.model);
   train::apply_conv_backward(ctx.settings);  // as train does
+  train::apply_conv_forward(ctx.settings);
   torch::manual_seed(0);
   torch::nn::AnyModule net = nn::make_network(spec, "--model");
   const auto format = a.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
@@ -196,6 +197,7 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"threads", at::get_num_threads()},
                            {"channels_last", a.channels_last},
                            {"conv_backward", ctx.settings.get("conv_backward")},
+                           {"conv_forward", ctx.settings.get("conv_forward")},
                            {"steps", a.steps},
                            {"forward", median(fwd)},
                            {"backward", median(bwd)},

@@ -1,5 +1,6 @@
 #include "medfast/nn/conv.hpp"
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
 #include <torch/autograd.h>
 #include <torch/version.h>
@@ -9,9 +10,37 @@
 #include <variant>
 #include <vector>
 
+#include "medfast/nn/direct_conv.hpp"
+
 namespace medfast::nn {
 
 namespace {
+
+// CPU autocast on (its dispatch key not excluded: libtorch 1.13's and 2.x's is_cpu_enabled()).
+bool cpu_autocast() {
+  return !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutocastCPU);
+}
+
+// The direct kernel (direct_conv.hpp) where it is measured faster than libtorch's: float32 on
+// the CPU outside autocast, a CPU with AVX2 or AVX-512, stride 1, at most
+// kDirectMaxOutChannels output channels; groups, dilation and padding mode are the caller's.
+bool direct_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride) {
+  if (!direct_conv_enabled() || direct_conv_isa() == "generic") return false;
+  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return false;
+  if (x.dim() != 5 || w.size(0) > kDirectMaxOutChannels || cpu_autocast()) return false;
+  for (const std::int64_t s : stride) {
+    if (s != 1) return false;
+  }
+  return true;
+}
+
+// conv3d with stride 1, dilation 1, groups 1, numeric zero padding: the direct kernel where it
+// applies, else libtorch's.
+at::Tensor conv3d_stride1(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::IntArrayRef padding) {
+  const at::Tensor bias = b.defined() && b.numel() > 0 ? b : at::Tensor();
+  if (direct_applies(x, w, {1, 1, 1})) return direct_conv3d(x, w, bias, {1, 1, 1}, padding);
+  return at::conv3d(x, w, bias, /*stride=*/1, padding);
+}
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -33,7 +62,7 @@ struct Conv3dStride1 : torch::autograd::Function<Conv3dStride1> {
     ctx->save_for_backward({x, w});
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["bias"] = b.numel() > 0;
-    return at::conv3d(x, w, b.numel() > 0 ? b : at::Tensor(), /*stride=*/1, padding);
+    return conv3d_stride1(x, w, b, padding);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
@@ -45,7 +74,7 @@ struct Conv3dStride1 : torch::autograd::Function<Conv3dStride1> {
     if (ctx->needs_input_grad(0)) {
       std::vector<std::int64_t> full(3);
       for (std::size_t i = 0; i < 3; ++i) full[i] = w.size(static_cast<std::int64_t>(i) + 2) - 1 - padding[i];
-      dx = at::conv3d(g, w.flip({2, 3, 4}).transpose(0, 1), {}, /*stride=*/1, full);
+      dx = conv3d_stride1(g, w.flip({2, 3, 4}).transpose(0, 1), {}, full);
     }
     if (ctx->needs_input_grad(1)) {
       dw = std::get<1>(at::convolution_backward(g, x, w, c10::nullopt, {1, 1, 1}, padding, {1, 1, 1},
@@ -154,16 +183,27 @@ at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
 
 at::Tensor Conv3dImpl::run(const at::Tensor& input) {
   const auto* pad = numeric_padding(options);
-  if (pad == nullptr || !plain_geometry(options) || options.out_channels() > kCustomBackwardMaxOutChannels ||
-      !wants_custom_backward(input, weight, bias)) {
+  if (pad == nullptr || !plain_geometry(options)) return torch::nn::Conv3dImpl::forward(input);
+  const std::vector<std::int64_t> padding = at::IntArrayRef(*pad).vec();
+  bool stride1 = true, inner_padding = true;
+  for (std::size_t i = 0; i < 3; ++i) {
+    stride1 = stride1 && (*options.stride())[i] == 1;
+    inner_padding = inner_padding && padding[i] <= (*options.kernel_size())[i] - 1;
+  }
+  if (wants_custom_backward(input, weight, bias)) {
+    if (stride1 && inner_padding && options.out_channels() <= kCustomBackwardMaxOutChannels) {
+      return Conv3dStride1::apply(input, weight, bias_argument(bias), padding);
+    }
     return torch::nn::Conv3dImpl::forward(input);
   }
-  const std::vector<std::int64_t> padding = at::IntArrayRef(*pad).vec();
-  for (std::size_t i = 0; i < 3; ++i) {
-    if ((*options.stride())[i] != 1) return torch::nn::Conv3dImpl::forward(input);
-    if (padding[i] > (*options.kernel_size())[i] - 1) return torch::nn::Conv3dImpl::forward(input);
+  // No gradient to compute (validation, inference), or libtorch's backward asked for: the
+  // direct kernel only where nothing needs a gradient.
+  const bool needs_grad = at::GradMode::is_enabled() &&
+                          (input.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+  if (!needs_grad && stride1 && direct_applies(input, weight, *options.stride())) {
+    return direct_conv3d(input, weight, bias, {1, 1, 1}, padding);
   }
-  return Conv3dStride1::apply(input, weight, bias_argument(bias), padding);
+  return torch::nn::Conv3dImpl::forward(input);
 }
 
 at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {

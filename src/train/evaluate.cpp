@@ -137,6 +137,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   }
   apply_network_threads(c.train.threads, settings);
   apply_host_memory_reuse(settings);
+  apply_conv_forward(settings);
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   data::PipelineConfig p = c.data;
@@ -283,6 +284,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;
   apply_network_threads(0, settings);
   apply_host_memory_reuse(settings);
+  apply_conv_forward(settings);
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;

@@ -11,6 +11,7 @@
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/nn/conv.hpp"
+#include "medfast/nn/direct_conv.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
@@ -134,6 +135,12 @@ bool apply_host_memory_reuse(const Settings& settings) {
 bool apply_conv_backward(const Settings& settings) {
   const bool on = settings.get("conv_backward") == "auto";
   nn::set_custom_conv_backward(on);
+  return on;
+}
+
+bool apply_conv_forward(const Settings& settings) {
+  const bool on = settings.get("conv_forward") == "auto";
+  nn::set_direct_conv(on);
   return on;
 }
 

@@ -17,6 +17,8 @@
 
 #include "medfast/core/log.hpp"
 #include "medfast/io/tensor_io.hpp"
+#include "medfast/nn/conv.hpp"
+#include "medfast/nn/direct_conv.hpp"
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
@@ -44,6 +46,7 @@ bool mkldnn_on() { return at::hasMKLDNN() && at::globalContext().userEnabledMkld
 bool cudnn_on() { return at::globalContext().hasCuDNN() && at::globalContext().userEnabledCuDNN(); }
 
 constexpr const char* kOneDnn = "oneDNN (mkldnn)";
+constexpr const char* kDirect = "medfast direct convolution";
 constexpr const char* kCuDnn = "cuDNN";
 
 std::string blas_name() {
@@ -110,6 +113,13 @@ class Probes {
     p.push_back({"conv3d 3x3x3 backward (weight)", conv, [this] { return conv3d_backward(false); }});
     p.push_back({"conv_transpose3d 3x3x3 stride 2", conv, [this] { return conv_transpose3d(3); }});
     p.push_back({"conv_transpose3d 2x2x2 stride 2", conv, [this] { return conv_transpose3d(2); }});
+    // medfast's own kernel for few channels (nn/direct_conv.hpp), where the networks use it: a
+    // width that ends in a partial row chunk, and blocks of output channels.
+    if (cpu && dtype_ == at::kFloat && nn::direct_conv_enabled() && nn::direct_conv_isa() != "generic") {
+      const std::string direct = str(kDirect, " (", nn::direct_conv_isa(), ")");
+      p.push_back({"conv3d 3x3x3 2->2 channels", direct, [this] { return direct_conv3d(2, 2, {2, 2, 6, 7, 21}); }});
+      p.push_back({"conv3d 3x3x3 12->3 channels", direct, [this] { return direct_conv3d(12, 3, {1, 12, 5, 5, 16}); }});
+    }
     p.push_back({"linear (matmul)", gemm, [this] { return linear(); }});
     p.push_back({"window attention", attention, [this] { return window_attention_probe(); }});
     return p;
@@ -140,6 +150,18 @@ class Probes {
     r.magnitude = [xa = x64.abs(), wa = w64.abs(), ba = b64.abs(), s, pad] { return at::conv3d(xa, wa, ba, s, pad); };
     r.reduction = static_cast<double>(cin) * k * k * k + 1;
     r.internal_roundoff = input_roundoff(at::globalContext().allowTF32CuDNN());
+    return r;
+  }
+
+  Result direct_conv3d(std::int64_t cin, std::int64_t cout, std::vector<std::int64_t> shape) {
+    const auto [x, x64] = input(shape, 31 + static_cast<std::uint64_t>(cin));
+    const auto [w, w64] = input({cout, cin, 3, 3, 3}, 32 + static_cast<std::uint64_t>(cout));
+    const auto [b, b64] = input({cout}, 33);
+    Result r;
+    r.out = nn::direct_conv3d(x, w, b, {1, 1, 1}, {1, 1, 1});
+    r.ref = at::conv3d(x64, w64, b64, 1, 1);
+    r.magnitude = [xa = x64.abs(), wa = w64.abs(), ba = b64.abs()] { return at::conv3d(xa, wa, ba, 1, 1); };
+    r.reduction = static_cast<double>(cin) * 27 + 1;
     return r;
   }
 
@@ -367,19 +389,29 @@ SelfCheckReport check_backends(const SelfCheckOptions& o) {
   r.ops = check_all(device, o.dtype, o.inject);
   if (!r.passed()) {
     // Switch off what computed a failing op, where it can be switched off, and try again.
-    const std::string switchable = device.is_cpu() ? kOneDnn : kCuDnn;
-    const bool implicated = std::any_of(r.ops.begin(), r.ops.end(),
-                                        [&](const OpCheck& c) { return !c.passed && c.backend == switchable; });
-    if (implicated) {
+    bool onednn = false, cudnn = false, direct = false;
+    for (const auto& c : r.ops) {
+      if (c.passed) continue;
+      onednn = onednn || (device.is_cpu() && c.backend == kOneDnn);
+      cudnn = cudnn || (device.is_cuda() && c.backend == kCuDnn);
+      direct = direct || (device.is_cpu() && c.backend.rfind(kDirect, 0) == 0);
+    }
+    if (onednn || cudnn || direct) {
       for (const auto& c : r.ops) {
         if (!c.passed) r.failed_first.push_back(c);
       }
-      if (device.is_cpu()) {
+      if (onednn) {
         at::globalContext().setUserEnabledMkldnn(false);
-      } else {
-        at::globalContext().setUserEnabledCuDNN(false);
+        r.switched_off.push_back(kOneDnn);
       }
-      r.switched_off.push_back(switchable);
+      if (cudnn) {
+        at::globalContext().setUserEnabledCuDNN(false);
+        r.switched_off.push_back(kCuDnn);
+      }
+      if (direct) {
+        nn::set_direct_conv(false);
+        r.switched_off.push_back(kDirect);
+      }
       r.ops = check_all(device, o.dtype, o.inject);
     }
   }

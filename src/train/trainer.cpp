@@ -309,6 +309,7 @@ class Run {
     model_threads_ = apply_network_threads(t_.threads, settings_);
     apply_host_memory_reuse(settings_);
     apply_conv_backward(settings_);
+    apply_conv_forward(settings_);
     // Before the first forward, with the threads the network runs on (libtorch picks its
     // convolution kernels by them): wrong math stops here, or its backend is switched off.
     self_check_ = ensure_backends_checked(device_, precision_dtype(precision_), settings_.get_bool("self_check"));

@@ -73,7 +73,10 @@ def test_check_backends_reports_the_self_check():
     r = medfast.train.check_backends("cpu", "float32")
     assert r["ran"] and r["passed"], r
     assert r["device"] == "cpu" and r["dtype"] == "float32"
-    assert len(r["ops"]) == 12
+    # 12 of libtorch's; on a CPU with AVX2 or AVX-512, two of medfast's direct convolution
+    direct = [o for o in r["ops"] if o["backend"].startswith("medfast direct convolution")]
+    assert len(direct) in (0, 2), r["ops"]
+    assert len(r["ops"]) == 12 + len(direct)
     assert all(op["passed"] and op["worst_ratio"] <= 1 for op in r["ops"]), r["ops"]
     # Once per process, device and dtype: the same report again.
     assert medfast.train.check_backends("cpu", "float32")["seconds"] == r["seconds"]

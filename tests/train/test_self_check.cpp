@@ -7,20 +7,35 @@
 #include <cmath>
 #include <limits>
 
-#include "medfast/train/self_check.hpp"
 #include "backend_check.hpp"
+#include "medfast/nn/direct_conv.hpp"
+#include "medfast/train/self_check.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
 namespace {
 
 constexpr const char* kOneDnn = "oneDNN (mkldnn)";
+constexpr const char* kDirect = "medfast direct convolution";
 
-/// Each test leaves oneDNN as it found it (a check may switch it off for the process).
+/// Whether the check probes medfast's direct convolution (float32 on a CPU with AVX2 or more).
+bool probes_direct(at::ScalarType dtype) {
+  return dtype == at::kFloat && nn::direct_conv_isa() != "generic";
+}
+
+/// Each test leaves oneDNN and the direct convolution as it found them (a check may switch
+/// either off for the process).
 class SelfCheck : public ::testing::Test {
  protected:
-  void SetUp() override { mkldnn_was_ = at::globalContext().userEnabledMkldnn(); }
-  void TearDown() override { at::globalContext().setUserEnabledMkldnn(mkldnn_was_); }
+  void SetUp() override {
+    mkldnn_was_ = at::globalContext().userEnabledMkldnn();
+    direct_was_ = nn::direct_conv_enabled();
+    nn::set_direct_conv(true);
+  }
+  void TearDown() override {
+    at::globalContext().setUserEnabledMkldnn(mkldnn_was_);
+    nn::set_direct_conv(direct_was_);
+  }
   /// oneDNN on, as on a machine nothing was switched off on; skips where it is not built in.
   bool with_onednn() {
     if (!at::hasMKLDNN()) return false;
@@ -28,6 +43,7 @@ class SelfCheck : public ::testing::Test {
     return true;
   }
   bool mkldnn_was_ = true;
+  bool direct_was_ = true;
 };
 
 TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
@@ -39,7 +55,7 @@ TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
     EXPECT_TRUE(r.passed()) << r.summary();
     EXPECT_EQ(r.device, "cpu");
     EXPECT_FALSE(r.hardware.empty());
-    ASSERT_EQ(r.ops.size(), 12u);
+    ASSERT_EQ(r.ops.size(), probes_direct(dtype) ? 14u : 12u);
     std::set<std::string> names;
     for (const auto& op : r.ops) {
       names.insert(op.op);
@@ -85,7 +101,7 @@ TEST_F(SelfCheck, FaultyOneDnnIsSwitchedOffAndEveryOpCheckedAgain) {
     if (backend == kOneDnn && op.rfind("conv3d 3x3x3", 0) == 0) out.fill_(std::nan(""));
   };
   const SelfCheckReport r = run_self_check(o);
-  EXPECT_EQ(calls, 24);  // every op, twice
+  EXPECT_EQ(calls, probes_direct(at::kFloat) ? 28 : 24);  // every op, twice
   EXPECT_TRUE(r.passed()) << r.summary();
   EXPECT_FALSE(at::globalContext().userEnabledMkldnn());
   ASSERT_EQ(r.switched_off, std::vector<std::string>{kOneDnn});
@@ -105,6 +121,32 @@ TEST_F(SelfCheck, FaultyOneDnnIsSwitchedOffAndEveryOpCheckedAgain) {
   EXPECT_EQ(j["switched_off"][0], kOneDnn);
   EXPECT_TRUE(j["failed_first"][0]["max_abs_error"].is_null());
   EXPECT_TRUE(j["passed"].get<bool>());
+}
+
+TEST_F(SelfCheck, FaultyDirectConvolutionIsSwitchedOffAndOnlyIt) {
+  if (!probes_direct(at::kFloat)) {
+    GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: the direct convolution is not used, nor checked";
+  }
+  // medfast's own kernel wrong (say, an instruction set the CPU mis-executes): it is switched
+  // off, libtorch's kernels left on, and the networks' convolutions go back to them.
+  SelfCheckOptions o;
+  o.inject = [](const std::string&, const std::string& backend, at::Tensor& out) {
+    if (backend.rfind(kDirect, 0) == 0) out.add_(0.5);
+  };
+  const bool onednn = at::globalContext().userEnabledMkldnn();
+  const SelfCheckReport r = run_self_check(o);
+  EXPECT_TRUE(r.passed()) << r.summary();
+  EXPECT_FALSE(nn::direct_conv_enabled());
+  EXPECT_EQ(at::globalContext().userEnabledMkldnn(), onednn);
+  ASSERT_EQ(r.switched_off, std::vector<std::string>{kDirect});
+  ASSERT_EQ(r.failed_first.size(), 2u);
+  for (const auto& f : r.failed_first) {
+    EXPECT_EQ(f.backend.rfind(kDirect, 0), 0u) << f.backend;
+    EXPECT_NE(f.backend.find(nn::direct_conv_isa()), std::string::npos) << f.backend;
+  }
+  EXPECT_EQ(r.ops.size(), 12u);  // checked again without it
+  const std::string s = r.summary();
+  EXPECT_NE(s.find("medfast direct convolution switched off for this process"), std::string::npos) << s;
 }
 
 TEST_F(SelfCheck, WrongMathNothingCanSwitchOffStopsWithTheReason) {

@@ -20,11 +20,20 @@
 /// kernel was about as fast as the forward convolution, up to 1.5x faster (16 -> 16, 32 -> 32
 /// over 8 x 32x32x16), with 8 and fewer 2-10x slower. Everything else (CUDA, other dtypes,
 /// inference without gradients) is libtorch's own forward and backward.
+///
+/// Forward, a stride-1 convolution with at most kDirectMaxOutChannels output channels runs
+/// medfast's direct kernel (direct_conv.hpp) on float32 CPU tensors outside autocast, on a CPU
+/// with AVX2 or AVX-512, where no gradient is needed or under the custom backward (whose
+/// input gradient, a convolution too, takes it where it applies); measured in
+/// docs/benchmarks.md ("Direct convolutions for few channels"): 2 -> 2 channels over 4 x 96^3
+/// voxels in a fifth of oneDNN's time, 16 -> 2 in half; with 8 output channels and more
+/// oneDNN was as fast or faster. The conv_forward setting (libtorch) turns it off.
 #include <torch/nn/modules/conv.h>
 
 namespace medfast::nn {
 
 inline constexpr std::int64_t kCustomBackwardMaxOutChannels = 8;
+inline constexpr std::int64_t kDirectMaxOutChannels = 4;
 
 class Conv3dImpl : public torch::nn::Conv3dImpl {
  public:

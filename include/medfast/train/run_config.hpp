@@ -117,6 +117,9 @@ bool apply_host_memory_reuse(const Settings& settings);
 /// taken by train and bench step before their first forward. Returns whether the custom
 /// convolution backward is on.
 bool apply_conv_backward(const Settings& settings);
+/// The conv_forward setting made effective for the process (nn::set_direct_conv): whether
+/// few-channel convolutions run medfast's direct kernel. Train, eval and infer call it.
+bool apply_conv_forward(const Settings& settings);
 
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
 /// working directory). Pure: it writes nothing and changes no process state; the
