@@ -78,11 +78,22 @@ def verify(monai, a, work, prepared):
     return {"dice": dice, "want": want, "parameters": parameters}
 
 
+def validation_seconds(side, e):
+    """An epoch's validation seconds on its side's own clock: medfast's epoch record times it
+    (times.validation), the twin around its sliding-window validation (validation_seconds)."""
+    return e.get("times", {}).get("validation") if side == "medfast" else e.get("validation_seconds")
+
+
 def row(side, seed, history, wall, target, in_process):
-    """One run's line: epochs, mean epoch seconds, the epoch reaching the target, its Dice, the times."""
+    """One run's line: epochs, mean epoch seconds, the epoch reaching the target, its Dice, the times,
+    and the median over epochs of the validation seconds and of their share of the epoch."""
     reached = next((e["epoch"] for e in history if e.get("dice") is not None and e["dice"] >= target), None)
+    validated = [e for e in history if validation_seconds(side, e)]
     return {"side": side, "seed": seed, "epochs": len(history),
             "mean_epoch": statistics.mean(e["seconds"] for e in history), "reached": reached,
+            "validation": statistics.median(validation_seconds(side, e) for e in validated) if validated else None,
+            "validation_share": statistics.median(validation_seconds(side, e) / e["seconds"] for e in validated)
+            if validated else None,
             "dice": history[-1].get("dice"), "wall": wall if reached else None, "run_wall": wall,
             "in_process": in_process if reached else None,
             "steps": [e["steps"] for e in history], "samples": [e["samples"] for e in history]}
@@ -134,27 +145,33 @@ def report(rows, a, target, prepared, check, monai):
               f"reported {check['want']:.6f} (tol {DICE_TOL}); the same UNet ({check['parameters']} parameters, "
               f"state_dict loaded strictly); every run took the same steps and samples per epoch on both sides")
     print(f"\n{'seed':>4} {'side':8} {'epochs':>6} {'s/epoch':>8} {'Dice at end':>11} {'target at':>9} "
-          f"{'wall to Dice s':>14} {'(in-process)':>12}")
+          f"{'wall to Dice s':>14} {'(in-process)':>12} {'validation s':>12} {'share':>6}")
     for r in rows:
         print(f"{r['seed']:>4} {r['side']:8} {r['epochs']:>6} {r['mean_epoch']:8.2f} {fmt(r['dice'], '.4f'):>11} "
-              f"{fmt(r['reached'], 'd'):>9} {fmt(r['wall'], '.1f'):>14} {fmt(r['in_process'], '.1f'):>12}")
+              f"{fmt(r['reached'], 'd'):>9} {fmt(r['wall'], '.1f'):>14} {fmt(r['in_process'], '.1f'):>12} "
+              f"{fmt(r['validation'], '.3f'):>12} {fmt(r['validation_share'], '.2f'):>6}")
     sides = ["medfast"] + (["MONAI"] if monai else [])
-    med = {s: {k: median_of(rows, s, k) for k in ("mean_epoch", "wall")} for s in sides}
+    med = {s: {k: median_of(rows, s, k) for k in ("mean_epoch", "wall", "validation", "validation_share")}
+           for s in sides}
     n_runs = len(rows) // len(sides)
     for s in sides:
         print(f"\nmedian {s}: {fmt(med[s]['mean_epoch'][0])} s per epoch; "
               f"wall to Dice {fmt(med[s]['wall'][0], '.1f')} s "
-              f"({med[s]['wall'][1]} of {n_runs} runs reached the target)", end="")
+              f"({med[s]['wall'][1]} of {n_runs} runs reached the target); validation "
+              f"{fmt(med[s]['validation'][0], '.3f')} s per epoch, {fmt(med[s]['validation_share'][0])} of it",
+              end="")
     print()
     if not monai:
         print("ratios: MONAI not measured (peer not found)")
         return
-    for key, name, goal in (("mean_epoch", "epoch time", 0.7), ("wall", "wall time to Dice", 0.75)):
+    for key, name, goal in (("mean_epoch", "epoch time", 0.7), ("wall", "wall time to Dice", 0.75),
+                            ("validation", "validation time per epoch", None)):
         m, o = med["medfast"][key][0], med["MONAI"][key][0]
         if m is None or o is None:
             print(f"{name}: n/a (a side never reached the target)")
             continue
-        print(f"{name}: medfast/MONAI {m / o:.2f}x (target <= {goal}x: {'met' if m / o <= goal else 'NOT met'})")
+        verdict = "" if goal is None else f" (target <= {goal}x: {'met' if m / o <= goal else 'NOT met'})"
+        print(f"{name}: medfast/MONAI {m / o:.2f}x{verdict}")
 
 
 def prepare(a, work):

@@ -308,11 +308,13 @@ def run(monai, config, base, seed, threads, run_dir, device=None, amp="fp32", re
         t0 = time.perf_counter()
         loss, steps, samples, wait = train_epoch(model, loader, keys, loss_fn, opt, device, amp, scaler)
         train_seconds = time.perf_counter() - t0
-        dice = None
+        dice, val_seconds = None, 0.0
         if val_ds is not None and ((epoch + 1) % interval == 0 or epoch + 1 == epochs):
+            v0 = time.perf_counter()
             dice = validate(monai, model, val_ds, keys, config, device, amp)
+            val_seconds = time.perf_counter() - v0
         rec = {"epoch": epoch + 1, "loss": loss, "dice": dice, "steps": steps, "samples": samples,
-               "train_seconds": train_seconds, "data_wait": wait,
+               "train_seconds": train_seconds, "validation_seconds": val_seconds, "data_wait": wait,
                "samples_per_second": samples / train_seconds if train_seconds > 0 else 0.0,
                "seconds": time.perf_counter() - t0, "elapsed": time.perf_counter() - start}
         improved = dice is not None and not math.isnan(dice) and dice > result["best_dice"]

@@ -136,6 +136,12 @@ TEST_P(Conformance, ConcurrentAndAsyncRequestsOnOneHandle) {
 TEST_P(Conformance, AForkedChildReadsThroughItsParentsHandle) {
 #if defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "ThreadSanitizer does not support threads started in a child of a threaded process";
+#elif defined(__SANITIZE_ADDRESS__)
+  // glibc's malloc takes its locks around fork; GCC 12's AddressSanitizer runtime (libasan.so.8,
+  // which has no fork interceptor) does not, so a child forked while a parent thread is inside
+  // the allocator hangs in its first allocation: this test hung so once in CI (2026-11-26) and
+  // passed on every rerun. The suites without sanitizers run it.
+  GTEST_SKIP() << "AddressSanitizer's allocator (GCC 12) is not fork-safe in a threaded process";
 #else
   const std::string data = random_bytes(2u << 20, 9);
   test::write_file(dir / "f", data);
