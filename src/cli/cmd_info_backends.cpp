@@ -11,8 +11,10 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
-#include "medfast/train/self_check.hpp"
+#include "medfast/nn/direct_conv.hpp"
 #include "medfast/os/process.hpp"
+#include "medfast/train/run_config.hpp"
+#include "medfast/train/self_check.hpp"
 
 namespace medfast::cli {
 
@@ -33,13 +35,16 @@ nlohmann::json libtorch_json() {
           {"blas", os::library_of_symbol("sgemm_")},
           {"cuda_devices", torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0},
           {"cudnn_built", at::globalContext().hasCuDNN()},
-          {"cudnn_enabled", at::globalContext().userEnabledCuDNN()}};
+          {"cudnn_enabled", at::globalContext().userEnabledCuDNN()},
+          {"direct_conv_isa", nn::direct_conv_isa()},
+          {"direct_conv_enabled", nn::direct_conv_enabled() && nn::direct_conv_isa() != "generic"}};
 }
 
 }  // namespace
 
 int check_backends(Context& ctx, bool json) {
   const bool enabled = ctx.settings.get_bool("self_check");
+  train::apply_conv_forward(ctx.settings);
   std::vector<std::pair<c10::Device, at::ScalarType>> runs{{c10::Device(c10::kCPU), at::kFloat},
                                                            {c10::Device(c10::kCPU), at::kBFloat16}};
   if (torch::cuda::is_available()) {
@@ -71,11 +76,13 @@ int check_backends(Context& ctx, bool json) {
       return !lib[built].get<bool>() ? absent : lib[enabled].get<bool>() ? "on" : "off";
     };
     const std::string blas = lib["blas"];
-    std::printf("libtorch %s, %d threads; oneDNN %s; BLAS %s; CUDA devices %d; cuDNN %s\n",
-                lib["libtorch"].get<std::string>().c_str(), lib["threads"].get<int>(),
-                state("onednn_built", "onednn_enabled", "not built in"),
-                blas.empty() ? "(libtorch's own)" : blas.c_str(), lib["cuda_devices"].get<int>(),
-                state("cudnn_built", "cudnn_enabled", "not available"));
+    std::printf(
+        "libtorch %s, %d threads; oneDNN %s; BLAS %s; CUDA devices %d; cuDNN %s; medfast's direct "
+        "convolution %s (%s)\n",
+        lib["libtorch"].get<std::string>().c_str(), lib["threads"].get<int>(),
+        state("onednn_built", "onednn_enabled", "not built in"), blas.empty() ? "(libtorch's own)" : blas.c_str(),
+        lib["cuda_devices"].get<int>(), state("cudnn_built", "cudnn_enabled", "not available"),
+        lib["direct_conv_enabled"].get<bool>() ? "on" : "off", lib["direct_conv_isa"].get<std::string>().c_str());
     for (const auto& r : reports) {
       std::printf("%s\n", r.summary().c_str());
       for (const auto& op : r.ops) {

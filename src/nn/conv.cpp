@@ -28,6 +28,9 @@ bool direct_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef st
   if (!direct_conv_enabled() || direct_conv_isa() == "generic") return false;
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return false;
   if (x.dim() != 5 || w.size(0) > kDirectMaxOutChannels || cpu_autocast()) return false;
+  // Channels-last stays libtorch's: it keeps that layout for the layers after (the kernel's
+  // output is contiguous).
+  if (x.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d) return false;
   for (const std::int64_t s : stride) {
     if (s != 1) return false;
   }
@@ -74,7 +77,10 @@ struct Conv3dStride1 : torch::autograd::Function<Conv3dStride1> {
     if (ctx->needs_input_grad(0)) {
       std::vector<std::int64_t> full(3);
       for (std::size_t i = 0; i < 3; ++i) full[i] = w.size(static_cast<std::int64_t>(i) + 2) - 1 - padding[i];
-      dx = conv3d_stride1(g, w.flip({2, 3, 4}).transpose(0, 1), {}, full);
+      const at::Tensor flipped = w.flip({2, 3, 4}).transpose(0, 1);
+      // Under create_graph the gradient needs a graph of its own: libtorch's convolution.
+      dx = at::GradMode::is_enabled() ? at::conv3d(g, flipped, {}, /*stride=*/1, full)
+                                      : conv3d_stride1(g, flipped, {}, full);
     }
     if (ctx->needs_input_grad(1)) {
       dw = std::get<1>(at::convolution_backward(g, x, w, c10::nullopt, {1, 1, 1}, padding, {1, 1, 1},

@@ -44,13 +44,15 @@ std::atomic<const Isa*> chosen{nullptr};
 const Isa& isa() {
   const Isa* i = chosen.load(std::memory_order_acquire);
   if (i == nullptr) {
-    i = best_isa();
-    chosen.store(i, std::memory_order_release);
+    const Isa* best = best_isa();
+    // A concurrent set_direct_conv_isa() wins over this default.
+    i = chosen.compare_exchange_strong(i, best, std::memory_order_acq_rel) ? best : i;
   }
   return *i;
 }
 
 std::atomic<bool> direct_on{true};
+std::atomic<bool> direct_faulty{false};
 
 }  // namespace
 
@@ -82,7 +84,13 @@ void set_direct_conv(bool on) {
   direct_on.store(on);
 }
 bool direct_conv_enabled() {
-  return direct_on.load(std::memory_order_relaxed);
+  return direct_on.load(std::memory_order_relaxed) && !direct_faulty.load(std::memory_order_relaxed);
+}
+void set_direct_conv_faulty(bool faulty) {
+  direct_faulty.store(faulty);
+}
+bool direct_conv_faulty() {
+  return direct_faulty.load(std::memory_order_relaxed);
 }
 
 at::Tensor direct_conv3d(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
@@ -92,8 +100,10 @@ at::Tensor direct_conv3d(const at::Tensor& input, const at::Tensor& weight, cons
               "direct_conv3d: float32 CPU tensors of 5 dimensions");
   TORCH_CHECK(input.size(1) == weight.size(1), "direct_conv3d: input channels ", input.size(1), ", weight's ",
               weight.size(1));
-  TORCH_CHECK(stride.size() == 3 && padding.size() == 3 && stride[2] >= 1 && stride[2] <= 2,
-              "direct_conv3d: stride and padding of 3, last stride 1 or 2");
+  TORCH_CHECK(stride.size() == 3 && padding.size() == 3 && stride[0] >= 1 && stride[1] >= 1 && stride[2] >= 1 &&
+                  stride[2] <= 2 && padding[0] >= 0 && padding[1] >= 0 && padding[2] >= 0,
+              "direct_conv3d: strides >= 1 (the last 1 or 2) and paddings >= 0, 3 of each");
+  TORCH_CHECK(weight.size(0) >= 1, "direct_conv3d: a weight of no output channels");
   const at::Tensor x = input.contiguous();
   const std::int64_t n = x.size(0), cin = x.size(1), cout = weight.size(0);
   std::int64_t xs[3], ks[3], ys[3];
@@ -128,8 +138,8 @@ at::Tensor direct_conv3d(const at::Tensor& input, const at::Tensor& weight, cons
     w = at::cat({w, at::zeros({blocks * block - cout, cin, ks[0], ks[1], ks[2]}, w.options())});
   const at::Tensor packed = w.view({blocks, block, cin, ks[0], ks[1], ks[2]}).permute({0, 2, 3, 4, 5, 1}).contiguous();
   const at::Tensor b = bias.defined() && bias.numel() > 0 ? bias.contiguous() : at::Tensor();
-  TORCH_CHECK(!b.defined() || (b.numel() == cout && b.scalar_type() == at::kFloat), "direct_conv3d: bias of ", cout,
-              " float32");
+  TORCH_CHECK(!b.defined() || (b.numel() == cout && b.scalar_type() == at::kFloat && b.device().is_cpu()),
+              "direct_conv3d: a bias of ", cout, " float32 on the CPU");
 
   at::Tensor y = at::empty({n, cout, ys[0], ys[1], ys[2]}, x.options());
   kernels::ConvArgs a{};

@@ -62,6 +62,8 @@ TEST(Cli, InfoBackendsReportsTheSelfCheckOfEveryDeviceAndDtype) {
   EXPECT_EQ(j["threads"], 1);
   EXPECT_FALSE(j["libtorch"].get<std::string>().empty());
   EXPECT_TRUE(j.contains("onednn_enabled"));
+  EXPECT_TRUE(j["direct_conv_isa"] == "generic" || j["direct_conv_isa"] == "avx2" || j["direct_conv_isa"] == "avx512")
+      << j.dump(2);
   EXPECT_FALSE(j.contains("error")) << j.dump(2);
   std::set<std::string> seen;
   std::size_t float32_ops = 0;
@@ -74,7 +76,8 @@ TEST(Cli, InfoBackendsReportsTheSelfCheckOfEveryDeviceAndDtype) {
     const auto direct = std::count_if(c["ops"].begin(), c["ops"].end(), [](const nlohmann::json& op) {
       return op["backend"].get<std::string>().rfind("medfast direct convolution", 0) == 0;
     });
-    EXPECT_TRUE(direct == 0 || (direct == 2 && c["dtype"] == "float32" && c["device"] == "cpu")) << c.dump(2);
+    const bool probed = j["direct_conv_isa"] != "generic" && c["dtype"] == "float32" && c["device"] == "cpu";
+    EXPECT_EQ(direct, probed ? 2 : 0) << c.dump(2);
     EXPECT_EQ(c["ops"].size(), 12u + static_cast<std::size_t>(direct));
     if (c["device"] == "cpu" && c["dtype"] == "float32") float32_ops = c["ops"].size();
     for (const auto& op : c["ops"]) {

@@ -129,7 +129,8 @@ TEST(Conv, Conv3dTakesLibtorchsBackwardOutsideItsCase) {
     EXPECT_TRUE(a.dx.equal(b.dx));
     EXPECT_TRUE(a.dw.equal(b.dw));
   }
-  // No gradient wanted: libtorch's forward, no graph.
+  // No gradient wanted: no graph (the forward is medfast's direct kernel for so few output
+  // channels, test_direct_conv.cpp, else libtorch's).
   Conv3d ours(torch::nn::Conv3dOptions(2, 2, 3).padding(1));
   torch::NoGradGuard no_grad;
   const at::Tensor y = ours->forward(at::randn({1, 2, 5, 5, 5}));

@@ -11,6 +11,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/nn/conv.hpp"
 #include "medfast/nn/direct_conv.hpp"
+#include "medfast/train/amp.hpp"
 #include "test_util.hpp"
 
 namespace medfast::nn {
@@ -60,6 +61,8 @@ TEST_F(DirectConv, EqualsFloat64ConvolutionOnEveryInstructionSet) {
       {{1, 2, 6, 6, 12}, 4, {3, 3, 3}, {1, 1, 1}, {2, 0, 3}, true},
       {{2, 1, 9, 8, 40}, 4, {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, true},
       {{1, 2, 5, 5, 3}, 1, {3, 3, 3}, {1, 1, 1}, {0, 0, 0}, true},
+      {{1, 2, 7, 8, 19}, 3, {5, 5, 5}, {1, 1, 1}, {2, 2, 2}, true},
+      {{1, 3, 6, 6, 21}, 2, {3, 3, 3}, {2, 1, 2}, {1, 1, 1}, false},
   };
   torch::manual_seed(3);
   for (const std::string& isa : isas()) {
@@ -132,6 +135,9 @@ TEST_F(DirectConv, Conv3dTakesItForFewOutputChannelsWithoutGradients) {
     conv->eval();
     const at::Tensor direct = direct_conv3d(x, conv->weight, conv->bias, {1, 1, 1}, {1, 1, 1});
     const at::Tensor libtorch = at::conv3d(x, conv->weight, conv->bias, 1, 1);
+    // The two differ in their last bits somewhere (their sums' order), or the checks below
+    // could not tell which one ran.
+    ASSERT_FALSE(at::equal(direct, libtorch)) << out;
     for (const bool inference : {true, false}) {
       at::Tensor y;
       if (inference) {
@@ -155,6 +161,22 @@ TEST_F(DirectConv, Conv3dTakesItForFewOutputChannelsWithoutGradients) {
       EXPECT_TRUE(at::equal(conv->forward(x), libtorch)) << out;
     }
     set_direct_conv(true);
+  }
+  // Channels-last input keeps libtorch's kernel, and the layout libtorch gives its output
+  // (channels-last where this libtorch keeps it) for the layers after.
+  Conv3d two(torch::nn::Conv3dOptions(3, 2, 3).padding(1));
+  {
+    c10::InferenceMode guard;
+    const at::Tensor cl = x.contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor y = two->forward(cl), ref = at::conv3d(cl, two->weight, two->bias, 1, 1);
+    EXPECT_EQ(y.strides(), ref.strides());
+    EXPECT_TRUE(at::equal(y, ref));
+  }
+  // Under CPU autocast: libtorch's convolution in bfloat16, as autocast asks.
+  {
+    c10::InferenceMode guard;
+    train::AutocastGuard autocast(c10::DeviceType::CPU, train::Precision::bf16);
+    EXPECT_EQ(two->forward(x).scalar_type(), at::kBFloat16);
   }
   // A strided convolution, and a float64 one: libtorch's.
   Conv3d strided(torch::nn::Conv3dOptions(3, 2, 3).stride(2).padding(1));
@@ -182,6 +204,9 @@ TEST_F(DirectConv, UnknownOrMissingInstructionSetsAndBadShapesAreRefused) {
   EXPECT_THROW(direct_conv3d(x, at::randn({2, 3, 3, 3, 3}), {}, {1, 1, 3}, {1, 1, 1}), c10::Error);  // stride 3
   EXPECT_THROW(direct_conv3d(x, at::randn({2, 3, 7, 3, 3}), {}, {1, 1, 1}, {1, 1, 1}), c10::Error);  // kernel > input
   EXPECT_THROW(direct_conv3d(x, at::randn({2, 3, 3, 3, 3}), at::randn({3}), {1, 1, 1}, {1, 1, 1}), c10::Error);
+  EXPECT_THROW(direct_conv3d(x, at::randn({2, 3, 3, 3, 3}), {}, {0, 1, 1}, {1, 1, 1}), c10::Error);   // stride 0
+  EXPECT_THROW(direct_conv3d(x, at::randn({2, 3, 3, 3, 3}), {}, {1, 1, 1}, {1, -1, 1}), c10::Error);  // padding
+  EXPECT_THROW(direct_conv3d(x, at::randn({0, 3, 3, 3, 3}), {}, {1, 1, 1}, {1, 1, 1}), c10::Error);   // no outputs
 }
 
 }  // namespace

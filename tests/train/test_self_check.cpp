@@ -31,9 +31,11 @@ class SelfCheck : public ::testing::Test {
     mkldnn_was_ = at::globalContext().userEnabledMkldnn();
     direct_was_ = nn::direct_conv_enabled();
     nn::set_direct_conv(true);
+    nn::set_direct_conv_faulty(false);
   }
   void TearDown() override {
     at::globalContext().setUserEnabledMkldnn(mkldnn_was_);
+    nn::set_direct_conv_faulty(false);
     nn::set_direct_conv(direct_was_);
   }
   /// oneDNN on, as on a machine nothing was switched off on; skips where it is not built in.
@@ -136,6 +138,9 @@ TEST_F(SelfCheck, FaultyDirectConvolutionIsSwitchedOffAndOnlyIt) {
   const bool onednn = at::globalContext().userEnabledMkldnn();
   const SelfCheckReport r = run_self_check(o);
   EXPECT_TRUE(r.passed()) << r.summary();
+  EXPECT_TRUE(nn::direct_conv_faulty());
+  EXPECT_FALSE(nn::direct_conv_enabled());
+  nn::set_direct_conv(true);  // a later run's conv_forward: auto does not bring it back
   EXPECT_FALSE(nn::direct_conv_enabled());
   EXPECT_EQ(at::globalContext().userEnabledMkldnn(), onednn);
   ASSERT_EQ(r.switched_off, std::vector<std::string>{kDirect});
@@ -147,6 +152,17 @@ TEST_F(SelfCheck, FaultyDirectConvolutionIsSwitchedOffAndOnlyIt) {
   EXPECT_EQ(r.ops.size(), 12u);  // checked again without it
   const std::string s = r.summary();
   EXPECT_NE(s.find("medfast direct convolution switched off for this process"), std::string::npos) << s;
+}
+
+TEST_F(SelfCheck, TheDirectConvolutionIsCheckedEvenWhileItsSettingIsOff) {
+  if (!probes_direct(at::kFloat)) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512";
+  // conv_forward: libtorch for the first run of a process, auto for a later one: the check,
+  // which runs once, must have covered the kernel the later run uses.
+  nn::set_direct_conv(false);
+  SelfCheckOptions o;
+  const SelfCheckReport r = run_self_check(o);
+  EXPECT_EQ(r.ops.size(), 14u);
+  EXPECT_TRUE(r.passed()) << r.summary();
 }
 
 TEST_F(SelfCheck, WrongMathNothingCanSwitchOffStopsWithTheReason) {

@@ -27,9 +27,13 @@ std::string direct_conv_isa();
 void set_direct_conv_isa(const std::string& name);
 bool direct_conv_isa_available(const std::string& name);
 
-/// Whether the networks' convolutions use the direct kernel where it applies (the
-/// conv_forward setting; on by default).
+/// Whether the networks' convolutions use the direct kernel where it applies: the
+/// conv_forward setting (on by default), and not found faulty.
 void set_direct_conv(bool on);
 bool direct_conv_enabled();
+/// The start-up self-check's verdict: a faulty kernel stays off for the process whatever
+/// set_direct_conv() says later (tests reset it).
+void set_direct_conv_faulty(bool faulty);
+bool direct_conv_faulty();
 
 }  // namespace medfast::nn
