@@ -37,7 +37,7 @@ nlohmann::json libtorch_json() {
           {"cudnn_built", at::globalContext().hasCuDNN()},
           {"cudnn_enabled", at::globalContext().userEnabledCuDNN()},
           {"direct_conv_isa", nn::direct_conv_isa()},
-          {"direct_conv_enabled", nn::direct_conv_enabled() && nn::direct_conv_isa() != "generic"}};
+          {"direct_conv_enabled", nn::direct_conv_enabled()}};
 }
 
 }  // namespace

@@ -22,10 +22,10 @@ bool cpu_autocast() {
 }
 
 // The direct kernel (direct_conv.hpp) where it is measured faster than libtorch's: float32 on
-// the CPU outside autocast, a CPU with AVX2 or AVX-512, stride 1, at most
+// the CPU outside autocast, where it is enabled (on a CPU with AVX2 or AVX-512), stride 1, at most
 // kDirectMaxOutChannels output channels; groups, dilation and padding mode are the caller's.
 bool direct_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef stride) {
-  if (!direct_conv_enabled() || direct_conv_isa() == "generic") return false;
+  if (!direct_conv_enabled()) return false;
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return false;
   if (x.dim() != 5 || w.size(0) > kDirectMaxOutChannels || cpu_autocast()) return false;
   // Channels-last stays libtorch's: it keeps that layout for the layers after (the kernel's
@@ -132,10 +132,15 @@ at::Tensor bias_argument(const at::Tensor& bias) {
 
 std::atomic<bool> custom_backward_on{true};
 
+// A gradient to compute: grad mode on and a tensor that requires one.
+bool needs_grad(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
+  return at::GradMode::is_enabled() &&
+         (input.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
+}
+
 // Float32 on the CPU, with a gradient to compute.
 bool wants_custom_backward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) {
-  if (!at::GradMode::is_enabled() || !custom_backward_on.load(std::memory_order_relaxed)) return false;
-  if (!input.requires_grad() && !weight.requires_grad() && !(bias.defined() && bias.requires_grad())) return false;
+  if (!custom_backward_on.load(std::memory_order_relaxed) || !needs_grad(input, weight, bias)) return false;
   return input.device().is_cpu() && input.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat;
 }
 
@@ -204,9 +209,7 @@ at::Tensor Conv3dImpl::run(const at::Tensor& input) {
   }
   // No gradient to compute (validation, inference), or libtorch's backward asked for: the
   // direct kernel only where nothing needs a gradient.
-  const bool needs_grad = at::GradMode::is_enabled() &&
-                          (input.requires_grad() || weight.requires_grad() || (bias.defined() && bias.requires_grad()));
-  if (!needs_grad && stride1 && direct_applies(input, weight, *options.stride())) {
+  if (!needs_grad(input, weight, bias) && stride1 && direct_applies(input, weight, *options.stride())) {
     return direct_conv3d(input, weight, bias, {1, 1, 1}, padding);
   }
   return torch::nn::Conv3dImpl::forward(input);

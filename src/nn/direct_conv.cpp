@@ -84,7 +84,8 @@ void set_direct_conv(bool on) {
   direct_on.store(on);
 }
 bool direct_conv_enabled() {
-  return direct_on.load(std::memory_order_relaxed) && !direct_faulty.load(std::memory_order_relaxed);
+  return direct_on.load(std::memory_order_relaxed) && !direct_faulty.load(std::memory_order_relaxed) &&
+         &isa() != &kGeneric;
 }
 void set_direct_conv_faulty(bool faulty) {
   direct_faulty.store(faulty);

@@ -17,7 +17,6 @@
 
 #include "medfast/core/log.hpp"
 #include "medfast/io/tensor_io.hpp"
-#include "medfast/nn/conv.hpp"
 #include "medfast/nn/direct_conv.hpp"
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/os/process.hpp"

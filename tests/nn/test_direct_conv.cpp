@@ -17,13 +17,13 @@
 namespace medfast::nn {
 namespace {
 
-/// Restores the instruction set and the on/off switch each test may change.
+/// Leaves the instruction set and the on/off switch at their defaults (auto, on), which
+/// tests change.
 class DirectConv : public ::testing::Test {
  protected:
-  void SetUp() override { enabled_ = direct_conv_enabled(); }
   void TearDown() override {
     set_direct_conv_isa("auto");
-    set_direct_conv(enabled_);
+    set_direct_conv(true);
   }
   static std::vector<std::string> isas() {
     std::vector<std::string> out;
@@ -32,7 +32,6 @@ class DirectConv : public ::testing::Test {
     }
     return out;
   }
-  bool enabled_ = true;
 };
 
 struct Case {
@@ -162,6 +161,16 @@ TEST_F(DirectConv, Conv3dTakesItForFewOutputChannelsWithoutGradients) {
     }
     set_direct_conv(true);
   }
+  // With the generic (SSE2) kernels only, the networks keep libtorch's (it was faster).
+  set_direct_conv_isa("generic");
+  EXPECT_FALSE(direct_conv_enabled());
+  {
+    Conv3d conv(torch::nn::Conv3dOptions(3, 2, 3).padding(1));
+    c10::InferenceMode guard;
+    EXPECT_TRUE(at::equal(conv->forward(x), at::conv3d(x, conv->weight, conv->bias, 1, 1)));
+  }
+  set_direct_conv_isa("auto");
+  EXPECT_TRUE(direct_conv_enabled());
   // Channels-last input keeps libtorch's kernel, and the layout libtorch gives its output
   // (channels-last where this libtorch keeps it) for the layers after.
   Conv3d two(torch::nn::Conv3dOptions(3, 2, 3).padding(1));

@@ -23,20 +23,19 @@ bool probes_direct(at::ScalarType dtype) {
   return dtype == at::kFloat && nn::direct_conv_isa() != "generic";
 }
 
-/// Each test leaves oneDNN and the direct convolution as it found them (a check may switch
-/// either off for the process).
+/// Each test leaves oneDNN as it found it and the direct convolution at its default (on, not
+/// faulty): a check may switch either off for the process.
 class SelfCheck : public ::testing::Test {
  protected:
   void SetUp() override {
     mkldnn_was_ = at::globalContext().userEnabledMkldnn();
-    direct_was_ = nn::direct_conv_enabled();
     nn::set_direct_conv(true);
     nn::set_direct_conv_faulty(false);
   }
   void TearDown() override {
     at::globalContext().setUserEnabledMkldnn(mkldnn_was_);
     nn::set_direct_conv_faulty(false);
-    nn::set_direct_conv(direct_was_);
+    nn::set_direct_conv(true);
   }
   /// oneDNN on, as on a machine nothing was switched off on; skips where it is not built in.
   bool with_onednn() {
@@ -45,7 +44,6 @@ class SelfCheck : public ::testing::Test {
     return true;
   }
   bool mkldnn_was_ = true;
-  bool direct_was_ = true;
 };
 
 TEST_F(SelfCheck, RightBackendsPassEveryOpWithinItsBound) {
