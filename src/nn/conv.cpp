@@ -12,6 +12,10 @@
 
 #include "medfast/nn/direct_conv.hpp"
 
+// ConvTranspose3d's custom backward (ConvTranspose3dByConv): libtorch 1.x only. The one
+// definition behind transposed_conv_custom_backward() and the code that is compiled for it.
+#define MEDFAST_TRANSPOSED_CONV_CUSTOM_BACKWARD (TORCH_VERSION_MAJOR < 2)
+
 namespace medfast::nn {
 
 namespace {
@@ -180,7 +184,7 @@ void set_custom_conv_backward(bool on) {
 }
 
 bool transposed_conv_custom_backward() {
-  return TORCH_VERSION_MAJOR < 2;
+  return MEDFAST_TRANSPOSED_CONV_CUSTOM_BACKWARD;
 }
 
 at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
@@ -225,7 +229,7 @@ at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::opti
 }
 
 at::Tensor ConvTranspose3dImpl::run(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {
-#if TORCH_VERSION_MAJOR < 2  // transposed_conv_custom_backward(); not instantiated where unused
+#if MEDFAST_TRANSPOSED_CONV_CUSTOM_BACKWARD  // not instantiated where unused
   const auto* pad = numeric_padding(options);
   if (!output_size.has_value() && pad != nullptr && plain_geometry(options) &&
       wants_custom_backward(input, weight, bias)) {
