@@ -448,24 +448,6 @@ TEST_P(CacheFirst, APageTheKernelDroppedCostsOnlyItsBlock) {
   EXPECT_LT(f.page_cache_bytes(), data.size()) << "the dropped block came from the cache";
 }
 
-TEST_P(CacheFirst, ErrorsOfCachedReadsNameTheFile) {
-  const std::string data = random_bytes(1u << 20, 23);
-  test::write_file(dir / "f", data);
-  FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
-  os::testing::ScopedHook hook([](os::Op op, const std::string&, std::uint64_t offset, std::size_t) {
-    os::testing::HookResult r;
-    if (op == os::Op::read && offset >= 300000) r.error = EIO;
-    return r;
-  });
-  std::string out(data.size(), '\0');
-  try {
-    f.read(out.data(), out.size(), 0);
-    ADD_FAILURE() << "no error";
-  } catch (const OsError& e) {
-    EXPECT_NE(std::string(e.what()).find(dir / "f"), std::string::npos) << e.what();
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Backends, CacheFirst, ::testing::Values("odirect", "io_uring"));
 
 TEST(IoBackend, ForcingSelectsTheBackendThroughTheEnvironment) {
