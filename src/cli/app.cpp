@@ -56,7 +56,7 @@ const std::vector<std::pair<std::string, std::string>>& torch_commands() {
       {"data", "Datasets"},
       {"bench", "Built-in benchmarks"},
       {"train", "Train a segmentation network (no --config: the built-in default on a synthetic dataset)"},
-      {"infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid"},
+      {"infer", "Segment NIfTI files or DICOM series with a checkpoint; predictions (NIfTI) on the input's grid"},
       {"eval", "Dice per case and mean of a checkpoint on a config's validation items"},
       {"export", "A checkpoint's network for MONAI: model.pt (state_dict) and a bundle config"},
       {"plan", "Plan a run from a dataset (nnU-Net's rules): spacing, normalization, patch, batch, network"},

@@ -424,13 +424,16 @@ Command register_train(CLI::App& root) {
 
 Command register_infer(CLI::App& root) {
   auto a = std::make_shared<InferArgs>();
-  auto* app = root.add_subcommand("infer", "Segment NIfTI files with a checkpoint; predictions on the input's grid");
+  auto* app = root.add_subcommand(
+      "infer", "Segment NIfTI files or DICOM series with a checkpoint; predictions (NIfTI) on the input's grid");
   app->add_option("--checkpoint", a->checkpoint, "A checkpoint written by medfast train")->check(CLI::ExistingFile);
   app->add_option("--config", a->config,
                   "Instead of --checkpoint: a run config whose model.pretrained names a MONAI state_dict (its "
                   "deterministic chain and sliding window are used)")
       ->check(CLI::ExistingFile);
-  app->add_option("--input", a->inputs, "NIfTI file or folder of them (repeatable)")->required();
+  app->add_option("--input", a->inputs,
+                  "NIfTI file, folder of them, or DICOM series (its folder, or a multi-frame file) (repeatable)")
+      ->required();
   app->add_option("--output", a->output, "Output folder (<name>_seg.nii.gz per input)")->required();
   app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();

@@ -16,6 +16,17 @@ dicom::ReadOptions ImageReadOptions::dicom_options() const {
 
 bool is_dicom(const std::string& path) { return dicom::looks_like_dicom(path); }
 
+VolumeMeta dicom_volume_meta(const Affine& affine, const std::string& source) {
+  VolumeMeta m;
+  m.source = source;
+  m.qform_code = 1;  // scanner anatomical coordinates
+  m.sform_code = 1;
+  m.xyzt_units = 2;  // mm
+  const auto sp = affine.spacing();
+  m.pixdim = {1, sp[0], sp[1], sp[2], 1, 1, 1, 1};
+  return m;
+}
+
 Volume volume_from_dicom(dicom::Image image, const std::string& source) {
   const at::ScalarType type = image.dtype == "int16" ? at::kShort : image.dtype == "float32" ? at::kFloat : at::kByte;
   const std::size_t capacity = image.storage.size();
@@ -27,12 +38,7 @@ Volume volume_from_dicom(dicom::Image image, const std::string& source) {
   Volume v;
   v.data = stored.permute({2, 1, 0});
   v.affine = image.affine;
-  v.meta.source = source;
-  v.meta.qform_code = 1;  // scanner anatomical coordinates
-  v.meta.sform_code = 1;
-  v.meta.xyzt_units = 2;  // mm
-  const auto sp = image.affine.spacing();
-  v.meta.pixdim = {1, sp[0], sp[1], sp[2], 1, 1, 1, 1};
+  v.meta = dicom_volume_meta(image.affine, source);
   v.meta.dicom = image.series;
   return v;
 }

@@ -1,6 +1,6 @@
 // `medfast eval` and `medfast infer`: a checkpoint's network over a config's
-// validation items (Dice per case) or over NIfTI files (predictions written
-// on the input's own grid).
+// validation items (Dice per case) or over images, NIfTI or DICOM (predictions
+// written as NIfTI on the input's own grid).
 #include <torch/torch.h>
 
 #include "detail.hpp"
@@ -11,7 +11,9 @@
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <optional>
+#include <set>
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
@@ -210,36 +212,121 @@ nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& 
   return out;
 }
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
-  std::vector<std::string> files;
-  auto is_nifti = [](const std::string& n) {
-    auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
-    return ends(".nii") || ends(".nii.gz");
-  };
-  for (const auto& in : inputs) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (const auto& e : std::filesystem::directory_iterator(in)) {
-        if (e.is_regular_file() && is_nifti(e.path().filename().string())) found.push_back(e.path().string());
-      }
-      std::sort(found.begin(), found.end());
-      if (found.empty()) throw ValueError(str("--input ", in, ": the folder has no .nii or .nii.gz files"));
-      files.insert(files.end(), found.begin(), found.end());
-    } else {
-      if (!os::exists(in)) throw ValueError(str("--input ", in, ": no such file or folder"));
-      if (!is_nifti(in)) throw ValueError(str("--input ", in, ": not a .nii or .nii.gz file"));
-      files.push_back(in);
-    }
-  }
-  return files;
+bool ends_with(const std::string& s, const std::string& end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+bool is_nifti_name(const std::string& name) {
+  return ends_with(name, ".nii") || ends_with(name, ".nii.gz");
 }
 
-std::string output_name(const std::string& input, const std::string& suffix) {
-  std::string name = std::filesystem::path(input).filename().string();
-  std::string ext = ".nii";
-  if (name.size() > 7 && name.compare(name.size() - 7, 7, ".nii.gz") == 0) ext = ".nii.gz";
-  return name.substr(0, name.size() - ext.size()) + suffix + ext;
+// `path` without trailing separators ("case/CT/" -> "case/CT"), so that its last component
+// names it.
+std::string without_trailing_slash(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+// One image --input names and the name of its output file (before the suffix).
+struct InputImage {
+  std::string path;
+  std::string stem;       // the output's name: <stem><suffix><extension>
+  std::string extension;  // ".nii" or ".nii.gz" (DICOM: .nii.gz)
+};
+
+// A NIfTI file's input, named after it.
+InputImage nifti_input(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  const std::string ext = ends_with(name, ".nii.gz") ? ".nii.gz" : ".nii";
+  return {path, name.substr(0, name.size() - ext.size()), ext};
+}
+
+// The last component of a folder's path, also for "." or "case/CT/." ("image" for the root).
+std::string folder_name(const std::string& folder) {
+  std::filesystem::path p = std::filesystem::path(os::absolute_path(folder)).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  return name.empty() || name == "/" ? "image" : name;
+}
+
+// A DICOM image file (not a SEG or RT Structure Set).
+bool dicom_image_file(const std::string& path) {
+  return !is_nifti_name(path) && dicom::looks_like_dicom(path) && !dicom::is_seg_file(path);
+}
+
+// The images --input names, in order: a NIfTI file; a folder's .nii/.nii.gz files (sorted);
+// a DICOM series: a folder that holds its files (read as LoadImage reads a folder), named
+// after the folder, or a DICOM file (a multi-frame image), named after the file; a folder
+// of neither: every folder below it that holds DICOM image files, one series each, named by
+// its path below the given folder ("case_000/CT" -> "case_000_CT"). ValueError naming the
+// input and what was expected.
+std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
+  std::vector<InputImage> images;
+  for (const auto& given : inputs) {
+    const std::string in = without_trailing_slash(given);
+    if (!os::exists(in)) throw ValueError(str("--input ", given, ": no such file or folder"));
+    if (!os::stat(in).is_directory) {
+      if (is_nifti_name(in)) {
+        images.push_back(nifti_input(in));
+      } else if (dicom::looks_like_dicom(in)) {
+        if (dicom::is_seg_file(in)) {
+          throw ValueError(str("--input ", given, ": a DICOM SEG or RT Structure Set holds labels, not an image ",
+                               "(expected an image series: its folder, or a multi-frame file)"));
+        }
+        const std::string name = std::filesystem::path(in).filename().string();
+        images.push_back(
+            {in, ends_with(name, ".dcm") && name.size() > 4 ? name.substr(0, name.size() - 4) : name, ".nii.gz"});
+      } else {
+        throw ValueError(str("--input ", given, ": not a .nii or .nii.gz file, nor a DICOM file"));
+      }
+      continue;
+    }
+    std::vector<std::string> own_files;  // the folder's own files (list_directory sorts)
+    std::size_t nifti = 0;
+    for (const auto& name : os::list_directory(in)) {
+      const std::string path = in + "/" + name;
+      if (!os::stat(path).is_regular) continue;
+      if (is_nifti_name(name)) {
+        images.push_back(nifti_input(path));
+        ++nifti;
+      }
+      own_files.push_back(path);
+    }
+    if (nifti > 0) continue;
+    if (std::any_of(own_files.begin(), own_files.end(), dicom_image_file)) {
+      images.push_back({in, folder_name(in), ".nii.gz"});
+      continue;
+    }
+    // The folders below that hold DICOM image files, in path order.
+    std::set<std::string> series_folders;
+    std::size_t found = 0;
+    for (const auto& f : dicom::files_of(in)) {
+      const std::string folder = os::parent_directory(f);
+      if (series_folders.count(folder) || folder.size() <= in.size() || !dicom_image_file(f)) continue;
+      series_folders.insert(folder);
+      std::string stem = folder.substr(in.size() + 1);
+      std::replace(stem.begin(), stem.end(), '/', '_');
+      images.push_back({folder, stem, ".nii.gz"});
+      ++found;
+    }
+    if (found == 0) {
+      throw ValueError(str("--input ", given, ": the folder has no .nii or .nii.gz files and no DICOM images, ",
+                           "in it or below it (expected NIfTI images, or DICOM series)"));
+    }
+  }
+  return images;
+}
+
+// The grid the labels are written on, the input's: a NIfTI file's header; a DICOM series'
+// geometry as LoadImage read it (the series travels in the volume's meta through the chain).
+VolumeHeader input_grid(const std::string& file, const Volume& loaded) {
+  if (is_nifti_name(file)) return read_nifti_header(file);
+  const std::shared_ptr<const dicom::Series>& series = loaded.meta.dicom;
+  if (!series) throw Error(str(file, ": read as DICOM, but the deterministic chain's output kept no DICOM series"));
+  VolumeHeader h;
+  h.shape = {series->columns, series->rows, static_cast<std::int64_t>(series->slices.size())};
+  h.affine = series->affine();
+  h.meta = dicom_volume_meta(h.affine, file);
+  return h;
 }
 
 }  // namespace
@@ -257,7 +344,20 @@ nlohmann::json InferCase::to_json() const {
 std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
                              const std::string& output_dir, const InferOptions& o, const Settings& settings,
                                const std::function<void(const std::string&)>& message) {
-  const std::vector<std::string> files = expand_inputs(inputs);
+  const std::vector<InputImage> images = expand_inputs(inputs);
+  // Two inputs of one name would write one output file, the second over the first.
+  std::vector<std::string> files, outputs;
+  std::map<std::string, std::string> input_of;  // output name -> input
+  for (const auto& image : images) {
+    const std::string name = image.stem + o.suffix + image.extension;
+    const auto [at, fresh] = input_of.emplace(name, image.path);
+    if (!fresh) {
+      throw ValueError(str("--input ", at->second, " and ", image.path, " would both be written to ", output_dir, "/",
+                           name, ": infer them in separate runs (another --output)"));
+    }
+    files.push_back(image.path);
+    outputs.push_back(output_dir + "/" + name);
+  }
   const c10::Device device = detail::usable_device(o.device, "--device");
   if (checkpoint.empty() && o.config.is_null()) throw ValueError("infer: pass --checkpoint, or --config with model.pretrained");
   Loaded net = checkpoint.empty() ? load_pretrained(o.config, o.config_path, device)
@@ -308,7 +408,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     Prepared p;
     p.sample.meta = {{image_key, file}};
     chain.apply(p.sample);
-    p.original = read_nifti_header(file);
+    p.original = input_grid(file, p.sample.volume(image_key));
     if (p.original.shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
     p.read_seconds = seconds_since(started);
     return p;
@@ -391,7 +491,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
       at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
       c.infer_seconds = seconds_since(started);
       finish_write();  // the previous file's
-      c.output = output_dir + "/" + output_name(file, o.suffix);
+      c.output = outputs[i];
       writing = std::async(std::launch::async, [&write, labels = std::move(labels), affine = img.affine,
                                                 original = std::move(p.original), path = c.output] {
         return write(labels, affine, original, path);

@@ -18,22 +18,23 @@
 #include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/data/synth.hpp"
+#include "medfast/image/image_file.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/io/trace_file.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/nn/pretrained.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/profile/events.hpp"
-#include "medfast/nn/network.hpp"
 #include "medfast/train/checkpoint.hpp"
+#include "medfast/train/evaluate.hpp"
+#include "medfast/train/export.hpp"
 #include "medfast/train/losses.hpp"
+#include "medfast/train/nonfinite.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
-#include "medfast/train/evaluate.hpp"
-#include "medfast/train/export.hpp"
-#include "medfast/nn/pretrained.hpp"
-#include "medfast/train/nonfinite.hpp"
 #include "medfast/train/trainer.hpp"
 #include "profile/tfevents_reader.hpp"
 #include "test_util.hpp"
@@ -825,6 +826,65 @@ TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
   for (const auto& name : os::list_directory(dir / "mixed")) {
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << "a temporary file was left: " << name;
   }
+}
+
+// infer takes a DICOM series (its folder, with or without a trailing slash) as LoadImage does:
+// the labels of the same image converted to NIfTI, on the series' grid, written as
+// <folder>_seg.nii.gz; a folder above series infers each series below it. Refused before
+// anything is written, naming the input: two series of one folder name (one output file),
+// a SEG, a folder without images, a file of neither format.
+TEST(Trainer, InferTakesDicomSeries) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  SynthOptions so;
+  so.out_dir = dir / "dcm";
+  so.set_cases(2).set_format("dicom").set_size("40,40,12-14").set_spacing({2.0, 2.0, 3.0});
+  so.seed = 3;
+  synthesize_dataset(so);
+  const std::string series = dir / "dcm/case_000/CT";
+  const Volume image = read_image(series);
+  os::make_directories(dir / "nii");
+  write_nifti(dir / "nii/CT.nii.gz", image);
+  const std::string ckpt = dir / "run/last.ckpt";
+  const auto from_dicom = infer(ckpt, {series + "/"}, dir / "out", InferOptions{}, one_thread());
+  const auto from_nifti = infer(ckpt, {dir / "nii/CT.nii.gz"}, dir / "ref", InferOptions{}, one_thread());
+  ASSERT_EQ(from_dicom.size(), 1u);
+  EXPECT_EQ(from_dicom[0].output, dir / "out/CT_seg.nii.gz");
+  const Volume got = read_nifti(from_dicom[0].output), want = read_nifti(from_nifti.at(0).output);
+  EXPECT_EQ(got.shape(), image.shape());
+  EXPECT_LE(got.affine.max_abs_diff(image.affine), 1e-4)
+      << got.affine.to_string() << " vs " << image.affine.to_string();
+  EXPECT_EQ(got.affine.max_abs_diff(want.affine), 0.0);
+  EXPECT_EQ(got.data.scalar_type(), at::kByte);
+  EXPECT_TRUE(at::equal(got.data, want.data)) << (got.data != want.data).sum().item<std::int64_t>() << " voxels differ";
+  // The dataset's root: every series below it, named by its path there.
+  const auto all = infer(ckpt, {dir / "dcm"}, dir / "all", InferOptions{}, one_thread());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].input, series);
+  EXPECT_EQ(all[0].output, dir / "all/case_000_CT_seg.nii.gz");
+  EXPECT_EQ(all[1].output, dir / "all/case_001_CT_seg.nii.gz");
+  EXPECT_TRUE(at::equal(read_nifti(all[0].output).data, got.data));
+
+  const auto refused = [&](const std::vector<std::string>& inputs, const std::vector<std::string>& fragments) {
+    try {
+      infer(ckpt, inputs, dir / "refused", InferOptions{}, one_thread());
+      ADD_FAILURE() << "no error for " << inputs.front();
+    } catch (const ValueError& e) {
+      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(os::exists(dir / "refused")) << "written before the inputs were checked";
+  };
+  refused({series, dir / "dcm/case_001/CT"},
+          {series, dir / "dcm/case_001/CT", "would both be written", "CT_seg.nii.gz"});
+  refused({dir / "nii/CT.nii.gz", dir / "nii/CT.nii.gz"}, {"would both be written"});
+  refused({dir / "dcm/case_000/seg.dcm"}, {"case_000/seg.dcm", "SEG"});
+  os::make_directories(dir / "empty");
+  test::write_file(dir / "empty/notes.txt", "no images here");
+  refused({dir / "empty"}, {"empty", "no .nii or .nii.gz files and no DICOM images"});
+  refused({dir / "empty/notes.txt"}, {"notes.txt", "not a .nii or .nii.gz file, nor a DICOM file"});
+  refused({dir / "missing"}, {"missing", "no such file or folder"});
 }
 
 // DynUNet with deep supervision trains (the heads' losses weighted as nnU-Net's), validates

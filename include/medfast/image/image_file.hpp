@@ -32,6 +32,10 @@ Volume read_image(const std::string& path, const ImageReadOptions& options = {})
 /// DICOM series the SEG references).
 Volume read_seg_volume(const std::string& file, const Volume& reference, const ImageReadOptions& options = {});
 
+/// The meta of a volume read from DICOM with this affine (NIfTI's scanner-anatomical qform and
+/// sform, millimetres, pixdim from the affine), read from `source`; meta.dicom left empty.
+VolumeMeta dicom_volume_meta(const Affine& affine, const std::string& source);
+
 /// A decoded DICOM image as a Volume (adopts the buffer).
 Volume volume_from_dicom(dicom::Image image, const std::string& source);
 

@@ -45,10 +45,13 @@ struct EvalOptions {
 EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const std::string& path,
                     const Settings& settings, const EvalOptions& options = {});
 
-/// `infer`: runs a checkpoint's network over NIfTI files with the deterministic chain
-/// the checkpoint was trained with (without its label steps), sliding-window, argmax,
-/// and writes each prediction (uint8 labels) with the input's own grid and affine to
-/// `output_dir/<name>` (written atomically). Returns the files written.
+/// `infer`: runs a checkpoint's network over images (NIfTI files, folders of them, DICOM
+/// series: a folder or a multi-frame file) with the deterministic chain the checkpoint was
+/// trained with (without its label steps), sliding-window, argmax, and writes each
+/// prediction (uint8 labels, NIfTI) with the input's own grid and affine to
+/// `output_dir/<name><suffix>.nii[.gz]` (written atomically; a DICOM input's name is its
+/// folder's or file's, written .nii.gz). Inputs that would write one output name are refused
+/// before any work. Returns the files written.
 struct InferOptions {
   std::string device = "cpu";
   nlohmann::json amp = false;
