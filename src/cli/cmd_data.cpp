@@ -102,9 +102,10 @@ Command register_data(CLI::App& root) {
                     "CT: Hounsfield units; MR: T1-like intensities, 0 outside the body, scaled per case (NIfTI only)")
       ->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed: the same seed writes the same files")->capture_default_str();
-  synth->add_option("--format", a->format,
-                    "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder and a DICOM SEG "
-                    "with segment GTV-1)")
+  synth
+      ->add_option("--format", a->format,
+                   "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder, and the lesion as "
+                   "segment GTV-1 of a DICOM SEG and as RT Structure Set contours)")
       ->capture_default_str();
   synth->add_flag("--json", a->json, "Print JSON");
 

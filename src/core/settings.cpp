@@ -69,7 +69,8 @@ std::vector<SettingDef> make_defs() {
              "tensor file I/O backend (auto: io_uring if the kernel allows it, else posix)"),
       bytes("io_block_size", kDefaultIoBlockSize, "bytes per I/O request"),
       integer("io_queue_depth", kDefaultIoQueueDepth, 1, 4096, "io_uring requests kept in flight"),
-      integer("io_threads", kDefaultIoThreads, 0, 1024, "posix backend worker threads (0: the threads setting)"),
+      integer("io_threads", kDefaultIoThreads, 0, 1024,
+              "posix and odirect backend worker threads (0: the threads setting)"),
       choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
       choice("io_cache_first", "on", {"on", "off"},
              "O_DIRECT reads take what the page cache already holds from it first, without waiting, the rest "

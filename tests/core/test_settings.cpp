@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <set>
+#include <sstream>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/settings.hpp"
 #include "test_util.hpp"
@@ -16,6 +19,27 @@ TEST(Settings, DefaultsComeFromTheNamedConstants) {
   EXPECT_EQ(s.get_bytes("gzip_buffer_limit"), kDefaultGzipBufferLimit);
   EXPECT_EQ(s.entry("gzip_level").source, SettingSource::default_value);
   EXPECT_GE(s.threads(), 1);  // 0 resolves to the core count
+}
+
+// README's Settings table has one row per setting, under its name, and no other rows: the
+// table a user reads is the list the code declares (a setting added without a row fails).
+TEST(Settings, ReadmeTableHasARowForEverySettingAndNoOther) {
+  const std::string readme = test::read_file(test::source_dir() + "/README.md");
+  const std::size_t begin = readme.find("\n### Settings\n");
+  ASSERT_NE(begin, std::string::npos) << "README.md has no Settings section";
+  const std::size_t end = readme.find("\n\n", readme.find("\n|", begin) + 1);
+  std::set<std::string> rows;
+  std::istringstream table(readme.substr(begin, end - begin));
+  for (std::string line; std::getline(table, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    const std::size_t close = line.find('`', 3);
+    ASSERT_NE(close, std::string::npos) << line;
+    rows.insert(line.substr(3, close - 3));
+  }
+  std::set<std::string> names;
+  for (const SettingDef& d : setting_defs()) names.insert(d.name);
+  for (const auto& n : names) EXPECT_TRUE(rows.count(n)) << n << ": no row in README's Settings table";
+  for (const auto& r : rows) EXPECT_TRUE(names.count(r)) << r << ": a README Settings row for no setting";
 }
 
 TEST(Settings, PrecedenceIsFlagThenEnvThenFileThenDefault) {
