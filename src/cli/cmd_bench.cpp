@@ -28,6 +28,7 @@ namespace {
 
 struct LoaderArgs {
   std::string config;
+  std::vector<std::string> sets;
   int epochs = 3;
   int batch_size = 0;
   bool json = false;
@@ -49,7 +50,7 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 int run_loader(const LoaderArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.epochs >= 1, "bench loader: --epochs ", a.epochs, " must be at least 1");
-  data::PipelineConfig cfg = open_pipeline(a.config, ctx);
+  data::PipelineConfig cfg = open_pipeline(a.config, a.sets, ctx);
   if (a.batch_size > 0) cfg.loader.batch_size = a.batch_size;
   const auto chain = data::make_random_chain(cfg);
   if (!a.save_batches.empty()) os::make_directories(a.save_batches);
@@ -233,6 +234,7 @@ Command register_bench(CLI::App& root) {
   auto* loader = bench->add_subcommand(
       "loader", "Fill the cache of CFG, then time epochs of its random chain (loader threads: --threads)");
   loader->add_option("--config", la->config, "Run config with a data section")->required();
+  loader->add_option("--set", la->sets, kDataSetHelp);
   loader->add_option("--epochs", la->epochs, "Epochs to time")->capture_default_str();
   loader->add_option("--batch-size", la->batch_size, "Items per batch (default: data.loader.batch_size)");
   loader->add_flag("--json", la->json, "Print JSON");

@@ -11,29 +11,34 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "medfast/core/progress.hpp"
 #include "medfast/cache/entry.hpp"
 #include "medfast/cache/folder.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/progress.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/train/run_config.hpp"
 
 namespace medfast::cli {
 
-data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx) {
-  return data::open_pipeline(data::load_yaml_as_json(config), config, os::parent_directory(config), ctx.settings);
+data::PipelineConfig open_pipeline(const std::string& config, const std::vector<std::string>& sets,
+                                   const Context& ctx) {
+  nlohmann::json json = data::load_yaml_as_json(config);
+  for (const auto& s : sets) train::apply_override(json, s);
+  return data::open_pipeline(json, config, os::parent_directory(config), ctx.settings);
 }
 
 namespace {
 
 struct BuildArgs {
   std::string config;
+  std::vector<std::string> sets;
   bool json = false;
 };
 
 int run_build(const BuildArgs& a, Context& ctx) {
-  const data::PipelineConfig cfg = open_pipeline(a.config, ctx);
+  const data::PipelineConfig cfg = open_pipeline(a.config, a.sets, ctx);
   if (cfg.smart() || !cache::on_disk(cfg.cache.store.kind)) {
     throw ValueError(str(a.config, ": data.cache.kind is ", name_of(cfg.cache_options.kind),
                          "; cache build fills a persistent cache (disk or disk_device)"));
@@ -75,9 +80,10 @@ Command register_cache(CLI::App& root) {
   auto ba = std::make_shared<BuildArgs>();
   auto* build = cache->add_subcommand("build", "Run the deterministic chain of CFG over its dataset into the disk cache");
   build->add_option("--config", ba->config, "Run config (YAML/JSON) with a data section")->required();
+  build->add_option("--set", ba->sets, kDataSetHelp);
   build->add_flag("--json", ba->json, "Print JSON");
   const CacheDirCommand dir = register_cache_dir(cache, [](const std::string& config, Context& ctx) {
-    const data::PipelineConfig cfg = open_pipeline(config, ctx);
+    const data::PipelineConfig cfg = open_pipeline(config, {}, ctx);
     data::CachedDataset ds = data::make_cached_dataset(cfg);
     std::set<std::string> keys;
     for (std::size_t i = 0; i < ds.size(); ++i) keys.insert(ds.key(i));

@@ -26,8 +26,13 @@ struct Context {
   std::string config_file;  ///< settings file used, if any
 };
 
-/// data::open_pipeline on the config file at `config` with the command's settings.
-data::PipelineConfig open_pipeline(const std::string& config, const Context& ctx);
+/// data::open_pipeline on the config file at `config`, with `sets` (--set key.path=value,
+/// as train's) applied in order, and the command's settings.
+data::PipelineConfig open_pipeline(const std::string& config, const std::vector<std::string>& sets, const Context& ctx);
+
+/// The help of --set on commands that read a run config's data section.
+inline constexpr const char* kDataSetHelp =
+    "Override a config value: key.path=value (repeatable), e.g. data.validation.num=1";
 
 /// A registered subcommand: run it if `app->parsed()`.
 struct Command {

@@ -390,6 +390,24 @@ TEST_F(CacheCli, ACorruptGzipImageFailsTheBuildNamingTheFile) {
   EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
 }
 
+// --set overrides the config's values as train's does (cache build, bench loader); a
+// malformed one names itself.
+TEST_F(CacheCli, SetOverridesTheConfigsValues) {
+  const std::string cfg = write_config(dataset_json(), tmp / "c");
+  const auto b = medfast("cache build --json --config " + cfg + " --set data.cache.dir=" + (tmp / "other"));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(nlohmann::json::parse(b.out)["dir"], tmp / "other");
+  EXPECT_FALSE(os::exists(tmp / "c"));
+  const auto l = medfast("--threads 1 bench loader --json --epochs 1 --config " + cfg +
+                         " --set data.cache.dir=" + (tmp / "other") + " --set data.loader.batch_size=1");
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  EXPECT_FALSE(os::exists(tmp / "c")) << "bench loader filled the config's own cache folder";
+  EXPECT_EQ(nlohmann::json::parse(l.out)["batch_size"], 1) << l.out;
+  const auto bad = medfast("cache build --config " + cfg + " --set data.cache");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--set data.cache: expected key=value"), std::string::npos) << bad.err;
+}
+
 TEST_F(CacheCli, BuildInfoVerifyPrune) {
   const std::string cfg = write_config(dataset_json(), tmp / "c");
   const auto b = medfast("cache build --json --config " + cfg);
