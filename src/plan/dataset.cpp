@@ -195,18 +195,7 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   transforms::make_chain(orient).apply(s);
   const Volume& image = s.volume("image");
   const Volume& label = s.volume("label");
-  // The label must lie on the image's grid (nnU-Net's verify_dataset_integrity): the same
-  // axes, spacing and origin, to a thousandth of a millimetre.
-  for (int r = 0; r < 3; ++r) {
-    for (int k = 0; k < 4; ++k) {
-      if (std::abs(image.affine(r, k) - label.affine(r, k)) > 1e-3) {
-        throw FormatError(str("label ", label_file, ": its grid is not the image's (affine row ", r, ": ",
-                              label.affine(r, 0), " ", label.affine(r, 1), " ", label.affine(r, 2), " ",
-                              label.affine(r, 3), " where the image has ", image.affine(r, 0), " ", image.affine(r, 1),
-                              " ", image.affine(r, 2), " ", image.affine(r, 3), ")"));
-      }
-    }
-  }
+  // The label lies on the image's grid (nnU-Net's verify_dataset_integrity): LoadImage checks it.
   c.channels = image.data.size(0);
   for (int d = 0; d < 3; ++d) c.shape[d] = image.data.size(1 + d);
   at::Tensor l = label.data;

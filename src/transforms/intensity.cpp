@@ -171,6 +171,7 @@ class LoadImage final : public Transform {
       const Volume& reference = reference_for(s, o_.keys[i], path);
       finish(s, i, read_seg_volume(path, reference, read));
     }
+    check_one_grid(s);
   }
 
  private:
@@ -183,6 +184,36 @@ class LoadImage final : public Transform {
       path = s.meta["base_dir"].get<std::string>() + "/" + path;
     }
     return path;
+  }
+
+  /// An item's files lie on one grid: the same spatial shape, and affines equal to a
+  /// thousandth of a millimetre (nnU-Net's dataset check, as `plan`'s). A label of another
+  /// case or resolution would otherwise be cropped and trained on with the image (CropForeground
+  /// cuts both with one box) and scored without a word.
+  void check_one_grid(const Sample& s) const {
+    const std::string& first = o_.keys.front();
+    const Volume& a = s.volume(first);
+    for (std::size_t i = 1; i < o_.keys.size(); ++i) {
+      const Volume& b = s.volume(o_.keys[i]);
+      const auto describe = [&](const std::string& key, const Volume& v) {
+        return str("key '", key, "' (", path_of(s, key), ") ", v.data.size(0), "x", v.data.size(1), "x",
+                   v.data.size(2));
+      };
+      if (a.data.dim() < 3 || b.data.dim() < 3) continue;  // not volumes: no grid to compare
+      bool same = true;
+      for (int d = 0; d < 3; ++d) same = same && a.data.size(d) == b.data.size(d);
+      if (!same) {
+        throw FormatError(str("LoadImage: ", describe(o_.keys[i], b), " is not on the grid of ", describe(first, a),
+                              ": an item's files must have one spatial shape"));
+      }
+      const double diff = a.affine.max_abs_diff(b.affine);
+      if (diff > 1e-3) {
+        throw FormatError(str("LoadImage: key '", o_.keys[i], "' (", path_of(s, o_.keys[i]),
+                              ") is not on the grid of key '", first, "' (", path_of(s, first),
+                              "): their affines differ by up to ", diff, " mm (allowed 0.001)\n", b.affine.to_string(),
+                              "\nvs\n", a.affine.to_string()));
+      }
+    }
   }
 
   void finish(Sample& s, std::size_t i, Volume v) const {

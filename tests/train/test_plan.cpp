@@ -216,8 +216,8 @@ TEST(PlanDataset, BadCasesAreNamedLeftOutOrKept) {
   expect_note("class3_seg", true, "label values 3 are not among the list's labels (0, 1)");
   expect_note("thick_img", false, "is 10x coarser than the median");
   expect_note("empty_img", false, "no foreground");
-  expect_note("shape_img", true, "is not the image's");
-  expect_note("shifted_img", true, "its grid is not the image's (affine row 2");
+  expect_note("shape_img", true, "is not on the grid of key 'image'");
+  expect_note("shifted_img", true, "their affines differ by up to 5 mm");
   expect_note("garbage_img", true, "cannot be used");
   expect_note("garbage_img", true, "garbage_img.nii.gz");
   expect_note("good1_img", true, "the label file " + dir / "ds/missing_seg.nii.gz" + " does not exist");

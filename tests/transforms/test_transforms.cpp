@@ -446,6 +446,35 @@ TEST(Transforms, ChainConfigIsTheCacheKeyOfEarlierVersions) {
   EXPECT_EQ(keep.config()[0]["args"]["dtype"], nlohmann::json::parse(R"(["", ""])"));
 }
 
+// LoadImage refuses an item whose files are not on one grid (another shape, or an affine
+// more than 0.001 mm away), naming both files; float rounding of an affine is accepted.
+TEST(Transforms, LoadImageRefusesFilesOfOneItemOnDifferentGrids) {
+  test::TempDir dir;
+  const auto write = [&](const std::string& name, std::vector<std::int64_t> shape, double shift) {
+    Volume v;
+    v.data = at::zeros(shape, at::kShort);
+    v.affine(0, 3) = shift;
+    write_nifti(dir / name, v);
+    return dir / name;
+  };
+  const std::string image = write("image.nii", {8, 8, 4}, 0);
+  const auto load = [&](const std::string& label) {
+    Sample s;
+    s.meta = {{"image", image}, {"label", label}};
+    make_chain(nlohmann::json::parse(R"([{"name": "LoadImage", "keys": ["image", "label"]}])")).apply(s);
+    return s;
+  };
+  EXPECT_NO_THROW(load(write("rounded.nii", {8, 8, 4}, 1e-5)));
+  for (const auto& [label, why] : std::vector<std::pair<std::string, std::string>>{
+           {write("longer.nii", {8, 8, 5}, 0), "one spatial shape"},
+           {write("shifted.nii", {8, 8, 4}, 1.0), "affines differ by up to 1 mm"}}) {
+    const std::string m = test::error_of<FormatError>([&] { load(label); });
+    EXPECT_NE(m.find(label), std::string::npos) << m;
+    EXPECT_NE(m.find(image), std::string::npos) << m;
+    EXPECT_NE(m.find(why), std::string::npos) << m;
+  }
+}
+
 // Each deterministic transform reads its arguments from its options' field list and writes
 // every one of them back (its config, the cache's key): the key table is complete.
 TEST(Transforms, EveryArgumentInTheKeyTableIsWrittenBack) {
