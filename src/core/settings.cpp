@@ -54,7 +54,7 @@ SettingDef seconds(std::string name, double def, double max, std::string desc) {
 
 std::vector<SettingDef> make_defs() {
   return {
-      integer("threads", kDefaultThreads, 0, 1024,
+      integer("threads", kDefaultThreads, 0, kMaxThreads,
               "threads for libtorch intra-op work and medfast's pools (0: one per core)"),
       choice("log_level", "info", {"debug", "info", "warn", "error", "off"}, "least severe log record printed"),
       choice("progress", "auto", {"auto", "tty", "plain", "off"},
@@ -69,7 +69,7 @@ std::vector<SettingDef> make_defs() {
              "tensor file I/O backend (auto: io_uring if the kernel allows it, else posix)"),
       bytes("io_block_size", kDefaultIoBlockSize, "bytes per I/O request"),
       integer("io_queue_depth", kDefaultIoQueueDepth, 1, 4096, "io_uring requests kept in flight"),
-      integer("io_threads", kDefaultIoThreads, 0, 1024,
+      integer("io_threads", kDefaultIoThreads, 0, kMaxThreads,
               "posix and odirect backend worker threads (0: the threads setting)"),
       choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
       choice("io_cache_first", "on", {"on", "off"},

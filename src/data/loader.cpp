@@ -9,9 +9,10 @@
 #include <numeric>
 
 #include "medfast/core/error.hpp"
-#include "medfast/io/tensor_io.hpp"
 #include "medfast/core/parallel.hpp"
 #include "medfast/core/random.hpp"
+#include "medfast/core/settings.hpp"
+#include "medfast/io/tensor_io.hpp"
 
 namespace medfast::data {
 
@@ -21,6 +22,7 @@ void LoaderOptions::validate() const {
     throw ValueError(str("loader: threads ", threads, " must be at least 1 (0, the threads setting, is resolved by "
                          "load_pipeline)"));
   }
+  if (threads > kMaxThreads) throw ValueError(str("loader: threads ", threads, " is more than ", kMaxThreads));
   if (prefetch < 1) throw ValueError(str("loader: prefetch ", prefetch, " must be at least 1"));
   if (repeats < 1) throw ValueError(str("loader: repeats ", repeats, " must be at least 1"));
   if (world_size < 1 || rank < 0 || rank >= world_size) {

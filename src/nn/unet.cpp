@@ -12,12 +12,23 @@ namespace medfast::nn {
 
 void UNetOptions::validate() const {
   if (spatial_dims != 3) throw ValueError(str("UNet: spatial_dims ", spatial_dims, " is not supported (3)"));
+  if (in_channels < 1) throw ValueError(str("UNet: argument in_channels ", in_channels, " must be >= 1"));
+  if (out_channels < 1) throw ValueError(str("UNet: argument out_channels ", out_channels, " must be >= 1"));
   if (channels.size() < 2) throw ValueError("UNet: argument channels needs at least 2 levels");
+  for (const std::int64_t c : channels) {
+    if (c < 1) throw ValueError(str("UNet: argument channels entry ", c, " must be >= 1"));
+  }
+  for (const std::int64_t s : strides) {
+    if (s < 1) throw ValueError(str("UNet: argument strides entry ", s, " must be >= 1"));
+  }
   if (strides.size() != channels.size() - 1) {
     throw ValueError(str("UNet: argument strides has ", strides.size(), " entries; channels has ", channels.size(),
                          " levels, so strides needs ", channels.size() - 1));
   }
-  if (kernel_size % 2 == 0 || up_kernel_size % 2 == 0) throw ValueError("UNet: kernel sizes must be odd");
+  if (kernel_size < 1 || up_kernel_size < 1 || kernel_size % 2 == 0 || up_kernel_size % 2 == 0) {
+    throw ValueError(str("UNet: arguments kernel_size ", kernel_size, " and up_kernel_size ", up_kernel_size,
+                         " must be odd and >= 1"));
+  }
   if (dropout < 0 || dropout >= 1) throw ValueError(str("UNet: argument dropout ", dropout, " is outside [0, 1)"));
   if (num_res_units < 0) throw ValueError("UNet: argument num_res_units must be >= 0");
 }

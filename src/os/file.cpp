@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -325,6 +327,53 @@ void remove_file(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_os(str("cannot remove ", path), errno);
 }
 
+void remove_empty_directory(const std::string& path) {
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) throw_os(str("cannot remove folder ", path), errno);
+}
+
+FileLock::FileLock(FileLock&& other) noexcept : fd_(other.fd_) {
+  other.fd_ = -1;
+}
+FileLock& FileLock::operator=(FileLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases the lock
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::optional<FileLock> try_lock_file(const std::string& path, int* holder) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw_os(str("cannot open lock file ", path), errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e != EWOULDBLOCK) {
+      ::close(fd);
+      throw_os(str("cannot lock ", path), e);
+    }
+    if (holder != nullptr) {
+      char text[32] = {};
+      const ssize_t n = ::pread(fd, text, sizeof(text) - 1, 0);
+      *holder = n > 0 ? std::atoi(text) : 0;
+    }
+    ::close(fd);
+    return std::nullopt;
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const int e = errno;
+    ::close(fd);
+    throw_os(str("cannot write ", path), e);
+  }
+  FileLock lock;
+  lock.fd_ = fd;
+  return lock;
+}
+
 void make_directories(const std::string& path) {
   if (path.empty()) return;
   std::string partial;
@@ -435,8 +484,16 @@ Removed remove_stale_temporaries(const std::string& dir) {
 }
 
 AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw_os(str("cannot write ", path_, ": it is a folder (a file name was expected)"), EISDIR);
+  }
   temp_path_ = str(path_, kTempMarker, ::getpid(), "-", g_temp_counter.fetch_add(1));
-  file_ = File::open(temp_path_, File::Mode::create_new);
+  try {
+    file_ = File::open(temp_path_, File::Mode::create_new);
+  } catch (const OsError& e) {  // named by the file asked for, not its temporary name
+    throw_os(str("cannot write ", path_, " (its temporary ", temp_path_, ")"), e.errno_value());
+  }
 }
 
 AtomicWriter::~AtomicWriter() {

@@ -114,7 +114,9 @@ void TrainOptions::validate() const {
   if (run_dir.empty()) throw ValueError("train.run_dir: must not be empty");
   if (epochs < 1) throw ValueError(str("train.epochs: ", epochs, " (expected >= 1)"));
   if (target_dice < 0 || target_dice > 1) throw ValueError(str("train.target_dice: ", target_dice, " (expected 0..1)"));
-  if (threads < 0) throw ValueError(str("train.threads: ", threads, " (expected >= 0; 0: the threads setting)"));
+  if (threads < 0 || threads > kMaxThreads) {
+    throw ValueError(str("train.threads: ", threads, " (expected 0..", kMaxThreads, "; 0: the threads setting)"));
+  }
   if (max_nonfinite_steps < -1) {
     throw ValueError(str("train.max_nonfinite_steps: ", max_nonfinite_steps,
                          " (expected >= 0, 0: never stop; absent: 1, or 20 with amp fp16)"));

@@ -210,8 +210,19 @@ class Run {
     build_model_and_optimizer();
     check_validation_window();
     if (resume) restore();
+    if (overwrite_) set_aside_old_run();
+    try {
+      return train();
+    } catch (...) {
+      if (!aside_.empty()) put_back_old_run();
+      throw;
+    }
+  }
+
+ private:
+  /// The run from its first written file on (run() checks and builds everything before).
+  TrainResult train() {
     if (rank0_) {
-      os::make_directories(t_.run_dir);
       os::write_text_file(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
       os::write_text_file(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
       // A resumed run starts a new file whose steps continue: TensorBoard merges a folder's files.
@@ -235,6 +246,7 @@ class Run {
       detail::reset_cuda_memory_peaks(device_);
       EpochRecord rec = train_epoch(epoch);
       finish_epoch(epoch, epoch_start, rec);
+      if (!aside_.empty()) drop_old_run();  // the new run has its first checkpoint
     }
     loader_->stop();
     profiler_->finish();
@@ -243,7 +255,6 @@ class Run {
     return result_;
   }
 
- private:
   void say(const std::string& m) const {
     if (rank0_ && cb_.message) cb_.message(m);
   }
@@ -254,22 +265,24 @@ class Run {
   void check_run_dir(bool resume, bool overwrite) {
     last_path_ = t_.run_dir + "/last.ckpt";
     best_path_ = t_.run_dir + "/best.ckpt";
+    if (rank0_) {  // one train per run_dir: two would write one folder's files in turn
+      os::make_directories(t_.run_dir);
+      int holder = 0;
+      std::optional<os::FileLock> lock = os::try_lock_file(t_.run_dir + "/" + kRunLockName, &holder);
+      if (!lock) {
+        throw ValueError(str("train.run_dir ", t_.run_dir, " is in use by another medfast train (pid ",
+                             holder > 0 ? std::to_string(holder) : std::string("unknown"),
+                             "): wait for it to finish, or choose another run_dir"));
+      }
+      run_lock_ = std::move(*lock);
+    }
     if (resume && overwrite) throw ValueError("train: --resume and --overwrite exclude each other");
     if (!resume && os::exists(last_path_) && !overwrite) {
       throw ValueError(str("train.run_dir ", t_.run_dir, " already holds a run (", last_path_, ", epoch ",
                            read_checkpoint_meta(last_path_).value("epoch", 0),
                            "): pass --resume to continue it, --overwrite to start again, or choose another run_dir"));
     }
-    if (!resume && overwrite && rank0_) {
-      for (const char* f : {"/last.ckpt", "/best.ckpt", "/metrics.jsonl"}) {
-        if (os::exists(t_.run_dir + f)) os::remove_file(t_.run_dir + f);
-      }
-      if (os::exists(t_.run_dir)) {  // the old run's curves would be merged with the new one's
-        for (const std::string& f : os::list_directory(t_.run_dir)) {
-          if (profile::is_event_file(f)) os::remove_file(t_.run_dir + "/" + f);
-        }
-      }
-    }
+    overwrite_ = !resume && overwrite && rank0_;
     if (resume) {
       if (!os::exists(last_path_)) {
         throw ValueError(str("--resume: ", last_path_, " does not exist (train.run_dir is ", t_.run_dir, ")"));
@@ -290,6 +303,51 @@ class Run {
                 format_bytes(stale.bytes), ")"));
       }
     }
+  }
+
+  /// --overwrite: the old run's files are moved into run_dir/<kOverwrittenName> when the new
+  /// run is about to write its own, dropped once it has written its first checkpoint, and put
+  /// back if it fails before: a run that cannot train does not cost the run it was to replace.
+  /// (A process killed in between leaves them there, and says nothing; the next --overwrite
+  /// replaces them.)
+  void set_aside_old_run() {
+    const std::string aside = t_.run_dir + "/" + kOverwrittenName;
+    if (os::exists(aside)) {
+      for (const std::string& f : os::list_directory(aside)) os::remove_file(aside + "/" + f);
+      os::remove_empty_directory(aside);
+    }
+    std::vector<std::string> old;
+    for (const std::string& f : os::list_directory(t_.run_dir)) {
+      if (old_run_file(f)) old.push_back(f);
+    }
+    if (old.empty()) return;
+    os::make_directories(aside);
+    for (const std::string& f : old) os::rename(t_.run_dir + "/" + f, aside + "/" + f);
+    aside_ = aside;
+  }
+  void drop_old_run() {
+    for (const std::string& f : os::list_directory(aside_)) os::remove_file(aside_ + "/" + f);
+    os::remove_empty_directory(aside_);
+    aside_.clear();
+  }
+  void put_back_old_run() noexcept {
+    try {
+      events_.reset();  // the new run's event file is closed, then removed with its other files
+      for (const std::string& f : os::list_directory(t_.run_dir)) {
+        if (old_run_file(f)) os::remove_file(t_.run_dir + "/" + f);
+      }
+      for (const std::string& f : os::list_directory(aside_)) os::rename(aside_ + "/" + f, t_.run_dir + "/" + f);
+      os::remove_empty_directory(aside_);
+      say(str("the run this one was to overwrite is back in ", t_.run_dir));
+    } catch (const std::exception& e) {
+      log::warn("train: could not put back the overwritten run (", aside_, "): ", e.what());
+    }
+    aside_.clear();
+  }
+  /// A file of a run that --overwrite replaces: checkpoints, metrics, config, machine, curves.
+  static bool old_run_file(const std::string& name) {
+    static const std::set<std::string> files{"last.ckpt", "best.ckpt", "metrics.jsonl", "config.json", "machine.json"};
+    return files.count(name) > 0 || profile::is_event_file(name);
   }
 
   void set_up_device() {
@@ -726,6 +784,9 @@ class Run {
   const bool rank0_, distributed_;
   Clock::time_point start_;
   std::string last_path_, best_path_;
+  os::FileLock run_lock_;   // rank 0's lock on run_dir, held for the run
+  bool overwrite_ = false;  // --overwrite: the old run is set aside when this one writes
+  std::string aside_;       // where it is while this run has no checkpoint yet
   int first_epoch_ = 0;
   double elapsed_before_ = 0;
   c10::Device device_{c10::kCPU};

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "medfast/core/error.hpp"
@@ -141,6 +143,32 @@ TEST(OsFile, AtomicWriterReplacesOnCommit) {
   w.commit();
   EXPECT_EQ(test::read_file(target), "hello world");
   EXPECT_FALSE(exists(w.temp_path()));
+}
+
+// An AtomicWriter that cannot start names the file asked for: a folder there, or no folder
+// to write in (not only its temporary name).
+TEST(OsFile, AtomicWriterErrorsNameTheTarget) {
+  test::TempDir dir;
+  make_directories(dir / "folder");
+  const std::string in_folder = test::error_of<OsError>([&] { AtomicWriter w(dir / "folder"); });
+  EXPECT_NE(in_folder.find("cannot write " + (dir / "folder") + ": it is a folder"), std::string::npos) << in_folder;
+  const std::string missing = test::error_of<OsError>([&] { AtomicWriter w(dir / "missing/out.html"); });
+  EXPECT_EQ(missing.rfind("cannot write " + (dir / "missing/out.html") + " (its temporary ", 0), 0u) << missing;
+  EXPECT_NE(missing.find(std::strerror(ENOENT)), std::string::npos) << missing;
+}
+
+// Two holders of one lock file: the second is refused and told the first's pid; the lock
+// goes with its holder.
+TEST(OsFile, FileLockIsExclusiveAndNamesItsHolder) {
+  test::TempDir dir;
+  {
+    std::optional<FileLock> first = try_lock_file(dir / "lock");
+    ASSERT_TRUE(first && first->held());
+    int holder = 0;
+    EXPECT_FALSE(try_lock_file(dir / "lock", &holder));
+    EXPECT_EQ(holder, ::getpid());
+  }
+  EXPECT_TRUE(try_lock_file(dir / "lock"));
 }
 
 TEST(OsFile, FsyncFailureIsReported) {

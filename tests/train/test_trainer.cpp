@@ -177,6 +177,23 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
   c["schedule"] = {{"name", "warmup_cosine"}, {"warmup_epochs", 2}};
   expect_error(c, "schedule.warmup_epochs");
   c = tiny_config(dir);
+  c["train"]["threads"] = 100000;  // a typo that would start threads without end
+  expect_error(c, "train.threads");
+  c = tiny_config(dir);
+  c["data"]["loader"]["threads"] = 100000;
+  expect_error(c, "data.loader");
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"channels", {4, -8, 16}}, {"out_channels", 0}, {"in_channels", 0}, {"strides", {2, 0}}}) {
+    c = tiny_config(dir);
+    c["model"][key] = value;
+    try {
+      Trainer(c, dir / "run.yaml", s).run(false);
+      ADD_FAILURE() << "model." << key << " " << value.dump() << " accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("argument " + key), std::string::npos) << e.what();
+    }
+  }
+  c = tiny_config(dir);
   c["model"]["chanels"] = {4, 8};
   try {
     Trainer t(c, dir / "run.yaml", s);
@@ -511,6 +528,52 @@ TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   c["train"]["tensorboard"] = false;
   Trainer(c, "", one_thread()).run(false, {}, /*overwrite=*/true);
   for (const std::string& f : os::list_directory(dir / "run")) EXPECT_FALSE(profile::is_event_file(f)) << f;
+  EXPECT_FALSE(os::exists(dir / ("run/" + std::string(kOverwrittenName))));
+}
+
+// --overwrite keeps the old run until the new one has a checkpoint: a new run that fails in
+// its first epoch leaves the old run's files as they were (its own are gone).
+TEST(Trainer, AnOverwriteThatFailsBeforeItsFirstCheckpointPutsTheOldRunBack) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  std::map<std::string, std::string> before;
+  for (const std::string& f : os::list_directory(dir / "run")) {
+    if (os::stat(dir / ("run/" + f)).is_regular) before[f] = test::read_file(dir / ("run/" + f));
+  }
+  ASSERT_TRUE(before.count("last.ckpt") && before.count("metrics.jsonl") && before.count("config.json"));
+  c["optimizer"]["lr"] = 0.5;  // the new run's config.json differs
+  TrainCallbacks cb;
+  cb.loss_filter = [](int, int step, const at::Tensor& loss) -> at::Tensor {
+    if (step == 2) throw Error("a failure in the first epoch");
+    return loss;
+  };
+  EXPECT_THROW(Trainer(c, "", one_thread()).run(false, cb, /*overwrite=*/true), Error);
+  std::map<std::string, std::string> after;
+  for (const std::string& f : os::list_directory(dir / "run")) {
+    if (os::stat(dir / ("run/" + f)).is_regular) after[f] = test::read_file(dir / ("run/" + f));
+  }
+  EXPECT_EQ(after, before);
+  EXPECT_FALSE(os::exists(dir / ("run/" + std::string(kOverwrittenName))));
+}
+
+// One train per run_dir: a second one is refused, naming the holder's pid, while the first
+// holds the folder's lock; the lock goes with the process that held it.
+TEST(Trainer, ASecondTrainInTheSameRunDirIsRefused) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  os::make_directories(dir / "run");
+  {
+    const auto held = os::try_lock_file(dir / ("run/" + std::string(kRunLockName)));
+    ASSERT_TRUE(held);
+    const std::string m = test::error_of<ValueError>([&] { Trainer(c, "", one_thread()).run(false); });
+    EXPECT_NE(m.find("is in use by another medfast train (pid " + std::to_string(::getpid()) + ")"), std::string::npos)
+        << m;
+    EXPECT_FALSE(os::exists(dir / "run/config.json"));
+  }
+  EXPECT_EQ(Trainer(c, "", one_thread()).run(false).history.size(), 1u);
 }
 
 TEST(Trainer, ReportsBadKeysAndWindowsBeforeTraining) {

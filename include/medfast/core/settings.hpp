@@ -20,6 +20,9 @@ namespace medfast {
 
 /// Named defaults. Docs and tests refer to these, never to copies of the numbers.
 inline constexpr int kDefaultThreads = 0;  ///< 0: one per hardware core
+/// The most threads any thread-count option takes (the settings, train.threads,
+/// data.loader.threads): a larger count is a typo, and starting it would not end.
+inline constexpr int kMaxThreads = 1024;
 inline constexpr int kDefaultGzipLevel = 6;
 inline constexpr std::uint64_t kDefaultGzipBufferLimit = 1ull << 30;   ///< 1 GiB compressed
 inline constexpr std::uint64_t kDefaultMaxVolumeBytes = 64ull << 30;   ///< 64 GiB decoded

@@ -134,6 +134,8 @@ void rename(const std::string& from, const std::string& to);
 void remove_file(const std::string& path);
 /// mkdir -p.
 void make_directories(const std::string& path);
+/// Removes an empty directory; a missing one is not an error.
+void remove_empty_directory(const std::string& path);
 /// fsyncs a directory so that a rename inside it is durable.
 void sync_directory(const std::string& path);
 std::string parent_directory(const std::string& path);
@@ -157,6 +159,25 @@ struct Removed {
 /// Removes the AtomicWriter temporaries in `dir` whose writer is no longer
 /// running (killed mid-write); those of live writers stay.
 Removed remove_stale_temporaries(const std::string& dir);
+
+/// An exclusive advisory lock (flock) on a file, held while the object lives (and released
+/// by the kernel when the process dies, however it ends). The file holds the holder's pid.
+class FileLock {
+ public:
+  FileLock() = default;
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  ~FileLock();
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  friend std::optional<FileLock> try_lock_file(const std::string& path, int* holder);
+  int fd_ = -1;
+};
+/// Takes the lock on `path` (created if missing) without waiting: nullopt when another
+/// process holds it (its pid in *holder where it wrote one, else 0). OsError naming the path
+/// for anything else.
+std::optional<FileLock> try_lock_file(const std::string& path, int* holder = nullptr);
 
 /// Writes a file atomically: data goes to "<path>.tmp-<pid>-<n>" in the same
 /// directory; commit() fsyncs it, renames it over `path` and fsyncs the

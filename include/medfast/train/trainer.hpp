@@ -99,6 +99,12 @@ struct TrainCallbacks {
   std::function<at::Tensor(int epoch, int step, const at::Tensor& loss)> loss_filter;
 };
 
+/// In a run_dir: the lock a running `train` holds (one train per folder; the file holds its
+/// pid), and the folder --overwrite moves the old run into until the new run's first
+/// checkpoint (put back if the new run fails before).
+inline constexpr const char* kRunLockName = ".medfast-train.lock";
+inline constexpr const char* kOverwrittenName = ".overwritten-run";
+
 class Trainer {
  public:
   /// `config` is the whole run config; `path` names it in messages and its folder
