@@ -10,6 +10,7 @@
 #include "medfast/core/units.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/image_file.hpp"
+#include "medfast/os/file.hpp"
 
 namespace medfast::cli {
 
@@ -22,6 +23,7 @@ struct SynthArgs {
   std::string modality = "CT";
   std::uint64_t seed = 0;
   std::string format = "nifti";
+  bool overwrite = false;
   bool json = false;
 };
 
@@ -107,6 +109,9 @@ Command register_data(CLI::App& root) {
                    "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder, and the lesion as "
                    "segment GTV-1 of a DICOM SEG and as RT Structure Set contours)")
       ->capture_default_str();
+  synth->add_flag("--overwrite", a->overwrite,
+                  "Write into a folder that holds a dataset (its dataset.json is replaced and lists only the new "
+                  "cases; files of the old dataset that the new one does not name stay)");
   synth->add_flag("--json", a->json, "Print JSON");
 
   auto ca = std::make_shared<ConvertArgs>();
@@ -139,6 +144,10 @@ Command register_data(CLI::App& root) {
     o.threads = ctx.settings.threads();
     o.gzip_level = static_cast<int>(ctx.settings.get_int("gzip_level"));
     o.set_format(a->format);
+    if (!a->overwrite && os::exists(o.out_dir + "/dataset.json")) {
+      throw ValueError(str("data synth: --out ", o.out_dir, " holds a dataset (", o.out_dir,
+                           "/dataset.json): pass --overwrite to write over it, or choose another folder"));
+    }
     const SynthResult r = synthesize_dataset(o);
     if (a->json) {
       print_json(nlohmann::json{{"out", o.out_dir},

@@ -212,6 +212,7 @@ int run_store(const StoreArgs& a, Context& ctx, const DeviceIo* dev) {
   const auto options = io::IoOptions::from(ctx.settings);
   const bool on_cpu = is_cpu_device(a.device);
   MEDFAST_CHECK_T(ValueError, a.mb > 0, "io store: --mb-size ", a.mb, " must be positive");
+  MEDFAST_CHECK_T(ValueError, a.loops >= 1, "io store: --loop ", a.loops, " must be at least 1");
   const auto bytes = static_cast<std::size_t>(a.mb * 1024 * 1024);
   os::make_directories(a.dir);
   const std::string path = str(a.dir, "/medfast-io-store-", ::getpid(), ".bin");
@@ -256,6 +257,7 @@ struct BenchArgs {
 };
 
 int run_bench(const BenchArgs& a, Context& ctx) {
+  MEDFAST_CHECK_T(ValueError, a.loops >= 1, "io bench: --loop ", a.loops, " must be at least 1");
   const auto base = io::IoOptions::from(ctx.settings);
   struct Row {
     std::string backend;

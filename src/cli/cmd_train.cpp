@@ -414,7 +414,9 @@ Command register_train(CLI::App& root) {
       ->excludes(config);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable), e.g. train.epochs=5");
   app->add_flag("--resume", a->resume, "Continue from run_dir/last.ckpt (bit-identical to an uninterrupted run)");
-  app->add_flag("--overwrite", a->overwrite, "Start again in a run_dir that holds a run (its checkpoints and metrics are removed)");
+  app->add_flag("--overwrite", a->overwrite,
+                "Start again in a run_dir that holds a run (its files are replaced once the new run has its first "
+                "checkpoint; kept if it fails before)");
   app->add_flag("--json", a->json, "Print the result (history, best Dice, time to target) as JSON");
   app->add_option("--profile", a->profile,
                   "Trace steps as torch.profiler's schedule: WAIT,WARMUP,ACTIVE,REPEAT (e.g. 1,1,3,1); writes "

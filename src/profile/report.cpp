@@ -95,7 +95,16 @@ RunData read_run(const std::string& dir) {
     if (line.empty()) continue;
     try {
       nlohmann::json e = nlohmann::json::parse(line);
-      if (!e.is_object() || !e.contains("epoch")) throw FormatError("an object with \"epoch\" was expected");
+      if (!e.is_object() || !e.contains("epoch") || !e["epoch"].is_number_integer()) {
+        throw FormatError("an object with a whole-number \"epoch\" was expected");
+      }
+      // The report reads "times" as stage seconds (a missing stage is 0).
+      if (e.contains("times")) {
+        if (!e["times"].is_object()) throw FormatError("\"times\" must be an object of stage seconds");
+        for (const auto& [stage, seconds] : e["times"].items()) {
+          if (!seconds.is_number()) throw FormatError(str("\"times\".", stage, " must be a number of seconds"));
+        }
+      }
       r.epochs.push_back(std::move(e));
     } catch (const std::exception& e) {
       throw FormatError(str(metrics, ": line ", n, ": ", e.what()));

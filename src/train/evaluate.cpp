@@ -438,12 +438,15 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     write_nifti(path, out, wo);
     return seconds_since(started);
   };
-  const auto with_file = [](const std::string& file, auto&& f) {
+  const auto with_file = [&swo](const std::string& file, auto&& f) {
     try {
       return f();
     } catch (Error& e) {
       e.add_context(str("infer ", file));
       throw;
+    } catch (const c10::Error& e) {  // libtorch's, e.g. a window the network cannot take
+      throw Error(str("infer ", file, ": ", e.what_without_backtrace(), " (sliding window roi_size ",
+                      at::IntArrayRef(swo.roi_size), "; the model's input)"));
     }
   };
 

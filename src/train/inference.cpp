@@ -69,6 +69,12 @@ at::Tensor window_of(at::Tensor x, const std::vector<std::int64_t>& start, const
 
 void SlidingWindowOptions::validate() const {
   if (roi_size.empty()) throw ValueError("sliding window: argument roi_size is empty");
+  double voxels = 1;  // entries < 1 take the input's size (MONAI): unknown here
+  for (const std::int64_t n : roi_size) voxels *= static_cast<double>(std::max<std::int64_t>(n, 1));
+  if (voxels > 2147483648.0) {  // 1290^3: larger than any volume a window is for
+    throw ValueError(str("sliding window: argument roi_size ", shape_string(roi_size), " is ", voxels,
+                         " voxels a window, more than 2^31"));
+  }
   if (sw_batch_size < 1)
     throw ValueError(str("sliding window: argument sw_batch_size ", sw_batch_size, " must be >= 1"));
   if (!(overlap >= 0 && overlap < 1))

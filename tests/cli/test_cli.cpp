@@ -140,6 +140,17 @@ TEST(Cli, SynthThenInfoWithStats) {
   test::TempDir dir;
   const auto s = json_of(medfast("data synth --out " + (dir / "ds") + " --cases 2 --size 48,40,10 --seed 4 --json"));
   EXPECT_EQ(s["cases"], 2);
+  // A folder that holds a dataset is not written over without --overwrite.
+  const std::string listed = test::read_file(dir / "ds/dataset.json");
+  const auto again = medfast("data synth --out " + (dir / "ds") + " --cases 1 --size 8,8,8");
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.err.find("holds a dataset"), std::string::npos) << again.err;
+  EXPECT_NE(again.err.find("--overwrite"), std::string::npos) << again.err;
+  EXPECT_EQ(test::read_file(dir / "ds/dataset.json"), listed);
+  const auto over =
+      json_of(medfast("data synth --out " + (dir / "ds") + " --cases 2 --size 48,40,10 --seed 4 --json --overwrite"));
+  EXPECT_EQ(over["cases"], 2);
+  EXPECT_EQ(test::read_file(dir / "ds/dataset.json"), listed);  // the same seed writes the same list
   const std::string img = dir / "ds/imagesTr/spleen_0.nii.gz";
   const auto j = json_of(medfast("info " + img + " --json --stats"));
   EXPECT_EQ(j["shape"], nlohmann::json({48, 40, 10}));
@@ -238,6 +249,13 @@ TEST(CliIo, BadInputIsOneLineAndNonZero) {
   const auto block = medfast("io load --file " + (dir / "f") + " --block-size 1000");
   EXPECT_NE(block.exit_code, 0);
   EXPECT_NE(block.err.find("1000"), std::string::npos) << block.err;
+  for (const std::string& loop0 :
+       {"io store --dir " + dir.path() + " --mb-size 1 --loop 0",
+        "io store --dir " + dir.path() + " --mb-size 1 --loop 0 --json", "io bench " + (dir / "f") + " --loop 0"}) {
+    const auto r = medfast(loop0);
+    EXPECT_NE(r.exit_code, 0) << loop0;
+    EXPECT_NE(r.err.find("--loop 0 must be at least 1"), std::string::npos) << loop0 << ": " << r.err;
+  }
   const auto backend = medfast("io load --file " + (dir / "f") + " --backend tape");
   EXPECT_NE(backend.exit_code, 0);
   EXPECT_NE(backend.err.find("tape"), std::string::npos) << backend.err;

@@ -92,6 +92,18 @@ TEST(Report, BadRunFoldersAreNamed) {
     EXPECT_NE(std::string(e.what()).find(dir / "bad/metrics.jsonl"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
   }
+  // Records of the wrong types (not as medfast train writes them) are named by file and line.
+  for (const std::string& record : {std::string("{\"epoch\": null}"), std::string("{\"epoch\": 1, \"times\": 5}"),
+                                    std::string("{\"epoch\": 1, \"times\": {\"forward\": \"slow\"}}")}) {
+    test::write_file(dir / "bad/metrics.jsonl", epoch_line(1, 1, "0.2") + record + "\n");
+    try {
+      render_report({read_run(dir / "bad")});
+      ADD_FAILURE() << record << " accepted";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(dir / "bad/metrics.jsonl"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(render_report({}), ValueError);
 }
 

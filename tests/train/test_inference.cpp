@@ -304,6 +304,7 @@ TEST(SlidingWindow, BadOptionsThrowValueErrorNamingTheArgumentAndValue) {
   expect_error(with([](auto& o) { o.sigma_scale = 0; }), "sigma_scale 0");
   expect_error(with([](auto& o) { o.device = "tpu"; }), "device 'tpu'");
   expect_error(with([](auto& o) { o.roi_size.clear(); }), "roi_size is empty");
+  expect_error(with([](auto& o) { o.roi_size = {100000, 100000, 100000}; }), "voxels a window, more than 2^31");
   expect_error(with([](auto& o) { o.roi_size = {4, 4}; }), "roi_size [4, 4] has 2 entries");
   expect_error(with([](auto& o) {
                  o.roi_size = {20, 4, 4};
