@@ -45,6 +45,20 @@ void resolve_settings(const CLI::App& app, Context& ctx, const std::map<std::str
   os::set_buffer_pool_limit(ctx.settings.get_bytes("buffer_pool_bytes"));
 }
 
+int exit_on_parse_error(CLI::App& app, const CLI::ParseError& e) {
+  const std::vector<std::string> rest = app.remaining();
+  if (app.get_subcommands().empty() && !rest.empty() && !rest.front().empty() && rest.front()[0] != '-') {
+    std::string names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    std::fprintf(stderr, "medfast: error: '%s' is not a medfast command (%s); medfast --help says what each does\n",
+                 rest.front().c_str(), names.c_str());
+    return e.get_exit_code();
+  }
+  return app.exit(e);
+}
+
 std::string version_string() {
   auto on = [](bool b) { return b ? "on" : "off"; };
   return str("medfast ", kVersion, " (libtorch ", kTorchVersion, "; compressed DICOM decoders ", on(build::kDicomCodecs),

@@ -16,6 +16,10 @@ void configure_app(CLI::App& app, Context& ctx, std::map<std::string, std::strin
 /// level and sink and the host buffer pool.
 void resolve_settings(const CLI::App& app, Context& ctx, const std::map<std::string, std::string>& flag_values);
 
+/// A parse error's message and exit code (CLI11's), except that a first word that is no
+/// command is named as such ("A subcommand is required" said nothing about it).
+int exit_on_parse_error(CLI::App& app, const CLI::ParseError& e);
+
 /// "medfast X (libtorch A.B.C)": the libtorch version the build was configured with.
 std::string version_string();
 

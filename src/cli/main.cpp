@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return cli::exit_on_parse_error(app, e);
   }
 
   try {

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "medfast: error: %s\n", x.what());
       return 1;
     }
-    return app.exit(e);
+    return cli::exit_on_parse_error(app, e);
   }
 
   try {

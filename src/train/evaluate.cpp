@@ -309,8 +309,9 @@ std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
       ++found;
     }
     if (found == 0) {
-      throw ValueError(str("--input ", given, ": the folder has no .nii or .nii.gz files and no DICOM images, ",
-                           "in it or below it (expected NIfTI images, or DICOM series)"));
+      throw ValueError(
+          str("--input ", given, ": the folder holds no .nii or .nii.gz files (NIfTI images are read ",
+              "from the folder itself, not from folders below it) and no DICOM images, in it or below it"));
     }
   }
   return images;

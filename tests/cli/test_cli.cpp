@@ -196,6 +196,19 @@ TEST(Cli, InfoOnBadFileExitsNonZeroWithOneLineNamingFileAndField) {
   EXPECT_NE(m.err.find("missing.nii"), std::string::npos) << m.err;
 }
 
+// A first word that is no command is named, with the commands there are; no word at all
+// is still CLI11's "a subcommand is required".
+TEST(Cli, AnUnknownCommandIsNamed) {
+  for (const std::string& args : {std::string("nosuchcmd"), std::string("--threads 1 nosuchcmd --json")}) {
+    const auto r = medfast(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.err.find("'nosuchcmd' is not a medfast command (info, config"), std::string::npos) << r.err;
+  }
+  const auto none = medfast("");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("A subcommand is required"), std::string::npos) << none.err;
+}
+
 TEST(Cli, SynthRejectsBadSize) {
   test::TempDir dir;
   const auto r = medfast("data synth --out " + (dir / "x") + " --size 10,10");

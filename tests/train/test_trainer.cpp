@@ -945,7 +945,7 @@ TEST(Trainer, InferTakesDicomSeries) {
   refused({dir / "dcm/case_000/seg.dcm"}, {"case_000/seg.dcm", "SEG"});
   os::make_directories(dir / "empty");
   test::write_file(dir / "empty/notes.txt", "no images here");
-  refused({dir / "empty"}, {"empty", "no .nii or .nii.gz files and no DICOM images"});
+  refused({dir / "empty"}, {"empty", "holds no .nii or .nii.gz files", "and no DICOM images, in it or below it"});
   refused({dir / "empty/notes.txt"}, {"notes.txt", "not a .nii or .nii.gz file, nor a DICOM file"});
   refused({dir / "missing"}, {"missing", "no such file or folder"});
 }
