@@ -221,7 +221,9 @@ CaseScores score_case(const Sample& s, const RunConfig& c, const Predictor& pred
   // never held; the scores are those of the whole output's argmax (or masks).
   const SlidingWindowLabels p =
       with_context(where, [&] { return sliding_window_labels(x, predict, c.sliding_window, c.loss.sigmoid); });
-  const MetricInputs m = with_context(where, [&] {
+  // The label's own values are checked here (classes): its file is named.
+  const std::string label_where = lab.meta.source.empty() ? where : str(where, " (label ", lab.meta.source, ")");
+  const MetricInputs m = with_context(label_where, [&] {
     return metric_inputs_from_labels(p.labels, lab.data.unsqueeze(0).to(p.labels.device()), p.classes, c.loss.sigmoid);
   });
   CaseScores r;

@@ -950,6 +950,24 @@ TEST(Trainer, InferTakesDicomSeries) {
   refused({dir / "missing"}, {"missing", "no such file or folder"});
 }
 
+// A validation label with a class the model does not have is an error naming the label file.
+TEST(Trainer, EvalNamesTheLabelFileOfAClassOutOfRange) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  const auto list = nlohmann::json::parse(test::read_file(dir / "data/dataset.json"));
+  const std::string label = dir / ("data/" + list["training"].back()["label"].get<std::string>());
+  Volume v = read_nifti(label);
+  ASSERT_GT(v.data.eq(1).sum().item<std::int64_t>(), 0);
+  v.data.masked_fill_(v.data.eq(1), 5);  // the organ as class 5 of a 2-class model
+  write_nifti(label, v);
+  const std::string m = test::error_of<Error>([&] { evaluate(dir / "run/last.ckpt", nullptr, "", one_thread(), {}); });
+  EXPECT_NE(m.find("(label "), std::string::npos) << "message: " << m;
+  EXPECT_NE(m.find(label.substr(label.rfind('/') + 1) + ")"), std::string::npos) << m;
+  EXPECT_NE(m.find("labels must lie in [0, 2)"), std::string::npos) << m;
+}
+
 // DynUNet with deep supervision trains (the heads' losses weighted as nnU-Net's), validates
 // on the full-size output, evaluates from its checkpoint and exports MONAI's network_def.
 TEST(Trainer, DynUNetWithDeepSupervisionTrainsEvaluatesAndExports) {
