@@ -186,10 +186,6 @@ int datatype_of(at::ScalarType t) {
   }
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // True if the 3x3 part is a rotation times positive scales (what a qform can hold).
 bool shear_free(const Affine& a) {
   const QForm q = affine_to_qform(a);

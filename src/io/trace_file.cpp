@@ -13,10 +13,6 @@ namespace medfast::io {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 nlohmann::json event_json(const trace::Event& e) {
   nlohmann::json j{{"name", e.name}, {"cat", e.category}, {"ph", std::string(1, e.phase)},
                    {"ts", e.ts},     {"pid", 1},          {"tid", e.tid}};

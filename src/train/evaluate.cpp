@@ -212,9 +212,6 @@ nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& 
   return out;
 }
 
-bool ends_with(const std::string& s, const std::string& end) {
-  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-}
 bool is_nifti_name(const std::string& name) {
   return ends_with(name, ".nii") || ends_with(name, ".nii.gz");
 }

@@ -312,10 +312,7 @@ class Run {
   /// replaces them.)
   void set_aside_old_run() {
     const std::string aside = t_.run_dir + "/" + kOverwrittenName;
-    if (os::exists(aside)) {
-      for (const std::string& f : os::list_directory(aside)) os::remove_file(aside + "/" + f);
-      os::remove_empty_directory(aside);
-    }
+    if (os::exists(aside)) remove_aside(aside);
     std::vector<std::string> old;
     for (const std::string& f : os::list_directory(t_.run_dir)) {
       if (old_run_file(f)) old.push_back(f);
@@ -326,9 +323,13 @@ class Run {
     aside_ = aside;
   }
   void drop_old_run() {
-    for (const std::string& f : os::list_directory(aside_)) os::remove_file(aside_ + "/" + f);
-    os::remove_empty_directory(aside_);
+    remove_aside(aside_);
     aside_.clear();
+  }
+  /// The set-aside folder and its files (it holds no folders).
+  static void remove_aside(const std::string& aside) {
+    for (const std::string& f : os::list_directory(aside)) os::remove_file(aside + "/" + f);
+    os::remove_empty_directory(aside);
   }
   void put_back_old_run() noexcept {
     try {

@@ -71,6 +71,11 @@ std::string join(const std::vector<std::string>& items, const std::string& sep =
 /// `s` in lowercase (ASCII): names matched as MONAI matches them, ignoring case.
 std::string lowercase(std::string s);
 
+/// Whether `s` ends with `suffix` (".gz", ".nii.gz").
+inline bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 /// The message of any exception, without the C++ backtrace that libtorch's
 /// c10::Error appends to what() ("\nException raised from ...").
 std::string message_of(const std::exception& e);
