@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "medfast/core/error.hpp"
 #include "medfast/train/optim.hpp"
+#include "medfast/train/update.hpp"
 #include "golden_set.hpp"
 #include "test_util.hpp"
 
@@ -68,14 +70,18 @@ struct Problem {
     for (auto& p : ps) p.requires_grad_(true);
     return ps;
   }
-  /// One optimizer step as the script takes it: the learning rate of that step, its gradients, step().
-  void step(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, std::int64_t s, double lr) const {
+  /// Step s as the script takes it, up to the update: the learning rate of that step, its gradients.
+  void prepare(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, std::int64_t s, double lr) const {
     set_learning_rate(opt, s >= lr_change_step ? lr * lr_factor : lr);
     const auto g = split(grads.data() + s * numel);
     for (std::size_t i = 0; i < params.size(); ++i) {
       params[i].mutable_grad() =
           none_grads.count({s, static_cast<std::int64_t>(i)}) ? at::Tensor() : g[i];
     }
+  }
+  /// One optimizer step as the script takes it: prepare(), then step().
+  void step(torch::optim::Optimizer& opt, std::vector<at::Tensor>& params, std::int64_t s, double lr) const {
+    prepare(opt, params, s, lr);
     opt.step();
   }
 };
@@ -149,6 +155,161 @@ TEST(OptimGolden, SaveLoadContinuesExactly) {
     if (name != "sgd") {  // every other case keeps state, so forgetting it must show
       EXPECT_FALSE(at::allclose(resume(false), flat(straight), 1e-6, 1e-7));
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ParameterUpdate: the multi-tensor update the training step runs
+
+/// Every tensor of an optimizer's state, in parameter order, flattened (float64).
+at::Tensor state_of(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : params) {
+    const auto it = opt.state().find(optimizer_state_key(p));
+    if (it == opt.state().end()) continue;
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) parts.push_back(s->momentum_buffer().reshape({-1}));
+    if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+      parts.push_back(s->exp_avg().reshape({-1}));
+      parts.push_back(s->exp_avg_sq().reshape({-1}));
+      parts.push_back(at::full({1}, static_cast<double>(s->step())));
+      if (s->max_exp_avg_sq().defined()) parts.push_back(s->max_exp_avg_sq().reshape({-1}));
+    }
+    if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+      parts.push_back(s->exp_avg().reshape({-1}));
+      parts.push_back(s->exp_avg_sq().reshape({-1}));
+      parts.push_back(at::full({1}, static_cast<double>(s->step())));
+      if (s->max_exp_avg_sq().defined()) parts.push_back(s->max_exp_avg_sq().reshape({-1}));
+    }
+    if (auto* s = dynamic_cast<NovogradParamState*>(it->second.get())) {
+      parts.push_back(s->exp_avg().reshape({-1}));
+      parts.push_back(s->exp_avg_sq().reshape({-1}));
+      parts.push_back(at::full({1}, static_cast<double>(s->step())));
+      if (s->max_exp_avg_sq().defined()) parts.push_back(s->max_exp_avg_sq().reshape({-1}));
+    }
+  }
+  for (auto& t : parts) t = t.to(at::kDouble);
+  return parts.empty() ? at::zeros({0}, at::kDouble) : at::cat(parts);
+}
+
+/// Relative difference, as OptimGolden measures it.
+double relative_error(const at::Tensor& got, const at::Tensor& want) {
+  if (got.sizes() != want.sizes()) return std::numeric_limits<double>::infinity();
+  if (got.numel() == 0) return 0;
+  return ((got.to(at::kDouble) - want.to(at::kDouble)).abs() / (want.to(at::kDouble).abs() + 1)).max().item<double>();
+}
+
+// The multi-tensor update (foreach; fused where this libtorch has the kernels for the CPU)
+// follows the golden trajectories of torch.optim and MONAI's Novograd, missing gradients and
+// the learning-rate change included, and leaves the optimizer's own state as step() does.
+TEST(ParameterUpdate, FollowsTheGoldenTrajectoriesWithTheOptimizersOwnState) {
+  const Problem pb = Problem::load();
+  for (const auto& c : Golden::get().manifest()["optimizers"]["cases"]) {
+    for (const UpdateKernel kernel : {UpdateKernel::foreach, UpdateKernel::fused}) {
+      SCOPED_TRACE(c["name"].get<std::string>() + " " + update_kernel_name(kernel));
+      const OptimizerOptions o = OptimizerOptions::from_json(c["options"]);
+      auto params = pb.initial_params();
+      auto opt = make_optimizer(params, o);
+      ParameterUpdate update(*opt, o.name, kernel);
+      auto ref_params = pb.initial_params();
+      auto ref = make_optimizer(ref_params, o);
+      const auto want = Golden::get().floats(c["file"]);
+      for (std::int64_t s = 0; s < pb.steps; ++s) {
+        pb.prepare(*opt, params, s, o.lr);
+        update.apply();
+        pb.step(*ref, ref_params, s, o.lr);
+        const at::Tensor golden =
+            at::from_blob(const_cast<float*>(want.data() + s * pb.numel), {pb.numel}, at::kFloat);
+        // Novograd's norms come from one multi-tensor norm (sqrt, then squared): a few ulps more.
+        const double tolerance = o.name == "Novograd" ? 2e-5 : 2e-6;
+        ASSERT_LE(relative_error(flat(params), golden), tolerance) << "step " << s;
+        ASSERT_LE(relative_error(state_of(*opt, params), state_of(*ref, ref_params)), tolerance) << "step " << s;
+      }
+      if (kernel == UpdateKernel::foreach) EXPECT_EQ(update.kernel(), UpdateKernel::foreach);
+      RecordProperty(c["name"].get<std::string>() + "_" + update_kernel_name(kernel), update_kernel_name(update.kernel()));
+    }
+  }
+}
+
+// A step flagged to skip changes nothing: not the parameters, not the state, also with NaN
+// gradients and also on the step that would create the state; skipped() puts back what the
+// host keeps (step counts, SGD's first momentum step), so the run goes on exactly as one
+// without that step. Both ways: the flag read on the host (the CPU), and put back on the
+// device (a GPU's way, run here on the CPU).
+TEST(ParameterUpdate, AFlaggedStepIsSkippedAndTheRunGoesOnAsWithoutIt) {
+  const Problem pb = Problem::load();
+  for (const auto& c : Golden::get().manifest()["optimizers"]["cases"]) {
+    for (const bool on_device : {false, true}) {
+      for (const std::int64_t bad : {std::int64_t{0}, std::int64_t{5}}) {
+        SCOPED_TRACE(c["name"].get<std::string>() + (on_device ? " device" : " host") + " bad step " + str(bad));
+        const OptimizerOptions o = OptimizerOptions::from_json(c["options"]);
+        // The same steps without the flagged one (an extra step before step `bad`, its gradients NaN).
+        auto want_params = pb.initial_params();
+        auto want_opt = make_optimizer(want_params, o);
+        ParameterUpdate want_update(*want_opt, o.name, UpdateKernel::foreach);
+        auto params = pb.initial_params();
+        auto opt = make_optimizer(params, o);
+        ParameterUpdate update(*opt, o.name);
+        update.set_device_skip_on_cpu(on_device);
+        const at::Tensor clean = at::zeros({1}), flagged = at::ones({1});
+        for (std::int64_t s = 0; s < pb.steps; ++s) {
+          if (s == bad) {
+            const at::Tensor before = flat(params), state_before = state_of(*opt, params);
+            pb.prepare(*opt, params, s, o.lr);
+            for (auto& p : params) {
+              if (p.grad().defined()) p.mutable_grad().fill_(std::nan(""));
+            }
+            update.apply(flagged);
+            EXPECT_TRUE(at::equal(flat(params), before)) << "parameters changed by a skipped step";
+            update.skipped();
+            EXPECT_TRUE(at::equal(state_of(*opt, params), state_before)) << "state changed by a skipped step";
+          }
+          pb.prepare(*opt, params, s, o.lr);
+          update.apply(clean);
+          pb.prepare(*want_opt, want_params, s, o.lr);
+          want_update.apply();
+          ASSERT_LE(relative_error(flat(params), flat(want_params)), 2e-6) << "step " << s;
+          ASSERT_LE(relative_error(state_of(*opt, params), state_of(*want_opt, want_params)), 2e-6) << "step " << s;
+        }
+      }
+    }
+  }
+  // The per-parameter update skips after reading the flag, and only on the host.
+  auto p = torch::ones({2}, torch::requires_grad());
+  auto opt = make_optimizer({p}, OptimizerOptions::defaults("SGD"));
+  ParameterUpdate per(*opt, "SGD", UpdateKernel::per_parameter);
+  p.mutable_grad() = torch::ones({2});
+  per.apply(at::ones({1}));
+  EXPECT_TRUE(at::equal(p, torch::ones({2})));
+  per.apply(at::zeros({1}));
+  EXPECT_FALSE(at::equal(p, torch::ones({2})));
+  EXPECT_EQ(per.kernel(), UpdateKernel::per_parameter);
+  EXPECT_THROW(ParameterUpdate(*opt, "Lion"), ValueError);
+}
+
+// After the multi-tensor update, the optimizer saves and loads as ever, and step() goes on.
+TEST(ParameterUpdate, ItsStateSavesAndContinuesWithStep) {
+  const Problem pb = Problem::load();
+  test::TempDir tmp;
+  for (const auto& c : Golden::get().manifest()["optimizers"]["cases"]) {
+    SCOPED_TRACE(c["name"].get<std::string>());
+    const OptimizerOptions o = OptimizerOptions::from_json(c["options"]);
+    auto params = pb.initial_params();
+    auto opt = make_optimizer(params, o);
+    ParameterUpdate update(*opt, o.name);
+    for (std::int64_t s = 0; s < 6; ++s) {
+      pb.prepare(*opt, params, s, o.lr);
+      update.apply();
+    }
+    torch::save(*opt, tmp / "o.pt");
+    std::vector<at::Tensor> resumed;
+    for (const auto& p : params) resumed.push_back(p.detach().clone().requires_grad_(true));
+    auto opt2 = make_optimizer(resumed, o);
+    torch::load(*opt2, tmp / "o.pt");
+    for (std::int64_t s = 6; s < pb.steps; ++s) pb.step(*opt2, resumed, s, o.lr);
+    const auto want = Golden::get().floats(c["file"]);
+    const at::Tensor golden =
+        at::from_blob(const_cast<float*>(want.data() + (pb.steps - 1) * pb.numel), {pb.numel}, at::kFloat);
+    EXPECT_LE(relative_error(flat(resumed), golden), o.name == "Novograd" ? 2e-5 : 2e-6);
   }
 }
 
