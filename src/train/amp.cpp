@@ -209,6 +209,13 @@ bool GradScaler::step(torch::optim::Optimizer& opt, bool clean) {
   return clean;
 }
 
+void GradScaler::stepped(const torch::optim::Optimizer& opt) {
+  if (!options_.enabled) return;
+  PerOptimizer& st = per_optimizer(opt);
+  MEDFAST_CHECK(st.stage == Stage::unscaled, "GradScaler: stepped(opt) needs unscale(opt) first, once");
+  st.stage = Stage::stepped;
+}
+
 at::Tensor GradScaler::found_inf(const torch::optim::Optimizer& opt) {
   PerOptimizer& st = per_optimizer(opt);
   MEDFAST_CHECK(options_.enabled && st.stage != Stage::ready && st.found_inf.defined(),

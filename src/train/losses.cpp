@@ -71,20 +71,24 @@ LossOptions LossOptions::from_json(const nlohmann::json& j, const std::string& w
 Loss::Loss(LossOptions options) : options_(std::move(options)) { options_.validate(); }
 
 at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, const at::Tensor& target,
-                                 const std::vector<double>& weights) {
+                                 const std::vector<double>& weights, at::Tensor* label_range) {
   MEDFAST_CHECK_T(ValueError, stacked.defined() && stacked.dim() >= 4 && stacked.size(1) == static_cast<std::int64_t>(weights.size()),
                   "deep supervision: expected ", weights.size(), " outputs stacked on axis 1, got ",
                   stacked.defined() ? stacked.sizes() : at::IntArrayRef{});
   at::Tensor total;
   for (std::size_t i = 0; i < weights.size(); ++i) {
     if (weights[i] == 0) continue;  // not computed: a NaN there must not reach the step (0 * NaN)
-    const at::Tensor l = loss(stacked.select(1, static_cast<std::int64_t>(i)).to(at::kFloat), target) * weights[i];
+    const at::Tensor l = loss(stacked.select(1, static_cast<std::int64_t>(i)).to(at::kFloat), target, label_range) * weights[i];
     total = total.defined() ? total + l : l;
   }
   return total;
 }
 
 at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) const {
+  return (*this)(input, target, nullptr);
+}
+
+at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target, at::Tensor* label_range) const {
   const LossOptions& o = options_;
   MEDFAST_CHECK_T(ValueError, input.defined() && target.defined(), name_of(o.name), " loss: input and target must be defined");
   MEDFAST_CHECK_T(ValueError, input.dim() >= 3 && input.is_floating_point(), name_of(o.name),
@@ -108,7 +112,20 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) c
   at::Tensor x = input;
   if (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16) x = x.to(at::kFloat);
   const at::Tensor raw_target = target.to(x.device());
-  const at::Tensor t = onehot_y ? train::one_hot(raw_target, C).to(x.scalar_type()) : raw_target.to(x.scalar_type());
+  at::Tensor t, indices;  // indices: the class of each voxel ([B, spatial...]), with onehot_y
+  if (onehot_y && label_range != nullptr) {  // checked by the caller, later: clamped here
+    const at::Tensor all = raw_target.to(at::kLong);
+    const auto [lo, hi] = at::aminmax(all);
+    *label_range = at::stack({lo, hi});
+    const at::Tensor clamped = all.clamp(0, C - 1);
+    t = scatter_one_hot(clamped, C).to(x.scalar_type());
+    indices = clamped.squeeze(1);
+  } else if (onehot_y) {
+    t = train::one_hot(raw_target, C).to(x.scalar_type());
+    indices = raw_target.squeeze(1).to(at::kLong);
+  } else {
+    t = raw_target.to(x.scalar_type());
+  }
 
   const at::Tensor p = o.sigmoid ? at::sigmoid(x) : o.softmax ? at::softmax(x, 1) : x;
   const bool drop_background = !o.include_background && multi;
@@ -121,7 +138,7 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target) c
     if (!multi) {
       ce = at::binary_cross_entropy_with_logits(x, t);
     } else if (onehot_y) {
-      ce = at::cross_entropy_loss(x, raw_target.squeeze(1).to(at::kLong));
+      ce = at::cross_entropy_loss(x, indices);
     } else {
       ce = at::cross_entropy_loss(x, t);  // class probabilities
     }

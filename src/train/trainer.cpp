@@ -1,19 +1,16 @@
 #include "medfast/train/trainer.hpp"
 
 #include "detail.hpp"
+#include "run_dir.hpp"
 
 #include <torch/torch.h>
 #include <torch/version.h>
-
-#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
-#include <map>
 #include <optional>
-#include <set>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
@@ -23,6 +20,7 @@
 #include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
+#include "medfast/train/step.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/core/log.hpp"
@@ -51,9 +49,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kCheckpointFormat = "medfast-checkpoint";
 constexpr int kCheckpointVersion = 1;
-
-/// Sections whose change makes a checkpoint's state meaningless for a resumed run.
-const std::vector<std::string> kResumeFixed{"model", "loss", "optimizer", "schedule", "data"};
 
 const at::Tensor& batch_tensor(const data::Batch& b, const std::string& key, const char* setting) {
   const auto it = b.tensors.find(key);
@@ -163,41 +158,21 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
   return v;
 }
 
-std::string diff_section(const nlohmann::json& a, const nlohmann::json& b) {
-  for (const auto& k : kResumeFixed) {
-    const nlohmann::json x = a.value(k, nlohmann::json()), y = b.value(k, nlohmann::json());
-    if (x != y) return k;
-  }
-  const nlohmann::json ta = a.value("train", nlohmann::json::object()), tb = b.value("train", nlohmann::json::object());
-  for (const char* k : {"seed", "amp"}) {
-    if (ta.value(k, nlohmann::json()) != tb.value(k, nlohmann::json())) return str("train.", k);
-  }
-  return "";
-}
-
-void write_metrics(const std::string& dir, const std::vector<EpochRecord>& history) {
-  std::string text;
-  for (const auto& e : history) text += e.to_json().dump() + "\n";
-  os::write_text_file(dir + "/metrics.jsonl", text);
-}
-
-}  // namespace
-
-namespace {
-
 /// One invocation of Trainer::run, in named steps:
-///   check_run_dir -> set_up_device -> prepare_data -> build_model_and_optimizer
-///   -> check_validation_window -> restore (resume) -> epochs: train_epoch (train_step
-///   per batch) then finish_epoch (validation, best/last checkpoints, metrics).
+///   open the run folder (run_dir.hpp) -> set_up_device -> prepare_data ->
+///   build_model_and_optimizer -> check_validation_window -> restore (resume) -> epochs:
+///   train_epoch (the TrainingStep of step.hpp per batch; each step's outcome taken a step
+///   later) then finish_epoch (validation, best/last checkpoints, metrics).
 class Run {
  public:
   Run(const RunConfig& c, const Settings& settings, const TrainCallbacks& cb)
       : c_(c), t_(c.train), settings_(settings), cb_(cb), comm_(c.collective.get()),
-        rank0_(!comm_ || comm_->rank() == 0), distributed_(comm_ && comm_->world_size() > 1) {}
+        rank0_(!comm_ || comm_->rank() == 0), distributed_(comm_ && comm_->world_size() > 1),
+        folder_(t_.run_dir, rank0_, [this](const std::string& m) { say(m); }) {}
 
   TrainResult run(bool resume, bool overwrite) {
     start_ = Clock::now();
-    check_run_dir(resume, overwrite);
+    first_epoch_ = folder_.open(resume, overwrite, c_.root);
     set_up_device();
     if (t_.profile.memory && !device_.is_cuda()) {
       throw ValueError(str("train.profile.memory records the CUDA caching allocator's history, and train.device is ",
@@ -210,11 +185,11 @@ class Run {
     build_model_and_optimizer();
     check_validation_window();
     if (resume) restore();
-    if (overwrite_) set_aside_old_run();
+    folder_.set_aside_old_run();
     try {
       return train();
     } catch (...) {
-      if (!aside_.empty()) put_back_old_run();
+      folder_.put_back_old_run([this] { events_.reset(); });
       throw;
     }
   }
@@ -246,7 +221,7 @@ class Run {
       detail::reset_cuda_memory_peaks(device_);
       EpochRecord rec = train_epoch(epoch);
       finish_epoch(epoch, epoch_start, rec);
-      if (!aside_.empty()) drop_old_run();  // the new run has its first checkpoint
+      folder_.first_checkpoint_written();
     }
     loader_->stop();
     profiler_->finish();
@@ -257,98 +232,6 @@ class Run {
 
   void say(const std::string& m) const {
     if (rank0_ && cb_.message) cb_.message(m);
-  }
-
-  /// A fresh run refuses a run_dir holding a run (unless overwrite); a resumed one
-  /// needs last.ckpt written with the same data, model, loss, optimizer, schedule,
-  /// seed and amp. Temporaries of killed writers go.
-  void check_run_dir(bool resume, bool overwrite) {
-    last_path_ = t_.run_dir + "/last.ckpt";
-    best_path_ = t_.run_dir + "/best.ckpt";
-    if (rank0_) {  // one train per run_dir: two would write one folder's files in turn
-      os::make_directories(t_.run_dir);
-      int holder = 0;
-      std::optional<os::FileLock> lock = os::try_lock_file(t_.run_dir + "/" + kRunLockName, &holder);
-      if (!lock) {
-        throw ValueError(str("train.run_dir ", t_.run_dir, " is in use by another medfast train (pid ",
-                             holder > 0 ? std::to_string(holder) : std::string("unknown"),
-                             "): wait for it to finish, or choose another run_dir"));
-      }
-      run_lock_ = std::move(*lock);
-    }
-    if (resume && overwrite) throw ValueError("train: --resume and --overwrite exclude each other");
-    if (!resume && os::exists(last_path_) && !overwrite) {
-      throw ValueError(str("train.run_dir ", t_.run_dir, " already holds a run (", last_path_, ", epoch ",
-                           read_checkpoint_meta(last_path_).value("epoch", 0),
-                           "): pass --resume to continue it, --overwrite to start again, or choose another run_dir"));
-    }
-    overwrite_ = !resume && overwrite && rank0_;
-    if (resume) {
-      if (!os::exists(last_path_)) {
-        throw ValueError(str("--resume: ", last_path_, " does not exist (train.run_dir is ", t_.run_dir, ")"));
-      }
-      const nlohmann::json meta = read_checkpoint_meta(last_path_);
-      const std::string differs = diff_section(meta.at("config"), c_.root);
-      if (!differs.empty()) {
-        throw ValueError(str("--resume: the config's ", differs, " differs from the one ", last_path_,
-                             " was trained with; resume needs the same ", differs, " (or start a new run_dir)"));
-      }
-      first_epoch_ = meta.at("epoch").get<int>();
-    }
-    if (rank0_) {
-      // Temporaries of a writer that was killed (last.ckpt.tmp-<pid>-<n>, config.json.tmp-...).
-      const os::Removed stale = os::remove_stale_temporaries(t_.run_dir);
-      if (!stale.paths.empty()) {
-        say(str("removed ", stale.paths.size(), " temporary files of an interrupted run from ", t_.run_dir, " (",
-                format_bytes(stale.bytes), ")"));
-      }
-    }
-  }
-
-  /// --overwrite: the old run's files are moved into run_dir/<kOverwrittenName> when the new
-  /// run is about to write its own, dropped once it has written its first checkpoint, and put
-  /// back if it fails before: a run that cannot train does not cost the run it was to replace.
-  /// (A process killed in between leaves them there, and says nothing; the next --overwrite
-  /// replaces them.)
-  void set_aside_old_run() {
-    const std::string aside = t_.run_dir + "/" + kOverwrittenName;
-    if (os::exists(aside)) remove_aside(aside);
-    std::vector<std::string> old;
-    for (const std::string& f : os::list_directory(t_.run_dir)) {
-      if (old_run_file(f)) old.push_back(f);
-    }
-    if (old.empty()) return;
-    os::make_directories(aside);
-    for (const std::string& f : old) os::rename(t_.run_dir + "/" + f, aside + "/" + f);
-    aside_ = aside;
-  }
-  void drop_old_run() {
-    remove_aside(aside_);
-    aside_.clear();
-  }
-  /// The set-aside folder and its files (it holds no folders).
-  static void remove_aside(const std::string& aside) {
-    for (const std::string& f : os::list_directory(aside)) os::remove_file(aside + "/" + f);
-    os::remove_empty_directory(aside);
-  }
-  void put_back_old_run() noexcept {
-    try {
-      events_.reset();  // the new run's event file is closed, then removed with its other files
-      for (const std::string& f : os::list_directory(t_.run_dir)) {
-        if (old_run_file(f)) os::remove_file(t_.run_dir + "/" + f);
-      }
-      for (const std::string& f : os::list_directory(aside_)) os::rename(aside_ + "/" + f, t_.run_dir + "/" + f);
-      os::remove_empty_directory(aside_);
-      say(str("the run this one was to overwrite is back in ", t_.run_dir));
-    } catch (const std::exception& e) {
-      log::warn("train: could not put back the overwritten run (", aside_, "): ", e.what());
-    }
-    aside_.clear();
-  }
-  /// A file of a run that --overwrite replaces: checkpoints, metrics, config, machine, curves.
-  static bool old_run_file(const std::string& name) {
-    static const std::set<std::string> files{"last.ckpt", "best.ckpt", "metrics.jsonl", "config.json", "machine.json"};
-    return files.count(name) > 0 || profile::is_event_file(name);
   }
 
   void set_up_device() {
@@ -373,7 +256,6 @@ class Run {
     // convolution kernels by them): wrong math stops here, or its backend is switched off.
     self_check_ = ensure_backends_checked(device_, precision_dtype(precision_), settings_.get_bool("self_check"));
     nonfinite_ = std::make_unique<NonFiniteGuard>(precision_, max_nonfinite_steps(t_.max_nonfinite_steps, precision_));
-    clock_ = std::make_unique<detail::StageClock>(device_);
     trace::set_nvtx(device_.is_cuda());  // Nsight Systems shows medfast's ranges beside the kernels
   }
 
@@ -455,7 +337,22 @@ class Run {
     so.enabled = precision_ == Precision::fp16;
     scaler_ = std::make_unique<GradScaler>(so);
     loss_fn_ = std::make_unique<Loss>(c_.loss);
-    supervision_weights_ = nn::parse_network(c_.model, c_.path + ": model").deep_supervision_weights;
+    TrainingStep::Parts parts;
+    parts.model = model_.any;
+    parts.params = params_;
+    parts.buffers = buffers_;
+    parts.optimizer = optimizer_.get();
+    parts.optimizer_name = c_.optimizer.name;
+    parts.scaler = scaler_.get();
+    parts.loss = loss_fn_.get();
+    parts.supervision_weights = nn::parse_network(c_.model, c_.path + ": model").deep_supervision_weights;
+    parts.comm = distributed_ ? comm_ : nullptr;
+    parts.grad_sync = grad_sync_.get();
+    parts.loss_filter = cb_.loss_filter;
+    StepOptions so_step;
+    so_step.device = device_;
+    so_step.precision = precision_;
+    step_ = std::make_unique<TrainingStep>(std::move(parts), so_step);
     result_.run_dir = t_.run_dir;
   }
 
@@ -493,7 +390,7 @@ class Run {
   }
 
   void restore() {
-    const nlohmann::json meta = load_checkpoint(last_path_, *model_.module, optimizer_.get());
+    const nlohmann::json meta = load_checkpoint(folder_.last_checkpoint(), *model_.module, optimizer_.get());
     first_epoch_ = meta.at("epoch");
     elapsed_before_ = meta.value("elapsed", 0.0);
     result_.best_dice = meta.value("best_dice", -1.0);
@@ -504,7 +401,7 @@ class Run {
     }
     for (const auto& e : meta.at("history")) result_.history.push_back(EpochRecord::from_json(e));
     if (meta.contains("scaler")) scaler_->load_state(meta["scaler"]);
-    say(str("resuming ", last_path_, " after epoch ", first_epoch_));
+    say(str("resuming ", folder_.last_checkpoint(), " after epoch ", first_epoch_));
   }
 
   EpochRecord train_epoch(int epoch) {
@@ -515,8 +412,7 @@ class Run {
     set_learning_rate(*optimizer_, rec.lr);
     torch::manual_seed(derive_seed({t_.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
     loader_->start(static_cast<std::uint64_t>(epoch));
-    double loss_sum = 0;
-    int finite_steps = 0;  // the epoch's loss is the mean of its finite step losses
+    EpochLosses losses;
     const long steps_per_epoch = static_cast<long>(loader_->batches_per_epoch());
     for (;;) {
       const long global_step = epoch * steps_per_epoch + rec.steps;
@@ -536,26 +432,23 @@ class Run {
         step->cancel();
         break;
       }
-      rec.samples += batch_tensor(*batch, t_.image_key, "train.image_key").size(0);
-      const double step_loss = train_step(*batch, rec);
-      if (events_) {  // MONAI's tutorials' x axis: epoch_len * epoch + step, 1-based
-        const double now = profile::unix_seconds();
-        events_->scalar("train_loss", step_loss, global_step + 1, now);
-        events_->scalar("learning_rate", rec.lr, global_step + 1, now);
-      }
-      if (std::isfinite(step_loss)) {
-        loss_sum += step_loss;
-        ++finite_steps;
-      }
+      const at::Tensor& image = batch_tensor(*batch, t_.image_key, "train.image_key");
+      rec.samples += image.size(0);
+      const StepLabel label{rec.epoch, rec.steps + 1, batch->items};
+      const std::optional<StepOutcome> done =
+          step_->run(image, batch_tensor(*batch, t_.label_key, "train.label_key"), label, rec.times);
+      ++rec.steps;
+      if (done) take(*done, rec, losses);
       step.reset();  // the step's range ends before the profiler may write the cycle's trace
       profiler_->after_step(global_step);
     }
-    clock_->flush(rec.times);  // the epoch's last step has run on the device too
+    // The epoch's last step, read back (on a GPU this waits for it, and its stage times).
+    if (const std::optional<StepOutcome> done = step_->finish(rec.times)) take(*done, rec, losses);
     const double train_seconds = seconds_since(epoch_start);
-    rec.loss = finite_steps ? loss_sum / finite_steps : std::nan("");
+    rec.loss = losses.finite_steps ? losses.sum / losses.finite_steps : std::nan("");
     double all_samples = static_cast<double>(rec.samples);
     if (distributed_) {
-      at::Tensor l = at::tensor({loss_sum, static_cast<double>(finite_steps), all_samples}, at::kDouble);
+      at::Tensor l = at::tensor({losses.sum, static_cast<double>(losses.finite_steps), all_samples}, at::kDouble);
       comm_->allreduce_sum(l);
       rec.loss = l[0].item<double>() / std::max(1.0, l[1].item<double>());
       all_samples = l[2].item<double>();
@@ -564,96 +457,32 @@ class Run {
     return rec;
   }
 
-  /// One batch: copy, forward, backward (gradients averaged across ranks while it
-  /// runs), optimizer step with loss scaling. Returns the step's loss. The step's one
-  /// host read (its loss, and whether a gradient is inf/NaN) waits for this stream alone;
-  /// the stage times come from events on it (StageClock), read a step later.
-  double train_step(const data::Batch& batch, EpochRecord& rec) {
-    clock_->start();
-    std::optional<trace::Range> stage(std::in_place, "copy");
-    const at::Tensor x =
-        batch_tensor(batch, t_.image_key, "train.image_key").to(device_, at::kFloat, /*non_blocking=*/true);
-    const at::Tensor y = batch_tensor(batch, t_.label_key, "train.label_key").to(device_, /*non_blocking=*/true);
-    std::string items;
-    for (std::size_t i : batch.items) items += (items.empty() ? "" : ", ") + std::to_string(i);
-    const std::string where = str("epoch ", rec.epoch, ", step ", rec.steps + 1, " (items ", items, ")");
-    clock_->lap(&StageTimes::copy);
-    stage.reset();
+  /// The epoch's loss is the mean of its finite step losses.
+  struct EpochLosses {
+    double sum = 0;
+    int finite_steps = 0;
+  };
 
-    if (distributed_ && !buffers_.empty()) {  // BatchNorm statistics: rank 0's, as DDP's broadcast_buffers
-      torch::NoGradGuard g;
-      comm_->broadcast_coalesced(buffers_, 0);
+  /// A step's outcome, read back a step after it ran (step.hpp): its loss into the epoch's,
+  /// TensorBoard and the step callback; a skipped update counted, and the run stopped after
+  /// train.max_nonfinite_steps of them in a row (NonFiniteLoss names that step).
+  void take(const StepOutcome& done, EpochRecord& rec, EpochLosses& losses) {
+    const int steps = static_cast<int>(loader_->batches_per_epoch());
+    const int epoch = done.label.epoch;
+    if (!done.applied) ++rec.skipped_steps;
+    nonfinite_->record(epoch, done.label.step, steps, done.loss, done.applied,
+                       [this, epoch] { return nonfinite_context(epoch); });
+    if (events_) {  // MONAI's tutorials' x axis: epoch_len * epoch + step, 1-based
+      const double now = profile::unix_seconds();
+      const long global = static_cast<long>(epoch - 1) * steps + done.label.step;
+      events_->scalar("train_loss", done.loss, global, now);
+      events_->scalar("learning_rate", rec.lr, global, now);
     }
-    stage.emplace("forward");
-    at::Tensor loss;
-    with_context(where, [&] {
-      AutocastGuard autocast(device_.type(), precision_);
-      const at::Tensor logits = model_.forward(x);
-      loss = supervision_weights_.empty() ? (*loss_fn_)(logits.to(at::kFloat), y)
-                                          : deep_supervision_loss(*loss_fn_, logits, y, supervision_weights_);
-    });
-    if (cb_.loss_filter) loss = cb_.loss_filter(rec.epoch, rec.steps + 1, loss);
-    clock_->lap(&StageTimes::forward);
-
-    stage.emplace("backward");
-    optimizer_->zero_grad();
-    if (grad_sync_) grad_sync_->prepare();
-    with_context(where, [&] { scaler_->scale(loss).backward(); });
-    clock_->lap(&StageTimes::backward);
-
-    if (grad_sync_) {
-      stage.emplace("allreduce");
-      grad_sync_->finish();
+    if (std::isfinite(done.loss)) {
+      losses.sum += done.loss;
+      ++losses.finite_steps;
     }
-    stage.emplace("optimizer");
-    // fp16: the scaler's unscale finds inf/NaN gradients (and backs off); fp32, bf16: no
-    // NaN may reach the weights. Under DDP the gradients are the averaged ones, so every
-    // rank decides alike, also when only one rank's loss was NaN.
-    if (scaler_->enabled()) scaler_->unscale(*optimizer_);
-    const at::Tensor bad = scaler_->enabled() ? scaler_->found_inf(*optimizer_) : nonfinite_gradients();
-    const at::Tensor read = at::stack({loss.detach().reshape({}).to(at::kDouble), bad.reshape({}).to(at::kDouble)})
-                                .to(at::kCPU);  // the one host read
-    const double step_loss = read[0].item<double>();
-    const bool clean = read[1].item<double>() == 0 && (scaler_->enabled() || std::isfinite(step_loss));
-    clock_->collect(rec.times);  // earlier steps' events have passed
-    bool stepped = false;
-    if (scaler_->enabled()) {
-      stepped = scaler_->step(*optimizer_, clean);
-      scaler_->update();
-    } else if (clean) {
-      optimizer_->step();
-      stepped = true;
-    }
-    clock_->lap(&StageTimes::optimizer);
-    if (!stepped) ++rec.skipped_steps;
-    ++rec.steps;
-    nonfinite_->record(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss, stepped,
-                       [this, &rec] { return nonfinite_context(rec.epoch); });
-    if (rank0_ && cb_.step) cb_.step(rec.epoch, rec.steps, static_cast<int>(loader_->batches_per_epoch()), step_loss);
-    stage.reset();
-    return step_loss;
-  }
-
-  /// How many gradient elements are inf or NaN, as a 1-element tensor on the device (no
-  /// host read): on CUDA one fused check per dtype group (torch's GradScaler kernel, with
-  /// a scale of 1), elsewhere one sum per parameter (inf or NaN anywhere makes it non-finite).
-  at::Tensor nonfinite_gradients() const {
-    torch::NoGradGuard no_grad;
-    if (device_.is_cuda()) {
-      std::map<at::ScalarType, std::vector<at::Tensor>> groups;
-      for (const auto& p : params_) {
-        if (p.grad().defined()) groups[p.grad().scalar_type()].push_back(p.grad());
-      }
-      at::Tensor found = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device_));
-      const at::Tensor one = at::ones({1}, found.options());
-      for (auto& [dtype, grads] : groups) at::_amp_foreach_non_finite_check_and_unscale_(grads, found, one);
-      return found;
-    }
-    at::Tensor total = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-    for (const auto& p : params_) {
-      if (p.grad().defined()) total = total + p.grad().sum(at::kDouble);
-    }
-    return at::isfinite(total).logical_not().to(at::kFloat);
+    if (rank0_ && cb_.step) cb_.step(epoch, done.label.step, steps, done.loss);
   }
 
   /// The end of NonFiniteLoss's message: what is kept, and where to look.
@@ -661,8 +490,8 @@ class Run {
     std::string kept;
     if (!rank0_) {
       kept = "Rank 0 keeps the checkpoints written so far";
-    } else if (os::exists(last_path_)) {
-      kept = str(last_path_, " (epoch ", epoch - 1, ")", os::exists(best_path_) ? str(" and ", best_path_) : "",
+    } else if (os::exists(folder_.last_checkpoint())) {
+      kept = str(folder_.last_checkpoint(), " (epoch ", epoch - 1, ")", os::exists(folder_.best_checkpoint()) ? str(" and ", folder_.best_checkpoint()) : "",
                  " are kept; epoch ", epoch, " is not saved");
     } else {
       kept = "No checkpoint was written yet";
@@ -716,9 +545,11 @@ class Run {
     if (rank0_) {
       trace::Range range("checkpoint");
       const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
-      if (improved) save_checkpoint(best_path_, *model_.module, nullptr, meta);
-      save_checkpoint(last_path_, *model_.module, optimizer_.get(), meta);
-      write_metrics(t_.run_dir, result_.history);
+      if (improved) save_checkpoint(folder_.best_checkpoint(), *model_.module, nullptr, meta);
+      save_checkpoint(folder_.last_checkpoint(), *model_.module, optimizer_.get(), meta);
+      std::vector<nlohmann::json> epochs;
+      for (const auto& e : result_.history) epochs.push_back(e.to_json());
+      detail::write_metrics(t_.run_dir, epochs);
       if (events_) {  // after last.ckpt: a run killed before this flush resumes after this epoch, no step twice
         detail::epoch_events(*events_, rec, model_.classes - static_cast<std::int64_t>(rec.dice_per_class.size()));
         events_->flush();
@@ -784,10 +615,7 @@ class Run {
   Collective* comm_;
   const bool rank0_, distributed_;
   Clock::time_point start_;
-  std::string last_path_, best_path_;
-  os::FileLock run_lock_;   // rank 0's lock on run_dir, held for the run
-  bool overwrite_ = false;  // --overwrite: the old run is set aside when this one writes
-  std::string aside_;       // where it is while this run has no checkpoint yet
+  detail::RunFolder folder_;
   int first_epoch_ = 0;
   double elapsed_before_ = 0;
   c10::Device device_{c10::kCPU};
@@ -807,9 +635,8 @@ class Run {
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
-  std::unique_ptr<detail::StageClock> clock_;
+  std::unique_ptr<TrainingStep> step_;
   std::unique_ptr<Loss> loss_fn_;
-  std::vector<double> supervision_weights_;  // deep supervision's loss weights (none: one output)
   TrainResult result_;
 };
 

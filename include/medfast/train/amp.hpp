@@ -97,6 +97,10 @@ class GradScaler {
   /// (the trainer reads it with the loss): `clean` is whether it was 0. Throws Error
   /// unless unscale(opt) came first.
   bool step(torch::optim::Optimizer& opt, bool clean);
+  /// The caller's update took opt's step itself, skipping itself on the device where
+  /// found_inf(opt) is not 0 (update.hpp's ParameterUpdate): no host read. Throws Error
+  /// unless unscale(opt) came first.
+  void stepped(const torch::optim::Optimizer& opt);
   /// After unscale(opt): float32 [1] on the scale's device, > 0 when a gradient was
   /// inf/nan (no host read). Throws Error before unscale(opt).
   at::Tensor found_inf(const torch::optim::Optimizer& opt);

@@ -91,6 +91,11 @@ class Loss {
   /// scalar, differentiable w.r.t. input. Shapes that do not fit are ValueErrors
   /// stating both shapes.
   at::Tensor operator()(const at::Tensor& input, const at::Tensor& target) const;
+  /// The same without reading anything on the host (a training step's way): where the
+  /// target holds class indices, they are clamped into [0, C) and their range before that
+  /// is left in *label_range (int64 [2] on the device: lowest, highest), for the caller to
+  /// check when it reads the step back; elsewhere *label_range is left undefined.
+  at::Tensor operator()(const at::Tensor& input, const at::Tensor& target, at::Tensor* label_range) const;
   const LossOptions& options() const { return options_; }
 
  private:
@@ -101,8 +106,9 @@ class Loss {
 /// outputs, the full-size one first, the heads resized to it) against one target:
 /// sum over i of weights[i] * loss(stacked[:, i], target), in float32; outputs of weight 0
 /// are not scored. ValueError when the stack and the weights differ in number.
+/// `label_range` as Loss::operator() takes it (the range over every scored output).
 at::Tensor deep_supervision_loss(const Loss& loss, const at::Tensor& stacked, const at::Tensor& target,
-                                 const std::vector<double>& weights);
+                                 const std::vector<double>& weights, at::Tensor* label_range = nullptr);
 
 /// [B, 1, ...] class indices (any integer or float dtype; floats are truncated) to a
 /// float32 one-hot [B, num_classes, ...] (MONAI's one_hot). Throws ValueError when a

@@ -1,0 +1,197 @@
+// The training step (train/step.hpp): outcomes read a step later equal a plain loop's losses
+// and weights; a non-finite step never reaches the weights; labels outside the classes stop
+// the run naming the step they came from.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
+
+#include "medfast/core/error.hpp"
+#include "medfast/nn/network.hpp"
+#include "medfast/train/amp.hpp"
+#include "medfast/train/losses.hpp"
+#include "medfast/train/optim.hpp"
+#include "medfast/train/step.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+const nlohmann::json kModel = {{"name", "UNet"},  {"spatial_dims", 3},       {"in_channels", 1},
+                               {"out_channels", 2}, {"channels", {4, 8, 16}}, {"strides", {2, 2}},
+                               {"num_res_units", 1}, {"norm", "batch"}};
+
+LossOptions dice_ce() {
+  LossOptions o;
+  o.name = LossName::DiceCE;
+  o.to_onehot_y = true;
+  o.softmax = true;
+  return o;
+}
+
+OptimizerOptions sgd() {
+  OptimizerOptions o = OptimizerOptions::defaults("SGD");
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 1e-4;
+  o.nesterov = true;
+  return o;
+}
+
+/// Batches of random images and two-class labels, the same for every caller.
+struct Batches {
+  std::vector<at::Tensor> images, labels;
+  explicit Batches(int n) {
+    torch::manual_seed(7);
+    for (int i = 0; i < n; ++i) {
+      images.push_back(torch::randn({2, 1, 16, 16, 8}));
+      labels.push_back((torch::rand({2, 1, 16, 16, 8}) > 0.7).to(at::kFloat));
+    }
+  }
+};
+
+/// A network, its optimizer, scaler and loss, from one seed.
+struct Trainee {
+  torch::nn::AnyModule net;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  GradScaler scaler{GradScalerOptions{65536.0, 2.0, 0.5, 2000, false}};
+  Loss loss{dice_ce()};
+  explicit Trainee(const OptimizerOptions& o = sgd(), const std::string& norm = "batch") {
+    torch::manual_seed(3);
+    nlohmann::json model = kModel;
+    model["norm"] = norm;
+    net = nn::make_network(model);
+    params = nn::unique_tensors(net.ptr()->parameters());
+    optimizer = make_optimizer(params, o);
+  }
+  TrainingStep step(const OptimizerOptions& o = sgd()) {
+    TrainingStep::Parts parts;
+    parts.model = net;
+    parts.params = params;
+    parts.optimizer = optimizer.get();
+    parts.optimizer_name = o.name;
+    parts.scaler = &scaler;
+    parts.loss = &loss;
+    return TrainingStep(std::move(parts), StepOptions{});
+  }
+  at::Tensor weights() const {
+    std::vector<at::Tensor> f;
+    for (const auto& p : params) f.push_back(p.detach().reshape({-1}));
+    return at::cat(f);
+  }
+};
+
+TEST(TrainingStep, OutcomesReadAStepLaterEqualAPlainLoop) {
+  torch::set_num_threads(1);
+  const Batches b(5);
+  for (const char* name : {"SGD", "Adam", "AdamW", "Novograd"}) {
+    SCOPED_TRACE(name);
+    OptimizerOptions o = name == std::string("SGD") ? sgd() : OptimizerOptions::defaults(name);
+    o.lr = name == std::string("SGD") ? o.lr : 1e-3;
+    // Novograd scales each tensor's gradient to unit norm: a convolution's bias before batch
+    // norm, whose gradient is rounding noise (1e-9), moves by lr whichever way the noise
+    // points, and the two loops' noise differs after the first step. Without batch norm
+    // every gradient means something.
+    const std::string norm = name == std::string("Novograd") ? "none" : "batch";
+    // The plain loop: zero_grad, forward, loss, backward, step(), the loss read at once.
+    Trainee ref(o, norm);
+    std::vector<double> want;
+    for (std::size_t i = 0; i < b.images.size(); ++i) {
+      ref.optimizer->zero_grad();
+      const at::Tensor loss = ref.loss(ref.net.forward<at::Tensor>(b.images[i]), b.labels[i]);
+      loss.backward();
+      ref.optimizer->step();
+      want.push_back(loss.item<double>());
+    }
+    // The step: each outcome comes back with the next step, the last from finish().
+    Trainee s(o, norm);
+    TrainingStep step_object = s.step(o);
+    TrainingStep* step = &step_object;
+    std::vector<StepOutcome> got;
+    StageTimes times;
+    for (std::size_t i = 0; i < b.images.size(); ++i) {
+      const auto done = step->run(b.images[i], b.labels[i], StepLabel{1, static_cast<int>(i) + 1, {2 * i, 2 * i + 1}}, times);
+      EXPECT_EQ(done.has_value(), i > 0) << "step " << i + 1;
+      if (done) got.push_back(*done);
+    }
+    const auto last = step->finish(times);
+    ASSERT_TRUE(last.has_value());
+    got.push_back(*last);
+    EXPECT_FALSE(step->finish(times).has_value());
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].label.step, static_cast<int>(i) + 1);
+      EXPECT_TRUE(got[i].applied);
+      EXPECT_NEAR(got[i].loss, want[i], 1e-5 * std::abs(want[i])) << "step " << i + 1;
+    }
+    EXPECT_TRUE(at::allclose(s.weights(), ref.weights(), 1e-5, 1e-6))
+        << "the weights differ after the steps by up to " << (s.weights() - ref.weights()).abs().max().item<double>();
+    EXPECT_GT(times.forward + times.backward + times.optimizer, 0.0);
+    EXPECT_GT(times.copy, 0.0);
+    // The parameters' gradients are set to none before each backward (and the last one's left).
+    for (const auto& p : s.params) EXPECT_TRUE(p.grad().defined());
+  }
+}
+
+TEST(TrainingStep, ANonFiniteStepIsSkippedAndReportedAsSuch) {
+  torch::set_num_threads(1);
+  const Batches b(3);
+  Trainee s;
+  TrainingStep::Parts parts;
+  parts.model = s.net;
+  parts.params = s.params;
+  parts.optimizer = s.optimizer.get();
+  parts.optimizer_name = "SGD";
+  parts.scaler = &s.scaler;
+  parts.loss = &s.loss;
+  parts.loss_filter = [](int, int step, const at::Tensor& loss) { return step == 2 ? loss * std::nan("") : loss; };
+  TrainingStep step(std::move(parts), StepOptions{});
+  StageTimes times;
+  ASSERT_FALSE(step.run(b.images[0], b.labels[0], {1, 1, {0}}, times).has_value());
+  const at::Tensor after_first = s.weights().clone();
+  const auto first = step.run(b.images[1], b.labels[1], {1, 2, {1}}, times);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->applied);
+  // Step 2's NaN gradients did not reach the weights (its update skipped itself).
+  EXPECT_TRUE(at::equal(s.weights(), after_first));
+  const auto second = step.run(b.images[2], b.labels[2], {1, 3, {2}}, times);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_FALSE(second->applied);
+  EXPECT_TRUE(std::isnan(second->loss));
+  EXPECT_EQ(second->label.text(), "epoch 1, step 2 (items 1)");
+  const auto third = step.finish(times);
+  ASSERT_TRUE(third.has_value());
+  EXPECT_TRUE(third->applied);
+  EXPECT_FALSE(at::equal(s.weights(), after_first));
+}
+
+TEST(TrainingStep, LabelsOutsideTheClassesNameTheirStep) {
+  torch::set_num_threads(1);
+  const Batches b(2);
+  Trainee s;
+  TrainingStep step = s.step();
+  StageTimes times;
+  const at::Tensor bad = b.labels[0].clone();
+  bad[1][0][3][4][5] = 5;
+  const at::Tensor before = s.weights().clone();
+  ASSERT_FALSE(step.run(b.images[0], bad, {3, 4, {10, 11}}, times).has_value());  // found on the device, read later
+  const std::string m = test::error_of<ValueError>([&] { step.run(b.images[1], b.labels[1], {3, 5, {12, 13}}, times); });
+  EXPECT_NE(m.find("epoch 3, step 4 (items 10, 11): one_hot: labels must lie in [0, 2), got values from 0 to 5"),
+            std::string::npos)
+      << m;
+  // The bad step's update skipped itself (and the error came before the next one's).
+  EXPECT_TRUE(at::equal(before, s.weights()));
+  // Read at the end of an epoch too.
+  TrainingStep last = s.step();
+  const at::Tensor negative = b.labels[0] - 1;
+  ASSERT_FALSE(last.run(b.images[0], negative, {1, 1, {0, 1}}, times).has_value());
+  const std::string m2 = test::error_of<ValueError>([&] { last.finish(times); });
+  EXPECT_NE(m2.find("epoch 1, step 1 (items 0, 1): one_hot: labels must lie in [0, 2), got values from -1 to 0"),
+            std::string::npos)
+      << m2;
+}
+
+}  // namespace
+}  // namespace medfast::train
