@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "medfast/nn/direct_conv.hpp"
+#include "medfast/nn/layout.hpp"
 
 // ConvTranspose3d's custom backward (ConvTranspose3dByConv): libtorch 1.x only. The one
 // definition behind transposed_conv_custom_backward() and the code that is compiled for it.
@@ -188,7 +189,7 @@ bool transposed_conv_custom_backward() {
 }
 
 at::Tensor Conv3dImpl::forward(const at::Tensor& input) {
-  at::Tensor y = run(input);
+  at::Tensor y = keep_channels_last(input, weight, run(input));
   if (innermost_counter != nullptr) {
     count_macs(static_cast<double>(y.numel()) * static_cast<double>(options.in_channels() / options.groups()) *
                static_cast<double>(c10::multiply_integers(*options.kernel_size())));
@@ -225,7 +226,7 @@ at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::opti
     count_macs(static_cast<double>(input.numel()) * static_cast<double>(out_per_group) *
                static_cast<double>(c10::multiply_integers(*options.kernel_size())));
   }
-  return run(input, output_size);
+  return keep_channels_last(input, weight, run(input, output_size));
 }
 
 at::Tensor ConvTranspose3dImpl::run(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {

@@ -1,5 +1,6 @@
 #include "medfast/nn/dynunet.hpp"
 #include "medfast/nn/conv.hpp"
+#include "medfast/nn/norm.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -87,7 +88,7 @@ Block conv_layer(const DynUNetOptions& o, std::int64_t in, std::int64_t out, con
 
 torch::nn::AnyModule norm_layer(const DynUNetOptions& o, std::int64_t channels) {
   if (o.norm_name == DynUNetNorm::batch) return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
-  return torch::nn::AnyModule(torch::nn::InstanceNorm3d(torch::nn::InstanceNorm3dOptions(channels).affine(true)));
+  return torch::nn::AnyModule(InstanceNorm3d(torch::nn::InstanceNorm3dOptions(channels).affine(true)));
 }
 
 // UnetBasicBlock (conv1, conv2, lrelu, norm1, norm2) or, with `residual`, UnetResBlock (plus

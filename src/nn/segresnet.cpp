@@ -1,5 +1,6 @@
 #include "medfast/nn/segresnet.hpp"
 #include "medfast/nn/conv.hpp"
+#include "medfast/nn/norm.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -47,9 +48,9 @@ Block conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel, std::in
 
 torch::nn::AnyModule make_norm(const SegResNetOptions& o, std::int64_t channels) {
   if (o.norm == SegResNetNorm::group)
-    return torch::nn::AnyModule(torch::nn::GroupNorm(torch::nn::GroupNormOptions(o.num_groups, channels)));
+    return torch::nn::AnyModule(GroupNorm(torch::nn::GroupNormOptions(o.num_groups, channels)));
   if (o.norm == SegResNetNorm::batch) return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
-  return torch::nn::AnyModule(torch::nn::InstanceNorm3d(channels));  // affine=False, as MONAI
+  return torch::nn::AnyModule(InstanceNorm3d(channels));  // affine=False, as MONAI
 }
 
 torch::nn::AnyModule make_act(const SegResNetOptions& o) {

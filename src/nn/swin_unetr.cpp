@@ -1,5 +1,6 @@
 #include "medfast/nn/swin_unetr.hpp"
 #include "medfast/nn/conv.hpp"
+#include "medfast/nn/norm.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -174,7 +175,7 @@ Block dynunet_conv_layer(std::int64_t in, std::int64_t out, std::int64_t kernel,
 
 torch::nn::AnyModule make_norm(SwinNorm name, std::int64_t channels) {
   if (name == SwinNorm::batch) return torch::nn::AnyModule(torch::nn::BatchNorm3d(channels));
-  return torch::nn::AnyModule(torch::nn::InstanceNorm3d(channels));  // affine=False, as MONAI
+  return torch::nn::AnyModule(InstanceNorm3d(channels));  // affine=False, as MONAI
 }
 
 // MONAI's UnetResBlock: conv-norm-lrelu-conv-norm, plus the input (through a 1x1x1 conv and
@@ -498,8 +499,9 @@ class SwinTransformerImpl : public torch::nn::Module {
     torch::Tensor h = torch::dropout(patch_embed_->forward(x), drop_, is_training());
     std::vector<torch::Tensor> hidden{out(h)};
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      if (!convs_.empty()) h = convs_[i]->forward(h.contiguous());
-      h = layers_[i]->forward(h.contiguous());
+      // MONAI's .contiguous(): dense memory, here in the layout the network runs in.
+      if (!convs_.empty()) h = convs_[i]->forward(h.contiguous(h.suggest_memory_format()));
+      h = layers_[i]->forward(h.contiguous(h.suggest_memory_format()));
       hidden.push_back(out(h));
     }
     return hidden;

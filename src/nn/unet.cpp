@@ -1,5 +1,6 @@
 #include "medfast/nn/unet.hpp"
 #include "medfast/nn/conv.hpp"
+#include "medfast/nn/norm.hpp"
 #include "medfast/nn/network.hpp"
 
 #include <torch/torch.h>
@@ -54,7 +55,7 @@ Block convolution(const UNetOptions& o, std::int64_t in, std::int64_t out, std::
   if (conv_only) return s;
   Block adn;
   if (o.norm == UNetNorm::batch) adn->push_back("N", torch::nn::BatchNorm3d(out));
-  if (o.norm == UNetNorm::instance) adn->push_back("N", torch::nn::InstanceNorm3d(out));  // affine=False, as MONAI
+  if (o.norm == UNetNorm::instance) adn->push_back("N", InstanceNorm3d(out));  // affine=False, as MONAI
   if (o.dropout > 0) adn->push_back("D", torch::nn::Dropout(o.dropout));
   adn->push_back("A", torch::nn::PReLU());
   s->push_back("adn", adn);

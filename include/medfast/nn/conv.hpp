@@ -28,6 +28,9 @@
 /// docs/benchmarks.md ("Direct convolutions for few channels"): 2 -> 2 channels over 4 x 96^3
 /// voxels in a fifth of oneDNN's time, 16 -> 2 in half; with 8 output channels and more
 /// oneDNN was as fast or faster. The conv_forward setting (libtorch) turns it off.
+///
+/// A channels-last input gives a channels-last output (layout.hpp): where a libtorch CPU
+/// kernel writes NCDHW for it (libtorch 1.13's), the output is laid out channels-last again.
 #include <torch/nn/modules/conv.h>
 
 namespace medfast::nn {
