@@ -214,14 +214,18 @@ Batch Loader::build(std::size_t b, int worker) {
     std::vector<std::int64_t> batch_shape = shape;
     batch_shape.insert(batch_shape.begin(), static_cast<std::int64_t>(samples.size()));
     at::Tensor stacked;
+    // A channels-last network's batches are written NDHWC where they are gathered (the
+    // exact strides also with one channel), so nothing lays them out again on the device.
+    const auto layout = options_.channels_last && batch_shape.size() == 5 ? at::MemoryFormat::ChannelsLast3d
+                                                                           : at::MemoryFormat::Contiguous;
     if (where.is_cpu() && (options_.pin_memory || !device.is_cpu())) {
       // Host samples bound for a GPU: gathered into pinned memory, so that the copy
       // below is asynchronous (pin_memory needs a CUDA-capable libtorch).
-      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).pinned_memory(at::hasCUDA()));
-    } else if (where.is_cpu()) {
+      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).pinned_memory(at::hasCUDA()).memory_format(layout));
+    } else if (where.is_cpu() && layout == at::MemoryFormat::Contiguous) {
       stacked = pooled_empty(batch_shape, dtype);  // recycled pages, not freshly zeroed ones
     } else {
-      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).device(where));  // the side stream
+      stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).device(where).memory_format(layout));  // the side stream
     }
     for (std::size_t i = 0; i < samples.size(); ++i) {
       transforms::write_into(samples[i], pending[i], k, stacked[static_cast<std::int64_t>(i)]);

@@ -9,6 +9,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/nn/layout.hpp"
 #include "medfast/train/optim.hpp"
 
 namespace medfast::train {
@@ -61,14 +62,41 @@ Parts read_parts(const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
+namespace {
+/// A tensor as files hold it: on the CPU, contiguous with the exact NCDHW strides (one
+/// channel included: nn::to_memory_format).
+at::Tensor as_stored(const at::Tensor& t) {
+  const at::Tensor cpu = t.cpu();
+  return cpu.dim() == 5 ? nn::to_memory_format(cpu, at::MemoryFormat::Contiguous) : cpu.contiguous();
+}
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                      const nlohmann::json& meta) {
   torch::serialize::OutputArchive archive;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) archive.write("model." + p.key(), p.value().detach().cpu());
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) archive.write("model." + b.key(), b.value().cpu(), true);
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    archive.write("model." + p.key(), as_stored(p.value().detach()));
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    archive.write("model." + b.key(), as_stored(b.value()), true);
+  }
   if (optimizer) {
+    // The state contiguous for the write (a swap of tensors, no change of values), back after.
+    std::vector<std::pair<at::Tensor*, at::Tensor>> kept;
+    for_each_state_tensor(*optimizer, [&](const at::Tensor&, at::Tensor& t) {
+      const at::Tensor stored = as_stored(t);
+      if (stored.is_same(t)) return;
+      kept.emplace_back(&t, t);
+      t = stored;
+    });
     torch::serialize::OutputArchive opt;
-    optimizer->save(opt);
+    try {
+      optimizer->save(opt);
+    } catch (...) {
+      for (auto& [where, t] : kept) *where = t;
+      throw;
+    }
+    for (auto& [where, t] : kept) *where = t;
     archive.write("optimizer", opt);
   }
   std::ostringstream os;
@@ -176,6 +204,36 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
     }
   }
   return parts.meta;
+}
+
+namespace {
+/// Every tensor of an archive, recursively, keyed by its path ("a/b" for b in sub-archive a).
+void collect_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
+                     std::map<std::string, at::Tensor>& out) {
+  for (const std::string& key : archive.keys()) {
+    c10::IValue v;
+    if (archive.try_read(key, v) && v.isTensor()) {
+      out[prefix + key] = v.toTensor();
+      continue;
+    }
+    torch::serialize::InputArchive sub;
+    if (archive.try_read(key, sub)) collect_tensors(sub, prefix + key + "/", out);
+  }
+}
+}  // namespace
+
+std::map<std::string, at::Tensor> read_checkpoint_tensors(const std::string& path) {
+  Parts parts = read_parts(path);
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(parts.bytes.data() + parts.archive_offset, parts.archive_size, at::kCPU);
+  } catch (const c10::Error& e) {
+    throw FormatError(str("checkpoint ", path, ": unreadable tensor archive: ", e.what_without_backtrace()));
+  }
+  std::map<std::string, at::Tensor> all, out;
+  collect_tensors(archive, "", all);
+  for (auto& [key, t] : all) out[key.rfind("model.", 0) == 0 ? key.substr(6) : key] = t;
+  return out;
 }
 
 }  // namespace medfast::train

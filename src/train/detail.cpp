@@ -19,6 +19,7 @@
 #include <deque>
 
 #include "medfast/io/tensor_io.hpp"
+#include "medfast/nn/layout.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/metrics.hpp"
 
@@ -176,14 +177,16 @@ void StageClock::flush(StageTimes& times) {
 
 Predictor inference_predictor(const nlohmann::json& model, const torch::nn::AnyModule& trained,
                               const Settings& settings, const std::string& where, c10::Device device,
-                              Precision precision, Tta tta) {
+                              Precision precision, Tta tta, at::MemoryFormat memory_format) {
+  nn::set_memory_format(*trained.ptr(), memory_format);
   torch::nn::AnyModule run = settings.get_bool("fold_batch_norm")
                                  ? nn::inference_network(nn::parse_network(without_pretrained(model), where), trained)
                                  : trained;
+  nn::set_memory_format(*run.ptr(), memory_format);  // a folded network is a new one
   return with_tta(
-      [run, type = device.type(), precision](const at::Tensor& x) mutable {
+      [run, type = device.type(), precision, memory_format](const at::Tensor& x) mutable {
         AutocastGuard autocast(type, precision);
-        return run.forward<at::Tensor>(x);
+        return run.forward<at::Tensor>(nn::to_memory_format(x, memory_format));
       },
       tta);
 }

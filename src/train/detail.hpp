@@ -39,12 +39,13 @@ Loaded load_network(const std::string& checkpoint, c10::Device device);
 
 /// The predictor validation, eval and infer run: nn::inference_network of `trained` (a UNet
 /// with batch norm folded into its convolutions; `trained` itself where the fold_batch_norm
-/// setting is off), autocast to `precision` on `device`, with test-time augmentation `tta`.
-/// `model`: the config's model section `trained` was built from. The predictor holds the
-/// network it runs.
+/// setting is off), autocast to `precision` on `device`, with test-time augmentation `tta`,
+/// the network and its input windows laid out in `memory_format` (nn/layout.hpp; `trained`
+/// is laid out so too). `model`: the config's model section `trained` was built from. The
+/// predictor holds the network it runs.
 Predictor inference_predictor(const nlohmann::json& model, const torch::nn::AnyModule& trained,
                               const Settings& settings, const std::string& where, c10::Device device,
-                              Precision precision, Tta tta);
+                              Precision precision, Tta tta, at::MemoryFormat memory_format);
 
 /// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
 /// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).

@@ -150,8 +150,9 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   data::CachedDataset ds = data::make_validation_dataset(p);
   ds.fill();
   torch::NoGradGuard no_grad;
-  const Predictor predict = detail::inference_predictor(net.meta["config"]["model"], net.any, settings,
-                                                       c.path + ": model", device, precision, c.validation.tta);
+  const Predictor predict =
+      detail::inference_predictor(net.meta["config"]["model"], net.any, settings, c.path + ": model", device, precision,
+                                  c.validation.tta, resolve_memory_format(c.train.memory_format, device));
   EvalResult r;
   MeanMetric dice, hd;
   for (std::size_t i = 0; i < ds.size(); ++i) {
@@ -386,7 +387,9 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
   os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
-  const Predictor predict = detail::inference_predictor(cfg.at("model"), net.any, settings, "model", device, precision, tta);
+  const Predictor predict = detail::inference_predictor(
+      cfg.at("model"), net.any, settings, "model", device, precision, tta,
+      memory_format_of(cfg.value("train", nlohmann::json::object()), device, checkpoint.empty() ? o.config_path : checkpoint));
   if (message && tta != Tta::none) {
     const std::int64_t calls = tta_forwards(tta, static_cast<std::int64_t>(swo.roi_size.size()));
     message(str("test-time augmentation ", name_of(tta), ": ", calls, " network calls per window, each mirror image ",

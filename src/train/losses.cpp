@@ -9,16 +9,28 @@
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/nn/layout.hpp"
 
 namespace medfast::train {
 
 namespace {
 
-/// MONAI's one_hot without the range check, for indices known to be valid.
-at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes) {
+/// MONAI's one_hot without the range check, for indices known to be valid; in `layout`.
+at::Tensor scatter_one_hot(const at::Tensor& indices, std::int64_t num_classes,
+                           at::MemoryFormat layout = at::MemoryFormat::Contiguous) {
   std::vector<std::int64_t> shape = indices.sizes().vec();
   shape[1] = num_classes;
-  return at::zeros(shape, indices.options().dtype(at::kFloat)).scatter_(1, indices, 1.0);
+  const auto format = shape.size() == 5 ? layout : at::MemoryFormat::Contiguous;
+  return at::zeros(shape, indices.options().dtype(at::kFloat).memory_format(format)).scatter_(1, indices, 1.0);
+}
+
+/// Softmax (or its log) over the channels. A channels-last tensor's channels are the
+/// innermost axis of its memory: there, over the last axis of a [N, D, H, W, C] view, which
+/// keeps the layout (libtorch's kernels over dim 1 would make the input contiguous first).
+at::Tensor channel_softmax(const at::Tensor& x, bool log) {
+  if (!nn::is_channels_last(x)) return log ? at::log_softmax(x, 1) : at::softmax(x, 1);
+  const at::Tensor last = x.permute({0, 2, 3, 4, 1});
+  return (log ? at::log_softmax(last, -1) : at::softmax(last, -1)).permute({0, 4, 1, 2, 3});
 }
 
 /// The Dice term on activated predictions p and one-hot targets t of the same shape.
@@ -118,7 +130,7 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target, a
     const auto [lo, hi] = at::aminmax(all);
     *label_range = at::stack({lo, hi});
     const at::Tensor clamped = all.clamp(0, C - 1);
-    t = scatter_one_hot(clamped, C).to(x.scalar_type());
+    t = scatter_one_hot(clamped, C, x.suggest_memory_format()).to(x.scalar_type());
     indices = clamped.squeeze(1);
   } else if (onehot_y) {
     t = train::one_hot(raw_target, C).to(x.scalar_type());
@@ -127,7 +139,8 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target, a
     t = raw_target.to(x.scalar_type());
   }
 
-  const at::Tensor p = o.sigmoid ? at::sigmoid(x) : o.softmax ? at::softmax(x, 1) : x;
+  const bool channels_last = nn::is_channels_last(x);
+  const at::Tensor p = o.sigmoid ? at::sigmoid(x) : o.softmax ? channel_softmax(x, /*log=*/false) : x;
   const bool drop_background = !o.include_background && multi;
   const auto foreground = [&](const at::Tensor& a) { return drop_background ? a.narrow(1, 1, C - 1) : a; };
   const at::Tensor dice = dice_term(foreground(p), foreground(t), o);
@@ -137,6 +150,9 @@ at::Tensor Loss::operator()(const at::Tensor& input, const at::Tensor& target, a
     at::Tensor ce;
     if (!multi) {
       ce = at::binary_cross_entropy_with_logits(x, t);
+    } else if (channels_last) {  // the same sums, the channels innermost (at::cross_entropy_loss: over dim 1)
+      const at::Tensor log_p = channel_softmax(x, /*log=*/true);
+      ce = onehot_y ? -log_p.gather(1, indices.unsqueeze(1)).mean() : -(log_p * t).sum(1).mean();
     } else if (onehot_y) {
       ce = at::cross_entropy_loss(x, indices);
     } else {

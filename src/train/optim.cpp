@@ -404,6 +404,46 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(std::vector<at::Tensor> 
   return find_registered(kOptimizers, options.name)->make.make(std::move(params), options);
 }
 
+void for_each_state_tensor(torch::optim::Optimizer& optimizer,
+                           const std::function<void(const at::Tensor& parameter, at::Tensor& state)>& f) {
+  auto& state = optimizer.state();
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) {
+      const auto it = state.find(optimizer_state_key(p));
+      if (it == state.end()) continue;
+      torch::optim::OptimizerParamState* s = it->second.get();
+      auto visit = [&](at::Tensor& t) {
+        if (t.defined()) f(p, t);
+      };
+      if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+        visit(sgd->momentum_buffer());
+      } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+        visit(adam->exp_avg());
+        visit(adam->exp_avg_sq());
+        visit(adam->max_exp_avg_sq());
+      } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+        visit(adamw->exp_avg());
+        visit(adamw->exp_avg_sq());
+        visit(adamw->max_exp_avg_sq());
+      } else if (auto* novograd = dynamic_cast<NovogradParamState*>(s)) {
+        visit(novograd->exp_avg());
+        visit(novograd->exp_avg_sq());
+        visit(novograd->max_exp_avg_sq());
+      }
+    }
+  }
+}
+
+void lay_out_state_as_parameters(torch::optim::Optimizer& optimizer) {
+  for_each_state_tensor(optimizer, [](const at::Tensor& p, at::Tensor& t) {
+    if (t.sizes() == p.sizes() && t.strides() != p.strides() && p.is_non_overlapping_and_dense()) {
+      at::Tensor laid = at::empty_strided(p.sizes(), p.strides(), t.options());
+      laid.copy_(t);
+      t = laid;
+    }
+  });
+}
+
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   MEDFAST_CHECK_T(ValueError, lr >= 0, "set_learning_rate: lr must be >= 0 (got ", lr, ")");
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);

@@ -124,6 +124,25 @@ void TrainOptions::validate() const {
   (void)detail::parse_device(device, "train.device");
 }
 
+at::MemoryFormat resolve_memory_format(MemoryFormatChoice choice, c10::Device device) {
+  switch (choice) {
+    case MemoryFormatChoice::channels_last: return at::MemoryFormat::ChannelsLast3d;
+    case MemoryFormatChoice::contiguous: return at::MemoryFormat::Contiguous;
+    case MemoryFormatChoice::automatic: break;
+  }
+  return device.is_cuda() ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
+}
+
+at::MemoryFormat memory_format_of(const nlohmann::json& train_section, c10::Device device, const std::string& where) {
+  const nlohmann::json v = train_section.is_object() ? train_section.value("memory_format", nlohmann::json("auto"))
+                                                     : nlohmann::json("auto");
+  const auto choice = v.is_string() ? parse_choice<MemoryFormatChoice>(v.get<std::string>()) : std::nullopt;
+  if (!choice) {
+    throw ValueError(str(where, ": train.memory_format: expected ", choice_list<MemoryFormatChoice>(), ", got ", v.dump()));
+  }
+  return resolve_memory_format(*choice, device);
+}
+
 int apply_network_threads(int train_threads, const Settings& settings) {
   const int n = train_threads > 0 ? train_threads : settings.threads();
   at::set_num_threads(n);

@@ -15,6 +15,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/trace.hpp"
+#include "medfast/nn/layout.hpp"
 
 namespace medfast::train {
 
@@ -137,7 +138,7 @@ std::optional<StepOutcome> TrainingStep::run(const at::Tensor& image, const at::
   const std::string context = where.text();
   s.clock.start();
   std::optional<trace::Range> stage(std::in_place, "copy");
-  const at::Tensor x = image.to(o.device, at::kFloat, /*non_blocking=*/true).contiguous(o.memory_format);
+  const at::Tensor x = nn::to_memory_format(image.to(o.device, at::kFloat, /*non_blocking=*/true), o.memory_format);
   const at::Tensor y = label.to(o.device, /*non_blocking=*/true);
   s.clock.lap(&StageTimes::copy);
   stage.reset();

@@ -18,6 +18,7 @@
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/nn/dynunet.hpp"
+#include "medfast/nn/layout.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
 #include "medfast/train/step.hpp"
@@ -109,13 +110,14 @@ struct Validation {
 };
 
 Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c10::Device device, Precision precision,
-                    Collective* comm) {
+                    at::MemoryFormat memory_format, Collective* comm) {
   model.module->eval();
   torch::NoGradGuard no_grad;
   const std::int64_t classes = model.classes;
   MeanMetric dice, hd;
   const Predictor predict =
-      detail::inference_predictor(c.model, model.any, c.settings, c.path + ": model", device, precision, c.validation.tta);
+      detail::inference_predictor(c.model, model.any, c.settings, c.path + ": model", device, precision, c.validation.tta,
+                                  memory_format);
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
     const detail::CaseScores scores =
@@ -205,7 +207,8 @@ class Run {
     }
     if (device_.is_cpu() && rank0_) warn_if_reference_blas();
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
-            "device ", t_.device, ", amp ", precision_name(precision_), ", ", model_threads_, " libtorch threads, ",
+            "device ", t_.device, ", amp ", precision_name(precision_), ", ", nn::memory_format_name(memory_format_), ", ",
+            model_threads_, " libtorch threads, ",
             pipeline_.loader.threads, " loader threads; ", loader_->batches_per_epoch(), " steps per epoch"));
     model_.module->train();
     // Only rank 0 writes files: the other ranks' profilers stay off.
@@ -239,6 +242,7 @@ class Run {
     // tensors there, not on their threads' GPU 0.
     device_ = detail::usable_device(t_.device, c_.path + ": train.device");
     precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
+    memory_format_ = resolve_memory_format(t_.memory_format, device_);
     if (device_.is_cuda()) {
       at::globalContext().setDeterministicCuDNN(t_.deterministic);
       at::globalContext().setBenchmarkCuDNN(!t_.deterministic);
@@ -265,6 +269,7 @@ class Run {
     pipeline_.loader.device = device_.str();
     pipeline_.cache.store.device = device_.is_cuda() ? device_.str() : pipeline_.cache.store.device;
     pipeline_.loader.pin_memory = pipeline_.loader.pin_memory || device_.is_cuda();
+    pipeline_.loader.channels_last = memory_format_ == at::MemoryFormat::ChannelsLast3d;
     // Under DDP each rank's dataset is already its (padded) partition of the items
     // (CachedDataset, from RANK/WORLD_SIZE), so the loader does not split it again.
     // The smart cache's window is the same on every rank: there the loader's
@@ -321,6 +326,7 @@ class Run {
 
   void build_model_and_optimizer() {
     model_ = build_model(c_, device_);
+    nn::set_memory_format(*model_.module, memory_format_);  // before the optimizer: its state follows
     if (distributed_) {
       torch::NoGradGuard g;
       comm_->broadcast_coalesced(nn::unique_tensors(model_.module->parameters()), 0);
@@ -352,6 +358,7 @@ class Run {
     StepOptions so_step;
     so_step.device = device_;
     so_step.precision = precision_;
+    so_step.memory_format = memory_format_;
     step_ = std::make_unique<TrainingStep>(std::move(parts), so_step);
     result_.run_dir = t_.run_dir;
   }
@@ -378,8 +385,9 @@ class Run {
     model_.module->eval();
     const std::string what = str(c_.path, ": the network cannot take a validation window of ", at::IntArrayRef(shape),
                                  " (validation.sliding_window.roi_size, model.in_channels)");
-    const at::Tensor out =
-        with_context(what, [&] { return model_.forward(at::zeros(shape, at::TensorOptions().device(device_))); });
+    const at::Tensor out = with_context(what, [&] {
+      return model_.forward(nn::to_memory_format(at::zeros(shape, at::TensorOptions().device(device_)), memory_format_));
+    });
     std::vector<std::int64_t> want = shape;
     want[1] = model_.classes;
     if (out.sizes() != at::IntArrayRef(want)) {
@@ -401,6 +409,7 @@ class Run {
     }
     for (const auto& e : meta.at("history")) result_.history.push_back(EpochRecord::from_json(e));
     if (meta.contains("scaler")) scaler_->load_state(meta["scaler"]);
+    lay_out_state_as_parameters(*optimizer_);  // checkpoints hold it contiguous
     say(str("resuming ", folder_.last_checkpoint(), " after epoch ", first_epoch_));
   }
 
@@ -511,7 +520,7 @@ class Run {
     if (val_ds_ && ((epoch + 1) % c_.validation.interval == 0 || last_epoch)) {
       const auto v0 = Clock::now();
       trace::Range range("validation");
-      const Validation v = validate(model_, *val_ds_, c_, device_, precision_, comm_);
+      const Validation v = validate(model_, *val_ds_, c_, device_, precision_, memory_format_, comm_);
       rec.times.validation = seconds_since(v0);
       rec.dice = v.mean_dice;
       rec.dice_per_class = v.dice;
@@ -620,6 +629,7 @@ class Run {
   double elapsed_before_ = 0;
   c10::Device device_{c10::kCPU};
   Precision precision_ = Precision::fp32;
+  at::MemoryFormat memory_format_ = at::MemoryFormat::Contiguous;
   SelfCheckReport self_check_;
   std::unique_ptr<NonFiniteGuard> nonfinite_;
   int model_threads_ = 1;

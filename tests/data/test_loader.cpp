@@ -72,6 +72,28 @@ TEST(Loader, BatchesAreIdenticalWhateverThreadsAndPrefetch) {
   EXPECT_NE(epoch(other_epoch, 4)[0].items, want[0].items);  // reshuffled
 }
 
+// A channels-last network's batches (the trainer sets LoaderOptions::channels_last): the
+// same values, written NDHWC with its exact strides (one channel too), pinned or not.
+TEST(Loader, ChannelsLastBatchesHoldTheSameValues) {
+  Loader reference(7, item, chain(), opts(2, 2));
+  const auto want = epoch(reference, 1);
+  for (const bool pinned : {false, true}) {
+    LoaderOptions o = opts(2, 2);
+    o.channels_last = true;
+    o.pin_memory = pinned && at::hasCUDA();
+    Loader l(7, item, chain(), o);
+    const auto got = epoch(l, 1);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t b = 0; b < got.size(); ++b) {
+      for (const auto& [k, t] : want[b].tensors) {
+        const at::Tensor& g = got[b].tensors.at(k);
+        EXPECT_TRUE(at::equal(g, t)) << k;
+        EXPECT_EQ(g.suggest_memory_format(), at::MemoryFormat::ChannelsLast3d) << k << " strides " << g.strides();
+      }
+    }
+  }
+}
+
 TEST(Loader, RanksSplitLikeDistributedSampler) {
   LoaderOptions o = opts(2, 2, 2);
   std::multiset<std::size_t> all;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
+#include "medfast/nn/layout.hpp"
 #include "medfast/train/losses.hpp"
 #include "golden_set.hpp"
 #include "test_util.hpp"
@@ -50,6 +51,49 @@ TEST_F(LossGolden, Float32ValuesAndGradientsMatchTheReference) {
     ASSERT_EQ(grad.sizes(), grad_want.sizes());
     EXPECT_LE(max_abs(grad.to(at::kDouble) - grad_want), 2e-5 * max_abs(grad_want));
   }
+}
+
+// A training step's way (train/step.hpp): channels-last logits (softmax and cross-entropy
+// over the innermost axis of their memory) and labels whose range is checked later, on the
+// host, a step on: the same values and gradients, in float64 to rounding. The range left
+// is the labels' lowest and highest class.
+TEST_F(LossGolden, ChannelsLastAndDeferredLabelChecksGiveTheSameLossAndGradient) {
+  int five_d = 0;
+  for (const auto& c : manifest_["cases"]) {
+    const at::Tensor input = tensor(c["input"]);
+    if (input.dim() != 5) continue;
+    ++five_d;
+    SCOPED_TRACE(c["options"].dump() + " on " + c["input"].get<std::string>());
+    const Loss loss(LossOptions::from_json(c["options"]));
+    const at::Tensor x = nn::to_memory_format(input.to(at::kDouble), at::MemoryFormat::ChannelsLast3d).requires_grad_(true);
+    ASSERT_TRUE(nn::is_channels_last(x) || x.size(1) == 1);
+    at::Tensor range;
+    const at::Tensor target = tensor(c["target"]);
+    const at::Tensor value = loss(x, target, &range);
+    value.backward();
+    const double want = c["loss"];
+    EXPECT_NEAR(value.item<double>(), want, 1e-12 * std::abs(want));
+    EXPECT_LE(max_abs(x.grad() - tensor(c["grad"])), 1e-11 * max_abs(tensor(c["grad"])));
+    if (range.defined()) {
+      const at::Tensor classes = target.to(at::kLong);
+      EXPECT_EQ(range[0].item<std::int64_t>(), classes.min().item<std::int64_t>());
+      EXPECT_EQ(range[1].item<std::int64_t>(), classes.max().item<std::int64_t>());
+    }
+  }
+  EXPECT_GE(five_d, 10);
+  // Out of range: the step's loss is computed on labels clamped into the classes; the range
+  // tells the caller, which does not take the step.
+  LossOptions o;
+  o.to_onehot_y = true;
+  o.softmax = true;
+  const at::Tensor logits = at::randn({1, 2, 3, 3, 3}, at::kDouble);
+  at::Tensor labels = at::zeros({1, 1, 3, 3, 3});
+  labels[0][0][1][1][1] = 4;
+  at::Tensor range;
+  const Loss dice_ce(o);
+  EXPECT_TRUE(std::isfinite(dice_ce(logits, labels, &range).item<double>()));
+  EXPECT_EQ(range[1].item<std::int64_t>(), 4);
+  EXPECT_THROW(dice_ce(logits, labels), ValueError);  // the checked way refuses them at once
 }
 
 TEST_F(LossGolden, Float64InputsMatchTheReferenceToRounding) {

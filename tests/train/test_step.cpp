@@ -8,12 +8,16 @@
 #include <vector>
 
 #include "medfast/core/error.hpp"
+#include "medfast/nn/layout.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/step.hpp"
+#include "nn/op_recorder.hpp"
 #include "test_util.hpp"
+
+#include <torch/version.h>
 
 namespace medfast::train {
 namespace {
@@ -191,6 +195,84 @@ TEST(TrainingStep, LabelsOutsideTheClassesNameTheirStep) {
   EXPECT_NE(m2.find("epoch 1, step 1 (items 0, 1): one_hot: labels must lie in [0, 2), got values from -1 to 0"),
             std::string::npos)
       << m2;
+}
+
+
+// On a GPU (libtorch 2.x: CUDA 3D convolutions keep channels-last), the spleen recipe's
+// network channels-last in fp16 and bf16: no operator under its forward, loss and backward
+// copies a tensor into another layout (aten::contiguous, aten::clone, a copy_ that keeps the
+// dtype; autocast's casts change it), and the update is libtorch's fused kernel.
+TEST(TrainingStepGpu, ChannelsLastForwardAndBackwardHaveNoLayoutRoundTrips) {
+  MEDFAST_REQUIRE_CUDA();
+  const nlohmann::json model = {{"name", "UNet"},  {"in_channels", 1},     {"out_channels", 2},
+                                {"channels", {16, 32, 64, 128, 256}}, {"strides", {2, 2, 2, 2}},
+                                {"num_res_units", 2}, {"norm", "batch"}};
+  const c10::Device cuda("cuda:0");
+  for (const Precision precision : {Precision::fp16, Precision::bf16}) {
+    SCOPED_TRACE(precision_name(precision));
+    torch::manual_seed(0);
+    auto net = nn::make_network(model);
+    net.ptr()->to(cuda);
+    nn::set_memory_format(*net.ptr(), at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor x = nn::to_memory_format(torch::randn({4, 1, 64, 64, 64}, at::TensorOptions().device(cuda)),
+                                              at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor y = (torch::rand({4, 1, 64, 64, 64}, at::TensorOptions().device(cuda)) > 0.7).to(at::kFloat);
+    const Loss loss(dice_ce());
+    auto pass = [&] {
+      at::Tensor range;
+      at::Tensor l;
+      {
+        AutocastGuard autocast(c10::DeviceType::CUDA, precision);
+        l = loss(net.forward<at::Tensor>(x).to(at::kFloat), y, &range);
+      }
+      for (auto& p : net.ptr()->parameters()) p.mutable_grad().reset();
+      (precision == Precision::fp16 ? l * 1024.0 : l).backward();
+    };
+    for (int i = 0; i < 3; ++i) pass();  // cuDNN's autotuning and the allocator settle
+    std::vector<test::OpRecorder::Op> ops;
+    {
+      test::OpRecorder recorder;
+      pass();
+      torch::cuda::synchronize();
+      ops = recorder.ops();
+    }
+    ASSERT_GT(ops.size(), 50u);
+    int backward_ops = 0;
+    for (const auto& op : ops) {
+      EXPECT_NE(op.name, "aten::contiguous");
+      EXPECT_NE(op.name, "aten::clone");
+      EXPECT_FALSE(op.same_dtype_copy) << "a copy that keeps the dtype (a layout change)";
+      if (op.name.find("backward") != std::string::npos) ++backward_ops;
+    }
+    EXPECT_GT(backward_ops, 10) << "the backward ops were not recorded";
+  }
+  // The update on the GPU: libtorch's fused kernel where this libtorch has it (2.3 and later
+  // for SGD; foreach before).
+  Trainee s;
+  s.net.ptr()->to(cuda);
+  TrainingStep::Parts parts;
+  parts.model = s.net;
+  parts.params = nn::unique_tensors(s.net.ptr()->parameters());
+  s.optimizer = make_optimizer(parts.params, sgd());
+  parts.optimizer = s.optimizer.get();
+  parts.optimizer_name = "SGD";
+  parts.scaler = &s.scaler;
+  parts.loss = &s.loss;
+  StepOptions o;
+  o.device = cuda;
+  TrainingStep step(std::move(parts), o);
+  const Batches b(2);
+  StageTimes times;
+  step.run(b.images[0], b.labels[0], {1, 1, {0}}, times);
+  const auto done = step.run(b.images[1], b.labels[1], {1, 2, {1}}, times);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->applied);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  EXPECT_EQ(step.update_kernel(), UpdateKernel::fused);
+#else
+  EXPECT_EQ(step.update_kernel(), UpdateKernel::foreach);
+#endif
+  EXPECT_TRUE(step.finish(times).has_value());
 }
 
 }  // namespace

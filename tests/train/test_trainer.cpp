@@ -338,6 +338,72 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   }
 }
 
+// train.memory_format channels_last on the CPU (where auto picks contiguous): the network,
+// its batches and validation run NDHWC; the run trains as the contiguous one does (float
+// rounding apart), its checkpoints are contiguous on disk (as PyTorch and MONAI expect
+// files), and it resumes bit-identically into its channels-last network.
+TEST(Trainer, ChannelsLastTrainsAsContiguousWritesContiguousFilesAndResumes) {
+  test::TempDir dir;
+  const nlohmann::json base = tiny_config(dir);
+  nlohmann::json a = base;
+  a["train"]["run_dir"] = dir / "contiguous";
+  const TrainResult ra = Trainer(a, "", one_thread()).run(false);
+  nlohmann::json b = base;
+  b["train"]["run_dir"] = dir / "channels_last";
+  b["train"]["memory_format"] = "channels_last";
+  std::vector<std::string> said;
+  TrainCallbacks cb;
+  cb.message = [&](const std::string& m) { said.push_back(m); };
+  const TrainResult rb = Trainer(b, "", one_thread()).run(false, cb);
+  ASSERT_EQ(rb.history.size(), ra.history.size());
+  for (std::size_t i = 0; i < ra.history.size(); ++i) {
+    EXPECT_NEAR(rb.history[i].loss, ra.history[i].loss, 1e-3 * std::abs(ra.history[i].loss)) << "epoch " << i + 1;
+    EXPECT_NEAR(*rb.history[i].dice, *ra.history[i].dice, 0.02) << "epoch " << i + 1;
+  }
+  EXPECT_TRUE(std::any_of(said.begin(), said.end(),
+                          [](const std::string& m) { return m.find("amp fp32, channels_last") != std::string::npos; }));
+  // On disk: every tensor, the optimizer's momentum buffers too, contiguous.
+  const auto stored = read_checkpoint_tensors(dir / "channels_last/last.ckpt");
+  int five_d = 0, state = 0;
+  for (const auto& [name, t] : stored) {
+    EXPECT_TRUE(t.is_contiguous()) << name << " strides " << t.strides();
+    if (t.dim() == 5 && name.rfind("optimizer/", 0) != 0) {
+      ++five_d;
+      EXPECT_EQ(t.stride(1), t.size(2) * t.size(3) * t.size(4)) << name << ": NCDHW strides";
+    }
+    if (name.rfind("optimizer/", 0) == 0 && t.dim() == 5) ++state;
+  }
+  EXPECT_GT(five_d, 3);
+  EXPECT_GT(state, 3);
+  // Resumed after epoch 1 into a channels-last network: as the run that went on.
+  nlohmann::json c = b;
+  c["train"]["run_dir"] = dir / "resumed";
+  TrainCallbacks stop;
+  stop.epoch = [](const EpochRecord& r) {
+    if (r.epoch == 1) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(Trainer(c, "", one_thread()).run(false, stop), std::runtime_error);
+  const TrainResult rc = Trainer(c, "", one_thread()).run(true);
+  ASSERT_EQ(rc.history.size(), rb.history.size());
+  EXPECT_EQ(rc.history.back().loss, rb.history.back().loss);
+  const auto tb = checkpoint_tensors(dir / "channels_last/last.ckpt", base["model"]);
+  const auto tc = checkpoint_tensors(dir / "resumed/last.ckpt", base["model"]);
+  for (const auto& [name, t] : tb) EXPECT_TRUE(at::equal(t, tc.at(name))) << name << " differs after resume";
+  // The choice, resolved by device; a bad value names the key and the choices.
+  EXPECT_EQ(resolve_memory_format(MemoryFormatChoice::automatic, c10::Device("cuda:0")), at::MemoryFormat::ChannelsLast3d);
+  EXPECT_EQ(resolve_memory_format(MemoryFormatChoice::automatic, c10::Device("cpu")), at::MemoryFormat::Contiguous);
+  EXPECT_EQ(resolve_memory_format(MemoryFormatChoice::contiguous, c10::Device("cuda:0")), at::MemoryFormat::Contiguous);
+  EXPECT_EQ(memory_format_of(nlohmann::json::object(), c10::Device("cuda:0"), "x"), at::MemoryFormat::ChannelsLast3d);
+  const std::string m = test::error_of<ValueError>(
+      [&] { memory_format_of({{"memory_format", "NDHWC"}}, c10::Device("cpu"), "old.ckpt"); });
+  EXPECT_EQ(m, "old.ckpt: train.memory_format: expected auto | channels_last | contiguous, got \"NDHWC\"");
+  nlohmann::json bad = base;
+  bad["train"]["memory_format"] = "nhwc";
+  const std::string k = test::error_of<ConfigError>([&] { Trainer(bad, "", one_thread()); });
+  EXPECT_NE(k.find("train.memory_format"), std::string::npos) << k;
+  EXPECT_NE(k.find("channels_last"), std::string::npos) << k;
+}
+
 // A NaN loss in fp32 stops the run at that step, naming the epoch, the step and the last
 // finite loss; the checkpoints of earlier epochs stay, the bad epoch is not saved.
 TEST(Trainer, NonFiniteLossStopsTheRunAndKeepsEarlierCheckpoints) {

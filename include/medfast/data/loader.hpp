@@ -45,6 +45,9 @@ struct LoaderOptions {
   std::string device = "cpu";
   bool pin_memory = false;
   int rank = 0, world_size = 1;  ///< set by the trainer under DDP (not config keys)
+  /// Set by the trainer for a channels-last network (not a config key): 5-D batches are
+  /// written NDHWC (at::MemoryFormat::ChannelsLast3d), on the host and on the device alike.
+  bool channels_last = false;
 
   /// data.loader's keys.
   static constexpr auto fields() {

@@ -16,6 +16,7 @@
 /// so a crash leaves the previous checkpoint; a reader verifies the checksum and
 /// names the file and the tensor that does not fit.
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 
 namespace torch::nn {
@@ -27,8 +28,11 @@ class Optimizer;
 
 namespace medfast::train {
 
-/// Writes `module` (and `optimizer` if given) with `meta` to `path` atomically.
-void save_checkpoint(const std::string& path, const torch::nn::Module& module, const torch::optim::Optimizer* optimizer,
+/// Writes `module` (and `optimizer` if given) with `meta` to `path` atomically. Every tensor
+/// is written contiguous (NCDHW), whatever layout it has in memory (nn/layout.hpp), as
+/// PyTorch and MONAI expect files; the optimizer's state is laid out so for the write and
+/// put back after it.
+void save_checkpoint(const std::string& path, const torch::nn::Module& module, torch::optim::Optimizer* optimizer,
                      const nlohmann::json& meta);
 
 /// Reads `path` into `module` (and `optimizer` if given); returns the JSON document.
@@ -37,5 +41,10 @@ nlohmann::json load_checkpoint(const std::string& path, torch::nn::Module& modul
 
 /// Only the JSON document (verifies the checksum too).
 nlohmann::json read_checkpoint_meta(const std::string& path);
+
+/// The network's tensors as the file stores them (names without the "model." prefix, on
+/// the CPU, with their stored strides), and, where the file holds an optimizer's state, its
+/// tensors under "optimizer/<key>". For inspection and tests; FormatError as load_checkpoint.
+std::map<std::string, at::Tensor> read_checkpoint_tensors(const std::string& path);
 
 }  // namespace medfast::train

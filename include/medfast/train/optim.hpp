@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -160,6 +161,17 @@ OptimizerStateKey optimizer_state_key(const at::Tensor& p);
 /// State goes to parameters by position; the groups' options are restored.
 /// Throws ValueError when the group or parameter counts differ.
 void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
+
+/// Calls f(parameter, state tensor) for every tensor of the per-parameter state of
+/// `optimizer` (momentum buffers, moments; SGD, Adam, AdamW, Novograd), so that it may
+/// replace it (f takes it by reference).
+void for_each_state_tensor(torch::optim::Optimizer& optimizer,
+                           const std::function<void(const at::Tensor& parameter, at::Tensor& state)>& f);
+
+/// Each state tensor shaped as its parameter laid out as the parameter is (after loading
+/// a checkpoint written in another layout: nn/layout.hpp), so that the update's operations
+/// see one layout.
+void lay_out_state_as_parameters(torch::optim::Optimizer& optimizer);
 
 /// Sets the learning rate of every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);

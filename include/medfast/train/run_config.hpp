@@ -2,11 +2,15 @@
 /// \file
 /// A training run's config, read and checked in one place (see trainer.hpp for
 /// the sections). Every error names the config and the key.
+#include <ATen/ATen.h>
+
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "medfast/core/choices.hpp"
 #include "medfast/core/settings.hpp"
 #include "medfast/train/profiler.hpp"
 #include "medfast/data/pipeline.hpp"
@@ -24,6 +28,21 @@ nlohmann::json default_run_config();
 /// Applies "a.b.c=value" (value parsed as YAML: numbers, booleans, lists, strings).
 /// Throws ValueError naming the key when it does not have the form key=value.
 void apply_override(nlohmann::json& config, const std::string& assignment);
+
+/// train.memory_format: the layout the network runs in (nn/layout.hpp).
+enum class MemoryFormatChoice { automatic, channels_last, contiguous };
+constexpr std::array<Choice<MemoryFormatChoice>, 3> choices(MemoryFormatChoice) {
+  return {{{MemoryFormatChoice::automatic, "auto"},
+           {MemoryFormatChoice::channels_last, "channels_last"},
+           {MemoryFormatChoice::contiguous, "contiguous"}}};
+}
+/// The layout a network runs in on `device`: auto is channels-last (NDHWC) on CUDA, where
+/// cuDNN's half-precision 3D kernels want it, and contiguous on the CPU, where medfast's
+/// direct convolution declines channels-last input and docs/benchmarks.md measured no gain.
+at::MemoryFormat resolve_memory_format(MemoryFormatChoice choice, c10::Device device);
+/// The same for a config's train section as a checkpoint keeps it (eval, infer): its
+/// memory_format, auto where absent. ValueError naming `where` for another value.
+at::MemoryFormat memory_format_of(const nlohmann::json& train_section, c10::Device device, const std::string& where);
 
 struct TrainOptions {
   std::string run_dir = "runs/default";
@@ -43,6 +62,9 @@ struct TrainOptions {
   int max_nonfinite_steps = -1;
   /// TensorBoard event files in run_dir (rank 0; flushed each epoch): profile/events.hpp.
   bool tensorboard = true;
+  /// The network's layout: auto (channels-last on CUDA, contiguous on the CPU), channels_last
+  /// or contiguous (resolve_memory_format).
+  MemoryFormatChoice memory_format = MemoryFormatChoice::automatic;
   /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
   ProfileOptions profile;
 
@@ -61,7 +83,10 @@ struct TrainOptions {
         field("max_nonfinite_steps", &O::max_nonfinite_steps,
               "bad steps in a row that stop the run (-1: 1, or 20 with fp16; 0: never stop)"),
         field("tensorboard", &O::tensorboard,
-              "write TensorBoard event files into run_dir (tensorboard --logdir runs), flushed each epoch"));
+              "write TensorBoard event files into run_dir (tensorboard --logdir runs), flushed each epoch"),
+        field("memory_format", &O::memory_format,
+              "the network's layout: auto (channels_last on CUDA, contiguous on the CPU), channels_last (NDHWC) or "
+              "contiguous (NCDHW)"));
   }
   void validate() const;
 };
