@@ -4,6 +4,7 @@
 Usage: /usr/bin/python3 bench/monai_twin.py --config RUN_DIR/config.json --base DIR [--seed S]
            [--threads 2] [--run-dir DIR] [--monai ../shared/peers/monai-1.3.2]
            [--device cpu|cuda] [--amp fp32|fp16|bf16] [--reader auto|nibabel|numpy]
+           [--channels-last] [--variants fp16,fp16-cl,bf16-cl]
 
 bench/default_run.py runs it beside medfast's built-in default run, and the GPU campaign's
 `monai` step (scripts/gpu_check.py) beside medfast's spleen recipe on CUDA. It reads the config
@@ -29,6 +30,12 @@ spleen fast-training tutorial would:
   AMP         train.amp (or --amp; true: fp16 on CUDA, bf16 on the CPU, as medfast): forward and
               loss under torch.autocast, fp16 with a GradScaler (scale, step, update), as the
               tutorial does;
+  layout      --channels-last: the peer at its best, the two lines a PyTorch user adds: the model
+              and every batch (and validation window) .to(memory_format=torch.channels_last_3d),
+              and torch.backends.cudnn.benchmark on (whatever train.deterministic says);
+  variants    --variants: several runs over one cache fill (the fill is the same for each), each
+              a fresh model from the seed: a dtype (fp16, bf16, fp32), with "-cl" channels-last;
+              the result is {"variants": [one document per run], ...};
   loader      ThreadDataLoader(num_workers=0) with the config's batch size and shuffle, batching
               the image and label only (SelectItemsd), as medfast's loader does; the time spent
               waiting for its next batch is the epoch's data wait;
@@ -195,9 +202,10 @@ def caches(monai, config, train_files, val_files, threads, device=None, on_devic
     return train_loader, val_ds, keys
 
 
-def validate(monai, model, val_ds, keys, config, device=None, amp="fp32"):
+def validate(monai, model, val_ds, keys, config, device=None, amp="fp32", channels_last=False):
     """Mean validation Dice of the foreground classes, as medfast scores a softmax model."""
     device = device or torch.device("cpu")
+    network_of = (lambda w: model(w.to(memory_format=torch.channels_last_3d))) if channels_last else model
     sw = dict(config.get("validation", {}).get("sliding_window", {}))
     roi, sw_batch = tuple(sw.pop("roi_size")), sw.pop("sw_batch_size", 1)
     classes = config["model"].get("out_channels", 2)
@@ -208,7 +216,7 @@ def validate(monai, model, val_ds, keys, config, device=None, amp="fp32"):
             item = val_ds[i]
             x = torch.as_tensor(item[keys[0]])[None].to(device).float()
             with autocast(device, amp):
-                logits = monai.inferers.sliding_window_inference(x, roi, sw_batch, model, **sw)
+                logits = monai.inferers.sliding_window_inference(x, roi, sw_batch, network_of, **sw)
             pred = torch.nn.functional.one_hot(logits.argmax(1), classes).permute(0, 4, 1, 2, 3)
             label = torch.as_tensor(item[keys[1]])[None, 0].to(device).long()
             truth = torch.nn.functional.one_hot(label, classes).permute(0, 4, 1, 2, 3)
@@ -217,7 +225,12 @@ def validate(monai, model, val_ds, keys, config, device=None, amp="fp32"):
     return metric.aggregate().item()
 
 
-def train_epoch(model, loader, keys, loss_fn, opt, device=None, amp="fp32", scaler=None):
+def layout(channels_last):
+    """The memory format batches and model take: channels_last_3d with --channels-last."""
+    return torch.channels_last_3d if channels_last else torch.contiguous_format
+
+
+def train_epoch(model, loader, keys, loss_fn, opt, device=None, amp="fp32", scaler=None, channels_last=False):
     """One pass over the loader: (mean step loss, steps, samples, seconds waiting for batches)."""
     device = device or torch.device("cpu")
     model.train()
@@ -232,6 +245,8 @@ def train_epoch(model, loader, keys, loss_fn, opt, device=None, amp="fp32", scal
         # On the device already where the cache is (ToDeviced); else copied over here.
         x = batch[keys[0]].to(device, non_blocking=True).float()
         y = batch[keys[1]].to(device, non_blocking=True)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last_3d)
         opt.zero_grad()
         with autocast(device, amp):
             loss = loss_fn(model(x), y)
@@ -277,41 +292,68 @@ def image_reader(choice):
     return monai_nifti_reader.NumpyNiftiReader(), "numpy (bench/monai_nifti_reader.py)"
 
 
-def run(monai, config, base, seed, threads, run_dir, device=None, amp="fp32", reader="auto"):
-    """The whole run; returns the result document."""
+def run(monai, config, base, seed, threads, run_dir, device=None, amp="fp32", reader="auto", channels_last=False,
+        variants=None):
+    """The whole run; returns the result document (with `variants`: {"variants": [...]} over one fill)."""
     device = device or torch.device("cpu")
     start = time.perf_counter()
     torch.set_num_threads(threads)
-    t = config["train"]
     monai.utils.set_determinism(seed=seed)
-    if device.type == "cuda":  # set_determinism turned cudnn's autotuner off; medfast's rule
-        torch.backends.cudnn.benchmark = not t.get("deterministic", False)
-        torch.backends.cudnn.deterministic = bool(t.get("deterministic", False))
     on_device = device.type == "cuda" and config["data"].get("cache", {}).get("kind") in ("device", "disk_device")
     train_files, val_files = dataset_items(config, base)
     reader, reader_name = image_reader(reader)
     loader, val_ds, keys = caches(monai, config, train_files, val_files, threads, device, on_device, reader)
     prepare = time.perf_counter() - start
+    common = {"prepare_seconds": prepare, "train_items": len(train_files), "val_items": len(val_files),
+              "device": str(device), "cache_on_device": on_device, "reader": reader_name,
+              "versions": {"monai": monai.__version__, "torch": torch.__version__,
+                           "numpy": sys.modules["numpy"].__version__ if "numpy" in sys.modules else None}}
+    if variants is None:
+        return train_variant(monai, config, seed, run_dir, device, amp, channels_last, loader, val_ds, keys, common, start)
+    results = []
+    for name in variants:
+        dtype, _, cl = name.partition("-")
+        if dtype not in ("fp16", "bf16", "fp32") or cl not in ("", "cl"):
+            refuse(f"--variants entry {name!r} (expected fp16, bf16 or fp32, with -cl for channels-last)")
+        folder = os.path.join(run_dir, name)
+        os.makedirs(folder, exist_ok=True)
+        results.append(train_variant(monai, config, seed, folder, device, precision(dtype, device.type == "cuda"),
+                                     cl == "cl", loader, val_ds, keys, dict(common, variant=name), time.perf_counter()))
+    return {**common, "variants": results, "seconds": time.perf_counter() - start}
+
+
+def train_variant(monai, config, seed, run_dir, device, amp, channels_last, loader, val_ds, keys, common, start):
+    """One training run over the filled caches: a fresh model from the seed, its epochs, verified."""
+    t = config["train"]
+    monai.utils.set_determinism(seed=seed)  # the same weights and loader order for every variant
+    deterministic = bool(t.get("deterministic", False))
+    if device.type == "cuda":  # set_determinism turned cudnn's autotuner off; medfast's rule, or the user's two lines
+        torch.backends.cudnn.benchmark = channels_last or not deterministic
+        torch.backends.cudnn.deterministic = deterministic and not channels_last
+        torch.cuda.reset_peak_memory_stats(device)
     model = network(monai, config["model"]).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last_3d)
     loss_fn = loss_function(monai, config.get("loss", {}))
     opt = optimizer(monai, model.parameters(), config["optimizer"], config.get("schedule"))
     scaler = grad_scaler() if amp == "fp16" else None
     epochs, target = t.get("epochs", 1), t.get("target_dice", 0)
     interval = config.get("validation", {}).get("interval", 1)
-    result = {"history": [], "reached_target": False, "time_to_target": None, "best_dice": -1.0,
-              "prepare_seconds": prepare, "train_items": len(train_files), "val_items": len(val_files),
+    result = {**common, "history": [], "reached_target": False, "time_to_target": None, "best_dice": -1.0,
               "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-              "device": str(device), "amp": amp, "cache_on_device": on_device, "reader": reader_name,
-              "versions": {"monai": monai.__version__, "torch": torch.__version__,
-                           "numpy": sys.modules["numpy"].__version__ if "numpy" in sys.modules else None}}
+              "amp": amp, "channels_last": channels_last,
+              "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if device.type == "cuda" else None,
+              "cudnn_deterministic": bool(torch.backends.cudnn.deterministic) if device.type == "cuda" else None}
     for epoch in range(epochs):
         t0 = time.perf_counter()
-        loss, steps, samples, wait = train_epoch(model, loader, keys, loss_fn, opt, device, amp, scaler)
+        loss, steps, samples, wait = train_epoch(model, loader, keys, loss_fn, opt, device, amp, scaler, channels_last)
         train_seconds = time.perf_counter() - t0
         dice, val_seconds = None, 0.0
         if val_ds is not None and ((epoch + 1) % interval == 0 or epoch + 1 == epochs):
             v0 = time.perf_counter()
-            dice = validate(monai, model, val_ds, keys, config, device, amp)
+            dice = validate(monai, model, val_ds, keys, config, device, amp, channels_last)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             val_seconds = time.perf_counter() - v0
         rec = {"epoch": epoch + 1, "loss": loss, "dice": dice, "steps": steps, "samples": samples,
                "train_seconds": train_seconds, "validation_seconds": val_seconds, "data_wait": wait,
@@ -325,6 +367,8 @@ def run(monai, config, base, seed, threads, run_dir, device=None, amp="fp32", re
         if dice is not None and target > 0 and dice >= target:
             result["reached_target"], result["time_to_target"] = True, rec["elapsed"]
             break
+    if device.type == "cuda":
+        result["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
     result["seconds"] = time.perf_counter() - start
     result["verified"] = verify(result, config)
     return result
@@ -370,6 +414,11 @@ def main():
     ap.add_argument("--reader", choices=["auto", "nibabel", "numpy"], default="auto",
                     help="NIfTI reader: MONAI's NibabelReader, or bench/monai_nifti_reader.py (gzip + numpy); "
                          "auto: nibabel where it imports (default)")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="model and batches in torch.channels_last_3d, cudnn.benchmark on (the peer at its best)")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated runs over one cache fill: fp16, bf16 or fp32, -cl for channels-last "
+                         "(e.g. fp16,fp16-cl,bf16-cl); overrides --amp and --channels-last")
     monai_peer.add_argument(ap)
     a = ap.parse_args()
     monai = monai_peer.load(a.monai)
@@ -388,7 +437,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="monai-twin-") as tmp:
         run_dir = a.run_dir or tmp
         os.makedirs(run_dir, exist_ok=True)
-        print(json.dumps(run(monai, config, os.path.abspath(a.base), seed, threads, run_dir, device, amp, a.reader)))
+        variants = [v.strip() for v in a.variants.split(",") if v.strip()] if a.variants else None
+        print(json.dumps(run(monai, config, os.path.abspath(a.base), seed, threads, run_dir, device, amp, a.reader,
+                             a.channels_last, variants)))
     return 0
 
 

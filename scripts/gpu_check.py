@@ -49,6 +49,7 @@ others "skipped: no CUDA device".
 """
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -60,10 +61,16 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["build", "gpu_tests", "python_tests", "self_check", "io", "train", "monai", "nccl", "trace", "sanitizer"]
+STEPS = ["build", "gpu_tests", "python_tests", "self_check", "io", "train", "monai", "nccl", "trace", "throughput",
+         "sanitizer"]
 # Each phase fits one device call of 10 minutes: the sanitizer (up to 9 minutes of its own)
-# is a third call.
-PHASES = {"build": ["build"], "run": STEPS[1:-1], "sanitize": ["sanitizer"], "all": STEPS}
+# is a third call. `throughput` is issue 44's measurement in one call of under 8 minutes: a
+# build of what it runs (THROUGHPUT_TARGETS), then the throughput step.
+PHASES = {"build": ["build"], "run": STEPS[1:-2], "sanitize": ["sanitizer"], "throughput": ["build", "throughput"],
+          "all": STEPS}
+# What the throughput phase builds: the command (its two programs) and the training tests (the
+# GPU step test); the whole tree takes a minute more on 16 cores.
+THROUGHPUT_TARGETS = "medfast_front,medfast_cli,medfast_train_tests"
 
 
 # The spleen-like cases of the training steps: 320x320 in-plane keeps the smallest case,
@@ -222,6 +229,8 @@ class Campaign:
         # -k 0: every compile error of this build in one device call, not only the first one;
         # the whole output goes to build.log beside the campaign's log.
         targets = [t for t in (self.a.targets or "").split(",") if t]
+        if not targets and self.a.phase == "throughput" and not self.a.only:
+            targets = THROUGHPUT_TARGETS.split(",")
         cmd = ["cmake", "--build", self.build, "-j", jobs, *(["--target", *targets] if targets else []), "--", "-k", "0"]
         log_path = os.path.join(self.out, "build.log")
         self.log("$ " + " ".join(cmd) + f"   (output in {log_path})")
@@ -503,6 +512,22 @@ class Campaign:
         s = json.loads(self.medfast("trace", "summarize", "--json", *traces))
         return {"traces": len(traces), **check_trace_summary(s if isinstance(s, list) else [s])}
 
+    def step_throughput(self):
+        """Issue 44's figures in one call: the spleen recipe from the device cache (32 training
+        cases) trained by medfast in fp16 and bf16 (channels-last, cudnn.benchmark on:
+        train.deterministic false) beside MONAI's tutorial loop and the same loop channels-last
+        (bench/monai_twin.py --variants fp16,fp16-cl,bf16-cl: one cache fill, the same
+        determinism), then a deterministic medfast run, the loader alone on the GPU, the DynUNet
+        (instance norm) step channels-last against contiguous, and the GPU step test (no layout
+        round trip, fused update). Each figure is logged as it comes (a call cut short keeps
+        them); the targets are judged at the end. Without a GPU (the dry run), the same code
+        runs a small rehearsal on the CPU, which checks its plumbing and judges nothing."""
+        rehearsal = not self.cuda()
+        if rehearsal and not self.a.dry_run:
+            raise Skip("no CUDA device")
+        t = Throughput(self, rehearsal)
+        return t.run()
+
     def step_sanitizer(self):
         """compute-sanitizer over the stream and I/O GPU tests of tests/gpu (the binary
         medfast_gpu_tests): memcheck over all four suites, then synccheck over the stream tests
@@ -577,6 +602,215 @@ class Campaign:
         if passed == "0":
             raise Skip(f"{name}: no test ran under compute-sanitizer ({skipped} skipped: see the log)")
         return f"{summary}; {passed} tests passed, {skipped} skipped; {seconds} s"
+
+
+class Throughput:
+    """The throughput step's measurements (Campaign.step_throughput). On a GPU: the spleen
+    recipe at full size; in rehearsal (no GPU): the built-in default's small data on the CPU,
+    fp32, two epochs, the same code paths, no targets judged."""
+
+    # Issue 44's targets, judged on a GPU only.
+    VS_TUTORIAL, VS_CHANNELS_LAST, LOADER_FACTOR, VALIDATION_SHARE, DYNUNET_FACTOR, DATA_WAIT = 3.0, 1.2, 2.0, 0.5, 1.5, 0.02
+
+    def __init__(self, campaign, rehearsal):
+        self.c = campaign
+        self.rehearsal = rehearsal
+        self.figures = {}
+        self.detail = {}
+        self.judged = {}
+
+    def note(self, key, value):
+        self.figures[key] = value
+        self.c.log(f"throughput: {key}: {value}")
+        print(f"gpu_check: throughput: {key}: {value}", flush=True)
+
+    # -- the runs --------------------------------------------------------------------------
+
+    def data(self):
+        if self.rehearsal:
+            return self.c.synth("rehearsal", 16, "160,160,16-20")
+        return self.c.spleen()
+
+    def train_sets(self, amp, deterministic):
+        if self.rehearsal:
+            return ["train.device=cpu", "train.amp=fp32", "data.cache.kind=memory",
+                    "train.memory_format=channels_last",  # the CPU rehearses the GPU's layout
+                    "data.random.0.spatial_size=[32,32,16]", "validation.sliding_window.roi_size=[32,32,16]",
+                    "data.validation.num=2", f"train.deterministic={str(deterministic).lower()}"]
+        return ["train.device=cuda", f"train.amp={amp}", "data.cache.kind=device",
+                f"train.deterministic={str(deterministic).lower()}"]
+
+    def medfast_run(self, name, amp, deterministic, epochs):
+        data = self.data()
+        run = os.path.join(self.c.work, name)
+        self.c.medfast("train", "--config", os.path.join(ROOT, "examples", "spleen.yaml"),
+                       "--set", f"data.dataset={data}/dataset.json", "--set", f"train.run_dir={run}",
+                       "--set", f"train.epochs={epochs}", "--set", "train.target_dice=0",
+                       "--set", "data.cache.dir=" + os.path.join(self.c.work, name + "-cache"),
+                       *sum((["--set", s] for s in self.train_sets(amp, deterministic)), []), timeout=900)
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            history = [json.loads(l) for l in f if l.strip()]
+        r = summarize_medfast(history)
+        r["config"] = os.path.join(run, "config.json")
+        r["run"] = run
+        self.detail[name] = r
+        return r
+
+    def twin(self, config, epochs):
+        peers = os.path.join(ROOT, ".gpu-peers") if not self.rehearsal else os.path.join(ROOT, "..", "shared", "peers",
+                                                                                            "monai-1.3.2")
+        if not os.path.isdir(os.path.join(peers, "monai")):
+            return None, f"MONAI 1.3.2 absent ({peers}): " + ("run scripts/gpu_peers.sh here and carry .gpu-peers"
+                                                              if not self.rehearsal else "the peers are not beside this clone")
+        variants = "fp32,fp32-cl" if self.rehearsal else "fp16,fp16-cl,bf16-cl"
+        path = os.environ.get("PYTHONPATH")
+        env = {"PYTHONPATH": peers + (os.pathsep + path if path else "")}
+        out = self.c.sh([sys.executable, os.path.join(ROOT, "bench", "monai_twin.py"), "--config", config,
+                         "--base", self.c.work, "--variants", variants, "--threads", str(os.cpu_count() or 2),
+                         "--monai", peers, "--reader", "auto" if self.rehearsal else "numpy",
+                         "--run-dir", os.path.join(self.c.work, "twin")]
+                        + ["--device", "cpu" if self.rehearsal else "cuda"], env=env, timeout=600)
+        doc = json.loads(out.strip().splitlines()[-1])
+        return {v["variant"]: summarize_twin(v) for v in doc["variants"]}, None
+
+    def loader(self, config):
+        args = ["bench", "loader", "--config", config, "--epochs", "4", "--json",
+                "--device", "cpu" if self.rehearsal else "cuda"]
+        j = json.loads(self.c.medfast(*args, timeout=600))
+        rates = [e["samples_per_second"] for e in j["epochs"][1:]] or [j["epochs"][0]["samples_per_second"]]
+        return {"samples/s": round(statistics.median(rates), 1), "verified": j.get("verified")}
+
+    def dynunet(self):
+        model = json.dumps(dict(DYNUNET, filters=[8, 16, 32, 64, 64, 64]) if self.rehearsal else DYNUNET)
+        shape = "2,1,64,64,32" if self.rehearsal else "2,1,128,128,128"
+        base = ["bench", "step", "--json", "--model", model, "--input", shape, "--steps", "3" if self.rehearsal else "10",
+                "--warmup", "1" if self.rehearsal else "3", "--optimizer", "SGD"]
+        if not self.rehearsal:
+            base += ["--device", "cuda", "--amp", "bf16"]
+        out = {}
+        for layout in ("contiguous", "channels_last"):
+            j = json.loads(self.c.medfast(*base, *(["--channels-last"] if layout == "channels_last" else []), timeout=600))
+            out[layout] = j.get("pipelined_step", j["train_step"])
+        return out
+
+    def gpu_step_test(self):
+        binary = os.path.join(self.c.build, "tests", "medfast_train_tests")
+        if self.rehearsal or not os.path.exists(binary):
+            return "not run (" + ("no GPU" if self.rehearsal else "medfast_train_tests not built") + ")"
+        out = self.c.sh([binary, "--gtest_filter=TrainingStepGpu.*"], check=False, timeout=300)
+        passed = "[  PASSED  ] 1 test" in out and "FAILED" not in out
+        return "passed" if passed else "FAILED: " + " | ".join(l for l in out.splitlines() if "Failure" in l or
+                                                                  "Expected" in l or "Value of" in l)[:300]
+
+    def run(self):
+        epochs = 2 if self.rehearsal else 3
+        fp16 = self.medfast_run("tp-fp16", "fp16", False, epochs)
+        self.note("medfast fp16" if not self.rehearsal else "medfast fp32 (rehearsal)", describe(fp16))
+        bf16 = None
+        if not self.rehearsal:
+            bf16 = self.medfast_run("tp-bf16", "bf16", False, epochs)
+            self.note("medfast bf16", describe(bf16))
+        twins, why = self.twin(fp16["config"], epochs)
+        if twins is None:
+            self.note("MONAI twin", why)
+        else:
+            for name, r in twins.items():
+                self.note(f"MONAI {name}", describe(r))
+        loader = self.loader(fp16["config"])
+        self.note("loader alone", f"samples/s {loader['samples/s']}, verified {loader['verified']}")
+        dyn = self.dynunet()
+        self.note("DynUNet step (instance norm)", f"contiguous {dyn['contiguous'] * 1e3:.1f} ms, channels-last "
+                                                  f"{dyn['channels_last'] * 1e3:.1f} ms")
+        self.note("GPU step test (no layout round trip, fused update)", self.gpu_step_test())
+        if not self.rehearsal:
+            det = self.medfast_run("tp-fp16-deterministic", "fp16", True, 2)
+            self.note("medfast fp16 deterministic (cudnn.benchmark off)", describe(det))
+        self.judge(fp16, bf16, twins, loader, dyn)
+        self.c.results["_throughput"] = {"detail": self.detail, "twins": twins, "loader": loader, "dynunet": dyn,
+                                         "judged": self.judged}
+        return self.figures
+
+    def judge(self, fp16, bf16, twins, loader, dyn):
+        """The issue's done-when, figure by figure ("met", "not met", or why it cannot be said)."""
+        def mark(what, ok, detail):
+            self.judged[what] = {"met": ok, "detail": detail}
+            self.note(f"target: {what}", ("met" if ok else "NOT met") + f" ({detail})" if not self.rehearsal
+                      else f"rehearsal, not judged ({detail})")
+        ours = fp16["samples/s"]
+        if twins:
+            tut = twins.get("fp16") or twins.get("fp32")
+            cl16 = twins.get("fp16-cl") or twins.get("fp32-cl")
+            mark(f">= {self.VS_TUTORIAL}x the fp16 tutorial twin", ours >= self.VS_TUTORIAL * tut["samples/s"],
+                 f"{ratio(ours, tut['samples/s'])}x")
+            mark(f"fp16 >= {self.VS_CHANNELS_LAST}x the channels-last twin", ours >= self.VS_CHANNELS_LAST * cl16["samples/s"],
+                 f"{ratio(ours, cl16['samples/s'])}x")
+            if bf16 and twins.get("bf16-cl"):
+                cl = twins["bf16-cl"]
+                mark(f"bf16 >= {self.VS_CHANNELS_LAST}x the channels-last twin",
+                     bf16["samples/s"] >= self.VS_CHANNELS_LAST * cl["samples/s"],
+                     f"{ratio(bf16['samples/s'], cl['samples/s'])}x")
+            if "peak GiB" in fp16 and "peak GiB" in cl16:
+                mark("peak GPU memory <= the channels-last twin's", fp16["peak GiB"] <= cl16["peak GiB"],
+                     f"{fp16['peak GiB']} vs {cl16['peak GiB']} GiB")
+            mark(f"validation <= {self.VALIDATION_SHARE}x the channels-last twin's",
+                 fp16["validation s"] <= self.VALIDATION_SHARE * cl16["validation s"],
+                 f"{fp16['validation s']} vs {cl16['validation s']} s, {ratio(fp16['validation s'], cl16['validation s'])}x")
+            falling = all(r["loss falls"] for r in [fp16, *([bf16] if bf16 else []), *twins.values()])
+            mark("every loss finite, each side's last epoch below its first", falling,
+                 "; ".join(f"{k} {v['losses']}" for k, v in [("medfast", fp16), *twins.items()]))
+        mark(f"data wait < {100 * self.DATA_WAIT:.0f}%", fp16["data wait %"] < 100 * self.DATA_WAIT and
+             (bf16 is None or bf16["data wait %"] < 100 * self.DATA_WAIT), f"{fp16['data wait %']}%")
+        mark(f"loader alone >= {self.LOADER_FACTOR}x training", loader["samples/s"] >= self.LOADER_FACTOR * ours,
+             f"{ratio(loader['samples/s'], ours)}x")
+        mark(f"DynUNet channels-last step >= {self.DYNUNET_FACTOR}x contiguous",
+             dyn["contiguous"] >= self.DYNUNET_FACTOR * dyn["channels_last"], f"{ratio(dyn['contiguous'], dyn['channels_last'])}x")
+
+
+# The DynUNet of the throughput step: nnU-Net's 3d_fullres spleen shape, instance norm.
+DYNUNET = {"name": "DynUNet", "in_channels": 1, "out_channels": 2, "kernel_size": [3, 3, 3, 3, 3, 3],
+           "strides": [1, 2, 2, 2, 2, [2, 2, 1]], "upsample_kernel_size": [2, 2, 2, 2, [2, 2, 1]],
+           "filters": [32, 64, 128, 256, 320, 320], "norm_name": "instance", "deep_supervision": True,
+           "deep_supr_num": 2, "res_block": False}
+
+
+def ratio(a, b):
+    return round(a / b, 2) if b else float("inf")
+
+
+def summarize_medfast(history):
+    """A medfast run's figures from its metrics.jsonl: the epochs after the first (which fills the
+    caches and autotunes), medians; the losses finite and falling."""
+    if any(not isinstance(e.get("loss"), (int, float)) or not math.isfinite(e["loss"]) for e in history):
+        raise RuntimeError(f"a non-finite epoch loss: {[e.get('loss') for e in history]}")
+    last = history[1:] or history
+    r = {"samples/s": round(statistics.median(e["samples_per_second"] for e in last), 1),
+         "data wait %": round(100 * statistics.median(e["times"]["data_wait"] / max(e["seconds"] - e["times"]["validation"], 1e-9)
+                                                      for e in last), 2),
+         "validation s": round(statistics.median(e["times"]["validation"] for e in last), 3),
+         "losses": [round(e["loss"], 4) for e in history],
+         "loss falls": history[-1]["loss"] < history[0]["loss"]}
+    if "cuda_peak_allocated_bytes" in last[-1]:
+        r["peak GiB"] = round(last[-1]["cuda_peak_allocated_bytes"] / 2 ** 30, 2)
+    return r
+
+
+def summarize_twin(v):
+    """A MONAI twin variant's figures, as summarize_medfast's (the twin verified its run itself)."""
+    h = v["history"]
+    last = h[1:] or h
+    r = {"samples/s": round(statistics.median(e["samples_per_second"] for e in last), 1),
+         "data wait %": round(100 * statistics.median(e["data_wait"] / max(e["train_seconds"], 1e-9) for e in last), 2),
+         "validation s": round(statistics.median(e["validation_seconds"] for e in last), 3),
+         "losses": [round(e["loss"], 4) for e in h], "loss falls": h[-1]["loss"] < h[0]["loss"],
+         "cudnn.benchmark": v.get("cudnn_benchmark"), "channels_last": v.get("channels_last")}
+    if v.get("cuda_peak_allocated_bytes"):
+        r["peak GiB"] = round(v["cuda_peak_allocated_bytes"] / 2 ** 30, 2)
+    return r
+
+
+def describe(r):
+    keys = ("samples/s", "data wait %", "validation s", "peak GiB", "losses", "cudnn.benchmark")
+    return ", ".join(f"{k} {r[k]}" for k in keys if k in r)
 
 
 def find_program(names, paths):

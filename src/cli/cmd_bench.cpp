@@ -1,4 +1,5 @@
-// medfast bench loader: fill the cache, then time epochs of the random chain alone.
+// medfast bench loader: fill the cache, then time epochs of the random chain alone (on the host or
+// a GPU, every batch checked). medfast bench step: a network's training step on random data.
 
 #include <chrono>
 #include <cstdio>
@@ -17,10 +18,16 @@
 #include "medfast/train/losses.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/train/step.hpp"
+#include "medfast/nn/layout.hpp"
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/train/amp.hpp"
 
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 namespace medfast::cli {
 
@@ -33,6 +40,7 @@ struct LoaderArgs {
   int batch_size = 0;
   bool json = false;
   std::string save_batches;  ///< write every batch's tensors here (MFTENSOR files)
+  std::string device;        ///< deliver batches here ("": data.loader.device)
 };
 
 struct StepArgs {
@@ -41,6 +49,9 @@ struct StepArgs {
   int steps = 10, warmup = 3;
   std::string optimizer = "Adam";
   bool channels_last = false;
+  std::string device = "cpu";
+  std::string amp = "fp32";
+  bool deterministic = false;
   bool json = false;
 };
 
@@ -48,10 +59,68 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+/// What an epoch's batches must be, checked as they come (shapes, dtypes, devices on the
+/// host; finite values and crops that differ on the device, read once the epoch is timed).
+struct BatchCheck {
+  at::Device device{at::kCPU};
+  std::size_t batch_samples = 0;  ///< a full batch's samples (items x crops)
+  std::vector<std::string> problems;
+  at::Tensor nonfinite, identical;  ///< counts on the device
+
+  void check(const data::Batch& b, std::size_t index) {
+    std::optional<std::int64_t> n;
+    at::Tensor all_same;  // the first two crops equal in every floating key (a label of background alone may be)
+    for (const auto& [key, t] : b.tensors) {
+      auto bad = [&](const std::string& what) { problems.push_back(str("batch ", index, " '", key, "': ", what)); };
+      if (t.device() != device) bad(str("on ", t.device(), ", expected ", device));
+      if (t.dim() < 2) bad(str("shape ", t.sizes(), " (expected [samples, channels, spatial...])"));
+      if (n && t.size(0) != *n) bad(str(t.size(0), " samples beside ", *n, " of another key"));
+      n = t.size(0);
+      if (static_cast<std::size_t>(t.size(0)) > batch_samples) bad(str(t.size(0), " samples, more than ", batch_samples));
+      if (!t.is_floating_point()) continue;
+      const at::Tensor f = at::isfinite(t).logical_not().any().to(at::kInt);
+      nonfinite = nonfinite.defined() ? nonfinite + f : f;
+      if (t.size(0) >= 2) {  // random crops of several places: the samples differ
+        const at::Tensor same = t.select(0, 0).eq(t.select(0, 1)).all();
+        all_same = all_same.defined() ? all_same.logical_and(same) : same;
+      }
+    }
+    if (all_same.defined()) identical = identical.defined() ? identical + all_same.to(at::kInt) : all_same.to(at::kInt);
+  }
+  /// After the epoch's device work: the device's counts read, problems named.
+  void finish(int epoch) {
+    if (nonfinite.defined() && nonfinite.item<int>() > 0) {
+      problems.push_back(str("epoch ", epoch, ": ", nonfinite.item<int>(), " batch tensors hold NaN or infinity"));
+    }
+    if (identical.defined() && identical.item<int>() > 0) {
+      problems.push_back(str("epoch ", epoch, ": ", identical.item<int>(), " batches whose first two crops are equal"));
+    }
+    nonfinite = identical = at::Tensor();
+  }
+};
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
+}
+
 int run_loader(const LoaderArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.epochs >= 1, "bench loader: --epochs ", a.epochs, " must be at least 1");
   data::PipelineConfig cfg = open_pipeline(a.config, a.sets, ctx);
   if (a.batch_size > 0) cfg.loader.batch_size = a.batch_size;
+  if (!a.device.empty()) {
+    // As the trainer delivers to its device: pinned host batches, the device cache there, and
+    // (CUDA) the batches written NDHWC for a channels-last network (train.memory_format auto).
+    const at::Device d = io::resolve_device(a.device);
+    MEDFAST_CHECK_T(ValueError, !d.is_cuda() || torch::cuda::is_available(), "bench loader: --device ", a.device,
+                    ": libtorch has no usable CUDA device here");
+    cfg.loader.device = d.str();
+    if (d.is_cuda()) {
+      cfg.cache.store.device = d.str();
+      cfg.loader.pin_memory = true;
+      cfg.loader.channels_last = true;
+    }
+  }
+  const at::Device device = io::resolve_device(cfg.loader.device);
   const auto chain = data::make_random_chain(cfg);
   if (!a.save_batches.empty()) os::make_directories(a.save_batches);
   const auto t0 = std::chrono::steady_clock::now();
@@ -72,13 +141,20 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
   }
   const double fill_seconds = since(t0);
   data::Loader loader(items, source, chain, cfg.loader);
+  BatchCheck check;
+  check.device = device;
+  check.batch_samples = static_cast<std::size_t>(cfg.loader.batch_size) * chain.samples_per_item();
+  const std::size_t want_samples = (cfg.loader.drop_last ? loader.batches_per_epoch() * cfg.loader.batch_size : items) *
+                                   chain.samples_per_item();
   nlohmann::json epochs = nlohmann::json::array();
   for (int e = 0; e < a.epochs; ++e) {
+    synchronize(device);
     const auto te = std::chrono::steady_clock::now();
     loader.start(static_cast<std::uint64_t>(e));
     std::size_t samples = 0, batches = 0;
     while (auto b = loader.next()) {
       samples += b->samples();
+      check.check(*b, batches);
       if (!a.save_batches.empty()) {
         for (const auto& [key, t] : b->tensors) {
           io::save_tensor(t, str(a.save_batches, "/epoch", e, "_batch", batches, "_", key, ".mft"), {},
@@ -87,7 +163,12 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
       }
       ++batches;
     }
+    synchronize(device);  // the clock stops when the device has the epoch's batches
     const double s = since(te);
+    check.finish(e);
+    if (samples != want_samples && !cfg.smart()) {
+      check.problems.push_back(str("epoch ", e, ": ", samples, " samples, expected ", want_samples));
+    }
     epochs.push_back({{"epoch", e}, {"samples", samples}, {"batches", batches}, {"seconds", s},
                       {"samples_per_second", samples / s}});
     if (smart) smart->update();
@@ -97,22 +178,35 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
       std::fflush(stdout);
     }
   }
+  if (!check.problems.empty()) {
+    throw Error(str("bench loader: the batches failed their check: ", join(check.problems, "; ")));
+  }
   const nlohmann::json out = {{"config", a.config},
                               {"items", items},
+                              {"device", device.str()},
+                              {"channels_last", cfg.loader.channels_last},
                               {"fill_seconds", fill_seconds},
                               {"threads", cfg.loader.threads},
                               {"batch_size", cfg.loader.batch_size},
                               {"samples_per_item", chain.samples_per_item()},
+                              {"verified", "shapes, dtypes, devices, finite values, crops that differ, samples per epoch"},
                               {"epochs", epochs},
                               {"peak_rss_bytes", os::peak_rss_bytes()}};
   if (a.json) {
     print_json(out.dump(2));
   } else {
-    std::printf("cache filled in %.2f s (%zu items); loader threads %d, batch size %d; peak RSS %s\n", fill_seconds,
-                items, cfg.loader.threads, cfg.loader.batch_size, format_bytes(os::peak_rss_bytes()).c_str());
+    std::printf("cache filled in %.2f s (%zu items); loader threads %d, batch size %d, batches on %s; peak RSS %s\n",
+                fill_seconds, items, cfg.loader.threads, cfg.loader.batch_size, device.str().c_str(),
+                format_bytes(os::peak_rss_bytes()).c_str());
   }
   return 0;
 }
+
+/// The trainer's step timed back to back (run_step).
+struct TrainingStepFigures {
+  double seconds = 0;  ///< per step
+  std::string update;  ///< what the update ran
+};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -120,26 +214,37 @@ double median(std::vector<double> v) {
 }
 
 /// One training step's forward, backward and optimizer (DiceCE, Adam) on random data, and a
-/// validation forward under NoGradGuard and under InferenceMode: the medians over --steps.
+/// validation forward under NoGradGuard and under InferenceMode: the medians over --steps, each
+/// phase timed apart (the device synchronised at its ends). Then the same steps back to back
+/// through the trainer's own step (train/step.hpp: outcomes read a step later, the update
+/// fused or multi-tensor), timed over all of them between two synchronisations: what a
+/// training run gets (pipelined_step, samples_per_second).
 int run_step(const StepArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.input.size() == 5, "bench step: --input needs B,C,X,Y,Z (5 numbers)");
   MEDFAST_CHECK_T(ValueError, a.steps >= 1 && a.warmup >= 0, "bench step: --steps must be >= 1, --warmup >= 0");
   const nlohmann::json spec = nlohmann::json::parse(a.model);
+  const at::Device device = io::resolve_device(a.device);
+  MEDFAST_CHECK_T(ValueError, !device.is_cuda() || torch::cuda::is_available(), "bench step: --device ", a.device,
+                  ": libtorch has no usable CUDA device here");
+  const train::Precision precision = train::parse_precision(a.amp, device.is_cuda(), "bench step: --amp");
+  if (device.is_cuda()) {  // as train does: cuDNN autotunes unless deterministic
+    at::globalContext().setBenchmarkCuDNN(!a.deterministic);
+    at::globalContext().setDeterministicCuDNN(a.deterministic);
+  }
   train::apply_conv_backward(ctx.settings);  // as train does
   train::apply_conv_forward(ctx.settings);
   torch::manual_seed(0);
   torch::nn::AnyModule net = nn::make_network(spec, "--model");
+  net.ptr()->to(device);
   const auto format = a.channels_last ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::Contiguous;
-  if (a.channels_last) {
-    for (auto& p : net.ptr()->parameters()) {
-      if (p.dim() == 5) p.set_data(p.data().contiguous(format));
-    }
-  }
+  nn::set_memory_format(*net.ptr(), format);
   const nn::NetworkSpec parsed = nn::parse_network(spec, "--model");
   const std::int64_t classes = nn::output_channels(parsed, "--model");
   const std::vector<double>& supervision = parsed.deep_supervision_weights;
-  const at::Tensor x = torch::rand(a.input).contiguous(format);
-  const at::Tensor y = torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}).to(at::kFloat);
+  const auto on = at::TensorOptions().device(device);
+  const at::Tensor x = nn::to_memory_format(torch::rand(a.input, on), format);
+  const at::Tensor y =
+      torch::randint(0, classes, {a.input[0], 1, a.input[2], a.input[3], a.input[4]}, on).to(at::kFloat);
   train::LossOptions lo;
   lo.to_onehot_y = lo.softmax = true;
   const train::Loss loss(lo);
@@ -147,9 +252,17 @@ int run_step(const StepArgs& a, Context& ctx) {
   oo.name = a.optimizer;
   oo.lr = 1e-4;
   if (a.optimizer == "SGD") oo.momentum = 0.99, oo.nesterov = true;  // nnU-Net's (the plan's)
-  auto opt = train::make_optimizer(nn::unique_tensors(net.ptr()->parameters()), oo);
+  const std::vector<at::Tensor> params = nn::unique_tensors(net.ptr()->parameters());
+  auto opt = train::make_optimizer(params, oo);
+  train::GradScalerOptions so;
+  so.enabled = precision == train::Precision::fp16;
+  train::GradScaler scaler(so);
   std::vector<double> fwd, bwd, step, val_nograd, val_inference;
   using Clock = std::chrono::steady_clock;
+  auto sync_since = [&](Clock::time_point t) {
+    synchronize(device);
+    return since(t);
+  };
   net.ptr()->train();
   // The first step's peak resident memory above what the network, its input and the
   // optimizer held before it: activations, gradients, optimizer state (what `plan`
@@ -158,18 +271,56 @@ int run_step(const StepArgs& a, Context& ctx) {
   const std::uint64_t rss_before = os::peak_rss_bytes();
   std::uint64_t first_step_increase = 0;
   for (int i = 0; i < a.warmup + a.steps; ++i) {
+    synchronize(device);
     const auto t0 = Clock::now();
     opt->zero_grad();
-    const at::Tensor out = net.forward<at::Tensor>(x);
-    at::Tensor l = supervision.empty() ? loss(out, y) : train::deep_supervision_loss(loss, out, y, supervision);
-    const double f = since(t0);
+    at::Tensor l;
+    {
+      train::AutocastGuard autocast(device.type(), precision);
+      const at::Tensor out = net.forward<at::Tensor>(x);
+      l = supervision.empty() ? loss(out.to(at::kFloat), y) : train::deep_supervision_loss(loss, out, y, supervision);
+    }
+    const double f = sync_since(t0);
     const auto t1 = Clock::now();
-    l.backward();
-    const double b = since(t1);
+    scaler.scale(l).backward();
+    const double b = sync_since(t1);
     const auto t2 = Clock::now();
-    opt->step();
+    if (scaler.enabled()) {
+      scaler.step(*opt);
+      scaler.update();
+    } else {
+      opt->step();
+    }
+    const double o = sync_since(t2);
     if (i == 0) first_step_increase = os::peak_rss_bytes() - rss_before;
-    if (i >= a.warmup) fwd.push_back(f), bwd.push_back(b), step.push_back(since(t2));
+    if (i >= a.warmup) fwd.push_back(f), bwd.push_back(b), step.push_back(o);
+  }
+  // The trainer's step, back to back: no synchronisation between steps.
+  TrainingStepFigures pipelined;
+  {
+    train::TrainingStep::Parts parts;
+    parts.model = net;
+    parts.params = params;
+    parts.optimizer = opt.get();
+    parts.optimizer_name = a.optimizer;
+    parts.scaler = &scaler;
+    parts.loss = &loss;
+    parts.supervision_weights = supervision;
+    train::StepOptions o;
+    o.device = device;
+    o.precision = precision;
+    o.memory_format = format;
+    train::TrainingStep trainer_step(std::move(parts), o);
+    train::StageTimes times;
+    for (int i = 0; i < a.warmup; ++i) trainer_step.run(x, y, {1, i + 1, {}}, times);
+    trainer_step.finish(times);
+    synchronize(device);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < a.steps; ++i) trainer_step.run(x, y, {2, i + 1, {}}, times);
+    const std::optional<train::StepOutcome> last = trainer_step.finish(times);
+    pipelined.seconds = sync_since(t0) / a.steps;
+    pipelined.update = train::update_kernel_name(trainer_step.update_kernel());
+    MEDFAST_CHECK(last && std::isfinite(last->loss), "bench step: the last step's loss is not finite");
   }
   net.ptr()->eval();
   double eval_macs = 0;  // the convolutions' multiply-accumulates of one eval forward
@@ -180,21 +331,27 @@ int run_step(const StepArgs& a, Context& ctx) {
     eval_macs = counter.macs();
   }
   for (int i = 0; i < a.warmup + a.steps; ++i) {
+    synchronize(device);
     auto t0 = Clock::now();
     {
       torch::NoGradGuard g;
+      train::AutocastGuard autocast(device.type(), precision);
       (void)net.forward<at::Tensor>(x);
     }
-    const double n = since(t0);
+    const double n = sync_since(t0);
     t0 = Clock::now();
     {
       c10::InferenceMode g;
+      train::AutocastGuard autocast(device.type(), precision);
       (void)net.forward<at::Tensor>(x);
     }
-    if (i >= a.warmup) val_nograd.push_back(n), val_inference.push_back(since(t0));
+    if (i >= a.warmup) val_nograd.push_back(n), val_inference.push_back(sync_since(t0));
   }
   const nlohmann::json out{{"model", spec},
                            {"input", a.input},
+                           {"device", device.str()},
+                           {"amp", train::precision_name(precision)},
+                           {"deterministic", a.deterministic},
                            {"threads", at::get_num_threads()},
                            {"channels_last", a.channels_last},
                            {"conv_backward", ctx.settings.get("conv_backward")},
@@ -204,6 +361,9 @@ int run_step(const StepArgs& a, Context& ctx) {
                            {"backward", median(bwd)},
                            {"optimizer", median(step)},
                            {"train_step", median(fwd) + median(bwd) + median(step)},
+                           {"pipelined_step", pipelined.seconds},
+                           {"samples_per_second", static_cast<double>(a.input[0]) / pipelined.seconds},
+                           {"update", pipelined.update},
                            {"eval_forward_no_grad", median(val_nograd)},
                            {"eval_forward_inference_mode", median(val_inference)},
                            {"eval_forward_macs", eval_macs},
@@ -216,11 +376,13 @@ int run_step(const StepArgs& a, Context& ctx) {
     print_json(out.dump(2));
   } else {
     std::printf(
-        "forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads); eval forward "
-        "%.4f s (no_grad), %.4f s (inference mode), %.3g GMAC (%.1f GMAC/s); conv_backward %s\n",
-        median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), median(val_nograd),
-        median(val_inference), eval_macs / 1e9, eval_macs / 1e9 / std::max(median(val_inference), 1e-9),
-        ctx.settings.get("conv_backward").c_str());
+        "forward %.4f s, backward %.4f s, optimizer %.4f s (median of %d steps, %d threads, %s %s); steps back to "
+        "back %.4f s (%.1f samples/s, update %s); eval forward %.4f s (no_grad), %.4f s (inference mode), %.3g GMAC "
+        "(%.1f GMAC/s); conv_backward %s\n",
+        median(fwd), median(bwd), median(step), a.steps, at::get_num_threads(), device.str().c_str(),
+        train::precision_name(precision).c_str(), pipelined.seconds, a.input[0] / pipelined.seconds,
+        pipelined.update.c_str(), median(val_nograd), median(val_inference), eval_macs / 1e9,
+        eval_macs / 1e9 / std::max(median(val_inference), 1e-9), ctx.settings.get("conv_backward").c_str());
   }
   return 0;
 }
@@ -238,6 +400,10 @@ Command register_bench(CLI::App& root) {
   loader->add_option("--epochs", la->epochs, "Epochs to time")->capture_default_str();
   loader->add_option("--batch-size", la->batch_size, "Items per batch (default: data.loader.batch_size)");
   loader->add_flag("--json", la->json, "Print JSON");
+  loader->add_option("--device", la->device,
+                     "Deliver batches here: cpu | cuda | cuda:N (default: data.loader.device); on CUDA a device "
+                     "cache holds the items there and the random chain runs there, and batches are written NDHWC, "
+                     "as train delivers them to a channels-last network");
   loader->add_option("--save-batches", la->save_batches,
                      "Also write every batch's tensors to this folder (epoch<E>_batch<B>_<key>.mft, load_tensor's format; "
                      "timings then include the writes)");
@@ -252,6 +418,11 @@ Command register_bench(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::IsMember({"Adam", "SGD"}));
   step->add_flag("--channels-last", sa->channels_last, "Input and 5-D weights in channels-last (NDHWC) memory format");
+  step->add_option("--device", sa->device, "cpu | cuda | cuda:N")->capture_default_str();
+  step->add_option("--amp", sa->amp, "fp32 | fp16 | bf16 (fp16: CUDA, with a loss scaler)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  step->add_flag("--deterministic", sa->deterministic, "CUDA: deterministic cuDNN algorithms (default: autotuned)");
   step->add_flag("--json", sa->json, "Print JSON");
   return Command{bench, [la, sa, loader, step](Context& ctx) {
                    if (step->parsed()) return run_step(*sa, ctx);
