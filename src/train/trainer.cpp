@@ -184,6 +184,7 @@ class Run {
       throw ValueError(str("train.profile.memory: ", why));
     }
     prepare_data();
+    check_cuda_graph();
     build_model_and_optimizer();
     check_validation_window();
     if (resume) restore();
@@ -261,6 +262,30 @@ class Run {
     self_check_ = ensure_backends_checked(device_, precision_dtype(precision_), settings_.get_bool("self_check"));
     nonfinite_ = std::make_unique<NonFiniteGuard>(precision_, max_nonfinite_steps(t_.max_nonfinite_steps, precision_));
     trace::set_nvtx(device_.is_cuda());  // Nsight Systems shows medfast's ranges beside the kernels
+  }
+
+  /// train.cuda_graph: on, where a captured step can replay: a CUDA device, one process, no
+  /// profiler, every batch of one shape (a smaller last batch would not fit the capture).
+  void check_cuda_graph() const {
+    if (t_.cuda_graph != CudaGraph::on) return;
+    const std::string key = c_.path + ": train.cuda_graph: on";
+    if (t_.profile.enabled || t_.profile.memory) {
+      throw ValueError(str(key, " and train.profile exclude each other (a captured step has no stages to trace); "
+                                "set one off"));
+    }
+    if (distributed_) {
+      throw ValueError(str(key, " runs one process: under DDP the gradients are averaged on the host's schedule, "
+                                "which a captured step cannot follow; set it off"));
+    }
+    const std::size_t items = loader_->epoch_order(0).size(), batch = static_cast<std::size_t>(pipeline_.loader.batch_size);
+    if (!pipeline_.loader.drop_last && items % batch != 0) {
+      throw ValueError(str(key, " replays one step for batches of one shape; ", items, " training items in batches of ",
+                           batch, " leave a last batch of ", items % batch,
+                           ": set data.loader.drop_last: true (or train.cuda_graph off)"));
+    }
+    if (!device_.is_cuda()) {
+      throw ValueError(str(key, " needs a CUDA device (a CUDA graph replays GPU work); train.device is ", t_.device));
+    }
   }
 
   /// Fills the caches (a killed run resumes the fill where it stopped) and makes the loader.
@@ -359,6 +384,7 @@ class Run {
     so_step.device = device_;
     so_step.precision = precision_;
     so_step.memory_format = memory_format_;
+    so_step.cuda_graph = t_.cuda_graph == CudaGraph::on;
     step_ = std::make_unique<TrainingStep>(std::move(parts), so_step);
     result_.run_dir = t_.run_dir;
   }

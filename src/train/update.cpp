@@ -160,9 +160,40 @@ void ParameterUpdate::skipped() {
     if (it == state.end()) continue;
     if (uncount_step(it->second.get()) <= 0) state.erase(it);  // created by the skipped step: as if it never ran
   }
-  stepped_.clear();
   first_momentum_.clear();
-  applied_ = false;
+  applied_ = false;  // stepped_ stays: a replay of a captured update counts the same parameters again
+}
+
+bool ParameterUpdate::capturable() const {
+  return last_ == UpdateKernel::fused || name_ == "SGD" || name_ == "Novograd";
+}
+
+void ParameterUpdate::prepare_capture() {
+  device_steps_.clear();
+  if (name_ != "Adam" && name_ != "AdamW") return;
+  for (auto& group : optimizer_.param_groups()) {
+    for (auto& p : group.params()) {
+      const auto key = optimizer_state_key(p);
+      const auto it = optimizer_.state().find(key);
+      if (it == optimizer_.state().end()) continue;
+      std::int64_t count = 0;
+      if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) count = a->step();
+      if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) count = w->step();
+      device_steps_[key] = at::full({}, static_cast<double>(count), p.options().dtype(at::kFloat));
+    }
+  }
+}
+
+void ParameterUpdate::replayed() {
+  auto& state = optimizer_.state();
+  for (const auto& key : stepped_) {
+    const auto it = state.find(key);
+    if (it == state.end()) continue;
+    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) a->step(a->step() + 1);
+    if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) w->step(w->step() + 1);
+    if (auto* n = dynamic_cast<NovogradParamState*>(it->second.get())) n->step(n->step() + 1);
+  }
+  applied_ = true;
 }
 
 // ---------------------------------------------------------------------------
@@ -361,18 +392,27 @@ bool ParameterUpdate::fused_adam(Group& g, const at::Tensor& skip, bool decouple
   }
   std::vector<at::Tensor> m, v, vmax, steps;
   // The kernel reads each parameter's step count (this step's, counted) from a float tensor on
-  // the device: one fill per distinct count (usually one), no copy from the host.
+  // the device: one fill per distinct count (usually one), no copy from the host; for a
+  // captured update, the device's own counts (prepare_capture), advanced here on the device.
   std::map<std::int64_t, at::Tensor> counts;
+  const bool on_device_counts = !device_steps_.empty();
   for (std::size_t i = 0; i < g.params.size(); ++i) {
     const AdamState s = decoupled ? adam_state_of<torch::optim::AdamWParamState>(g.states[i])
                                   : adam_state_of<torch::optim::AdamParamState>(g.states[i]);
     m.push_back(*s.exp_avg);
     v.push_back(*s.exp_avg_sq);
     if (amsgrad) vmax.push_back(*s.max_exp_avg_sq);
+    if (on_device_counts) {
+      const auto it = device_steps_.find(g.keys[i]);
+      MEDFAST_CHECK(it != device_steps_.end(), "ParameterUpdate: a parameter without a device step count (prepare_capture)");
+      steps.push_back(it->second);
+      continue;
+    }
     at::Tensor& c = counts[s.step];
     if (!c.defined()) c = at::full({}, static_cast<double>(s.step), g.params[i].options().dtype(at::kFloat));
     steps.push_back(c);
   }
+  if (on_device_counts) at::_foreach_add_(steps, 1.0);
   const c10::optional<at::Tensor> found = skip.defined() ? c10::optional<at::Tensor>(skip) : c10::nullopt;
   try {
     if (decoupled) {
@@ -384,7 +424,11 @@ bool ParameterUpdate::fused_adam(Group& g, const at::Tensor& skip, bool decouple
     }
   } catch (const c10::NotImplementedError&) {  // no fused kernel for this device: nothing ran
     fused_unavailable_ = true;
+    if (on_device_counts) at::_foreach_sub_(steps, 1.0);
     return false;
+  }
+  if (on_device_counts && skip.defined()) {  // a skipped step counts nothing (torch's capturable Adam)
+    at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), skip.reshape({})));
   }
   last_ = UpdateKernel::fused;
   return true;

@@ -313,6 +313,50 @@ TEST(ParameterUpdate, ItsStateSavesAndContinuesWithStep) {
   }
 }
 
+// What a captured update (train.cuda_graph) needs, on the CPU: which updates can be captured;
+// the fused Adam with its step counts on the device (prepare_capture) follows the golden
+// trajectory; a replay advances the host's counts as an apply does, and skipped() puts them back.
+TEST(ParameterUpdate, CapturedUpdatesKeepTheirCounts) {
+  const Problem pb = Problem::load();
+  for (const auto& c : Golden::get().manifest()["optimizers"]["cases"]) {
+    const OptimizerOptions o = OptimizerOptions::from_json(c["options"]);
+    SCOPED_TRACE(c["name"].get<std::string>());
+    auto params = pb.initial_params();
+    auto opt = make_optimizer(params, o);
+    ParameterUpdate update(*opt, o.name);
+    pb.prepare(*opt, params, 0, o.lr);
+    update.apply();
+    const bool adam = o.name == "Adam" || o.name == "AdamW";
+    EXPECT_EQ(update.capturable(), !adam || update.kernel() == UpdateKernel::fused) << update_kernel_name(update.kernel());
+    if (adam && update.capturable()) {  // libtorch >= 2.4 on the CPU: the device's counts
+      update.prepare_capture();
+      for (std::int64_t s = 1; s < pb.steps; ++s) {
+        pb.prepare(*opt, params, s, o.lr);
+        update.apply();
+      }
+      const auto want = Golden::get().floats(c["file"]);
+      const at::Tensor golden =
+          at::from_blob(const_cast<float*>(want.data() + (pb.steps - 1) * pb.numel), {pb.numel}, at::kFloat);
+      EXPECT_LE(relative_error(flat(params), golden), 2e-6);
+    }
+    if (o.name == "SGD") continue;  // no counts
+    auto count = [&] {
+      const auto& st = *opt->state().at(optimizer_state_key(params[0]));
+      if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(&st)) return a->step();
+      if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) return w->step();
+      return dynamic_cast<const NovogradParamState&>(st).step();
+    };
+    const std::int64_t before = count();
+    update.replayed();
+    EXPECT_EQ(count(), before + 1);
+    update.skipped();
+    EXPECT_EQ(count(), before);
+    update.replayed();
+    update.replayed();
+    EXPECT_EQ(count(), before + 2);
+  }
+}
+
 TEST(OptimNovograd, StateHasScalarSecondMomentAndRoundTrips) {
   auto p = torch::ones({2, 3}, torch::requires_grad());
   Novograd opt({p}, NovogradOptions(0.1).amsgrad(true));

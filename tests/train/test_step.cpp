@@ -276,5 +276,81 @@ TEST(TrainingStepGpu, ChannelsLastForwardAndBackwardHaveNoLayoutRoundTrips) {
   EXPECT_TRUE(step.finish(times).has_value());
 }
 
+
+// A captured step (train.cuda_graph: on) trains as the eager one: the same losses and weights
+// over the steps, with SGD and with Adam (fused: its step counts advanced on the device), in
+// fp16 (the scaler in the graph) and bf16; captured once, and again when the learning rate
+// changes; a batch of another shape is refused naming its step.
+TEST(TrainingStepGpu, ACapturedStepTrainsAsTheEagerOne) {
+  MEDFAST_REQUIRE_CUDA();
+#if TORCH_VERSION_MAJOR < 2
+  GTEST_SKIP() << "libtorch 1.x: no fused Adam to capture";
+#endif
+  const c10::Device cuda("cuda:0");
+  torch::manual_seed(11);
+  std::vector<at::Tensor> images, labels;
+  for (int i = 0; i < 8; ++i) {
+    images.push_back(torch::randn({2, 1, 32, 32, 32}));
+    labels.push_back((torch::rand({2, 1, 32, 32, 32}) > 0.7).to(at::kFloat));
+  }
+  for (const char* name : {"SGD", "Adam"}) {
+    for (const Precision precision : {Precision::fp16, Precision::bf16}) {
+      SCOPED_TRACE(str(name, " ", precision_name(precision)));
+      OptimizerOptions oo = name == std::string("SGD") ? sgd() : OptimizerOptions::defaults(name);
+      if (oo.name == "Adam") oo.lr = 1e-3;
+      auto train = [&](bool graph, std::vector<double>& losses, int& captures) {
+        Trainee t(oo, "none");
+        t.net.ptr()->to(cuda);
+        nn::set_memory_format(*t.net.ptr(), at::MemoryFormat::ChannelsLast3d);
+        t.params = nn::unique_tensors(t.net.ptr()->parameters());
+        t.optimizer = make_optimizer(t.params, oo);
+        GradScalerOptions so;
+        so.enabled = precision == Precision::fp16;
+        t.scaler = GradScaler(so);
+        TrainingStep::Parts parts;
+        parts.model = t.net;
+        parts.params = t.params;
+        parts.optimizer = t.optimizer.get();
+        parts.optimizer_name = oo.name;
+        parts.scaler = &t.scaler;
+        parts.loss = &t.loss;
+        StepOptions o;
+        o.device = cuda;
+        o.precision = precision;
+        o.memory_format = at::MemoryFormat::ChannelsLast3d;
+        o.cuda_graph = graph;
+        o.eager_before_capture = 2;
+        TrainingStep step(std::move(parts), o);
+        StageTimes times;
+        for (std::size_t i = 0; i < images.size(); ++i) {
+          if (i == 6) set_learning_rate(*t.optimizer, learning_rate(*t.optimizer) / 2);  // captured again
+          if (auto d = step.run(images[i], labels[i], {1, static_cast<int>(i) + 1, {i}}, times)) losses.push_back(d->loss);
+        }
+        losses.push_back(step.finish(times)->loss);
+        captures = step.captures();
+        if (graph) {  // another shape is not what was captured
+          const std::string m = test::error_of<ValueError>(
+              [&] { step.run(torch::randn({2, 1, 32, 32, 16}), labels[0].narrow(4, 0, 16), {2, 1, {9}}, times); });
+          EXPECT_NE(m.find("epoch 2, step 1 (items 9): train.cuda_graph: on replays one captured step"),
+                    std::string::npos)
+              << m;
+        }
+        return t.weights();
+      };
+      std::vector<double> eager_losses, graph_losses;
+      int eager_captures = 0, graph_captures = 0;
+      const at::Tensor we = train(false, eager_losses, eager_captures);
+      const at::Tensor wg = train(true, graph_losses, graph_captures);
+      EXPECT_EQ(eager_captures, 0);
+      EXPECT_EQ(graph_captures, 2);
+      ASSERT_EQ(graph_losses.size(), eager_losses.size());
+      for (std::size_t i = 0; i < eager_losses.size(); ++i) {
+        EXPECT_NEAR(graph_losses[i], eager_losses[i], 2e-3 * std::abs(eager_losses[i])) << "step " << i + 1;
+      }
+      EXPECT_LE((wg - we).abs().max().item<double>(), 2e-3 * (we.abs().max().item<double>() + 1));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace medfast::train

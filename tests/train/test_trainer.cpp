@@ -404,6 +404,33 @@ TEST(Trainer, ChannelsLastTrainsAsContiguousWritesContiguousFilesAndResumes) {
   EXPECT_NE(k.find("channels_last"), std::string::npos) << k;
 }
 
+// train.cuda_graph: on is refused, naming what to change, where a captured step could not
+// replay: with the profiler, with batches of two shapes (a smaller last one), on the CPU. The
+// captured step itself is tested on a GPU (TrainingStepGpu).
+TEST(Trainer, CudaGraphIsRefusedWhereACapturedStepCannotReplay) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["cuda_graph"] = "on";
+  c["train"]["profile"] = true;
+  std::string m = test::error_of<ValueError>([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_NE(m.find("train.cuda_graph: on and train.profile exclude each other"), std::string::npos) << m;
+  c["train"].erase("profile");
+  m = test::error_of<ValueError>([&] { Trainer(c, "", one_thread()).run(false); });  // 5 items, batches of 2
+  EXPECT_NE(m.find("5 training items in batches of 2 leave a last batch of 1: set data.loader.drop_last: true"),
+            std::string::npos)
+      << m;
+  c["data"]["loader"]["drop_last"] = true;
+  m = test::error_of<ValueError>([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_NE(m.find("train.cuda_graph: on needs a CUDA device (a CUDA graph replays GPU work); train.device is cpu"),
+            std::string::npos)
+      << m;
+  EXPECT_FALSE(os::exists(dir / "run/last.ckpt"));  // refused before any training
+  c["train"]["cuda_graph"] = "sometimes";
+  m = test::error_of<ConfigError>([&] { Trainer(c, "", one_thread()); });
+  EXPECT_NE(m.find("train.cuda_graph"), std::string::npos) << m;
+  EXPECT_NE(m.find("off | on"), std::string::npos) << m;
+}
+
 // A NaN loss in fp32 stops the run at that step, naming the epoch, the step and the last
 // finite loss; the checkpoints of earlier epochs stay, the bad epoch is not saved.
 TEST(Trainer, NonFiniteLossStopsTheRunAndKeepsEarlierCheckpoints) {

@@ -44,6 +44,10 @@ at::MemoryFormat resolve_memory_format(MemoryFormatChoice choice, c10::Device de
 /// memory_format, auto where absent. ValueError naming `where` for another value.
 at::MemoryFormat memory_format_of(const nlohmann::json& train_section, c10::Device device, const std::string& where);
 
+/// train.cuda_graph: the training step captured as a CUDA graph and replayed (step.hpp).
+enum class CudaGraph { off, on };
+constexpr std::array<Choice<CudaGraph>, 2> choices(CudaGraph) { return {{{CudaGraph::off, "off"}, {CudaGraph::on, "on"}}}; }
+
 struct TrainOptions {
   std::string run_dir = "runs/default";
   int epochs = 10;
@@ -65,6 +69,9 @@ struct TrainOptions {
   /// The network's layout: auto (channels-last on CUDA, contiguous on the CPU), channels_last
   /// or contiguous (resolve_memory_format).
   MemoryFormatChoice memory_format = MemoryFormatChoice::automatic;
+  /// Capture the training step as a CUDA graph and replay it each step (step.hpp): CUDA, one
+  /// process (no DDP), no profiling, batches of one shape. Off until measured.
+  CudaGraph cuda_graph = CudaGraph::off;
   /// train.profile: traces of scheduled steps into run_dir/profiler (off by default).
   ProfileOptions profile;
 
@@ -86,7 +93,10 @@ struct TrainOptions {
               "write TensorBoard event files into run_dir (tensorboard --logdir runs), flushed each epoch"),
         field("memory_format", &O::memory_format,
               "the network's layout: auto (channels_last on CUDA, contiguous on the CPU), channels_last (NDHWC) or "
-              "contiguous (NCDHW)"));
+              "contiguous (NCDHW)"),
+        field("cuda_graph", &O::cuda_graph,
+              "capture the training step as a CUDA graph and replay it (CUDA, no DDP, no profiling, batches of one "
+              "shape)"));
   }
   void validate() const;
 };

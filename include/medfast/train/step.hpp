@@ -18,6 +18,15 @@
 ///
 /// On the CPU, where nothing runs ahead of the host, the outcome is there as soon as it is
 /// copied; it is still handed back a step later, so that the loop is the same everywhere.
+///
+/// With `cuda_graph` (train.cuda_graph: on) the step, from the forward to the update and the
+/// loss scaler's update, is captured once as a CUDA graph, after a few eager steps (cuDNN's
+/// autotuning, the optimizer's state) and again when the learning rate changes, and each
+/// step replays it on the batch copied into the captured input tensors: one launch for the
+/// whole step. Its batches must all have the captured shape (a ValueError names the step
+/// otherwise); the update must take nothing from the host per step (ParameterUpdate::
+/// capturable: the fused kernels, SGD, Novograd). The replayed step's stage times are counted
+/// as forward.
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 #include <torch/nn/modules/container/any.h>
@@ -60,7 +69,13 @@ struct StepOptions {
   at::MemoryFormat memory_format = at::MemoryFormat::Contiguous;
   /// fused where available, else foreach (update.hpp); per_parameter: torch::optim's step().
   UpdateKernel update = UpdateKernel::fused;
+  /// Capture the step as a CUDA graph and replay it (CUDA only; see above).
+  bool cuda_graph = false;
+  /// With cuda_graph: eager steps before the first capture (at least one of them applied).
+  int eager_before_capture = 3;
 };
+
+struct Computed;  // what a step computed on the device (step.cpp)
 
 class TrainingStep {
  public:
@@ -97,9 +112,16 @@ class TrainingStep {
 
   /// What the update ran (update.hpp).
   UpdateKernel update_kernel() const;
+  /// With cuda_graph: how many times the step was captured (0 before the first capture).
+  int captures() const;
 
  private:
   struct Impl;
+  std::optional<StepOutcome> run_graphed(const at::Tensor& image, const at::Tensor& label, const StepLabel& where,
+                                         StageTimes& times);
+  void capture(const at::Tensor& x, const at::Tensor& y, const StepLabel& where, StageTimes& times, double lr);
+  Computed compute(const at::Tensor& x, const at::Tensor& y, const StepLabel& where, StageTimes& times,
+                          bool clock, bool read_previous);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -31,6 +31,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,21 @@ class ParameterUpdate {
   /// 1) instead of reading the flag first.
   void set_device_skip_on_cpu(bool on) { device_skip_on_cpu_ = on; }
 
+  // CUDA graphs (train.cuda_graph, step.hpp): an update captured once and replayed each step
+  // runs its kernels again but none of the host's code.
+  /// Whether the last apply() can be replayed as captured: its arithmetic takes nothing from
+  /// the host that changes from step to step. The fused kernels and the multi-tensor SGD and
+  /// Novograd can; the multi-tensor Adam and AdamW cannot (their bias corrections are host
+  /// numbers of the step count).
+  bool capturable() const;
+  /// Before a capture: the fused Adam's step counts become device tensors (from the host's
+  /// counts) that the captured update advances itself and puts back where it skips, so that
+  /// each replay sees its own count. The learning rate is captured as it is now.
+  void prepare_capture();
+  /// A replay of the captured update took place: the host's records advance as the captured
+  /// apply()'s did (skipped() puts them back as for an apply()).
+  void replayed();
+
  private:
   struct Group;
   void sgd(Group& g, const at::Tensor& skip);
@@ -87,6 +103,8 @@ class ParameterUpdate {
   /// momentum buffers it wrote first (SGD).
   bool applied_ = false;
   std::vector<OptimizerStateKey> stepped_, first_momentum_;
+  /// prepare_capture(): the fused Adam's step counts on the device, per parameter.
+  std::map<OptimizerStateKey, at::Tensor> device_steps_;
 };
 
 }  // namespace medfast::train
