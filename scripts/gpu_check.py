@@ -6,6 +6,8 @@ still run. scripts/gpu_check.sh calls this.
     bash scripts/gpu_check.sh --phase build        # call 1: configure + build (all cores)
     bash scripts/gpu_check.sh --phase run          # call 2: tests and benchmarks
     bash scripts/gpu_check.sh --phase sanitize     # call 3: compute-sanitizer
+    bash scripts/gpu_check.sh --phase throughput   # issue 44 in one call: a build of what it runs, then the
+                                                   # throughput step (docs/benchmarks.md, "GPU throughput")
     bash scripts/gpu_check.sh --only io,train      # re-run chosen steps after a fix
     bash scripts/gpu_check.sh --only sanitizer     # fits one 10-minute device call
     bash scripts/gpu_check.sh --phase build --targets medfast,medfast_python   # a short re-build
@@ -18,6 +20,11 @@ nibabel's orientations module); the build configures against the image's pip tor
 from torch.utils.cmake_prefix_path), CUDA arch 90.
 
 Steps with more to them than a command:
+  throughput the spleen recipe from the device cache, medfast fp16 and bf16 beside MONAI's tutorial
+             twin and its channels-last twin (bench/monai_twin.py --variants), the loader alone on
+             the GPU, the DynUNet step channels-last against contiguous, the GPU step and norm tests,
+             the step as one CUDA graph, a deterministic run; the issue's targets judged at the end
+             (the Throughput class). Without a GPU (--dry-run) the same code rehearses on the CPU.
   python_tests  first `import torch, medfast` in a process of its own; where it dies by a
              signal, its native stack (cuda-gdb: the image has no gdb) is in the log and the
              first frames are the step's reason; then ctest -L python.
@@ -68,9 +75,10 @@ STEPS = ["build", "gpu_tests", "python_tests", "self_check", "io", "train", "mon
 # build of what it runs (THROUGHPUT_TARGETS), then the throughput step.
 PHASES = {"build": ["build"], "run": STEPS[1:-2], "sanitize": ["sanitizer"], "throughput": ["build", "throughput"],
           "all": STEPS}
-# What the throughput phase builds: the command (its two programs) and the training tests (the
-# GPU step test); the whole tree takes a minute more on 16 cores.
-THROUGHPUT_TARGETS = "medfast_front,medfast_cli,medfast_train_tests"
+# What the throughput phase builds: the command (its two programs), the training tests (the GPU
+# step tests) and the network tests (the channels-last norms on CUDA); the whole tree takes a
+# minute more on 16 cores.
+THROUGHPUT_TARGETS = "medfast_front,medfast_cli,medfast_train_tests,medfast_nn_tests"
 
 
 # The spleen-like cases of the training steps: 320x320 in-plane keeps the smallest case,
@@ -640,14 +648,14 @@ class Throughput:
         return ["train.device=cuda", f"train.amp={amp}", "data.cache.kind=device",
                 f"train.deterministic={str(deterministic).lower()}"]
 
-    def medfast_run(self, name, amp, deterministic, epochs):
+    def medfast_run(self, name, amp, deterministic, epochs, extra=()):
         data = self.data()
         run = os.path.join(self.c.work, name)
         self.c.medfast("train", "--config", os.path.join(ROOT, "examples", "spleen.yaml"),
                        "--set", f"data.dataset={data}/dataset.json", "--set", f"train.run_dir={run}",
                        "--set", f"train.epochs={epochs}", "--set", "train.target_dice=0",
                        "--set", "data.cache.dir=" + os.path.join(self.c.work, name + "-cache"),
-                       *sum((["--set", s] for s in self.train_sets(amp, deterministic)), []), timeout=900)
+                       *sum((["--set", s] for s in [*self.train_sets(amp, deterministic), *extra]), []), timeout=900)
         with open(os.path.join(run, "metrics.jsonl")) as f:
             history = [json.loads(l) for l in f if l.strip()]
         r = summarize_medfast(history)
@@ -694,13 +702,27 @@ class Throughput:
         return out
 
     def gpu_step_test(self):
-        binary = os.path.join(self.c.build, "tests", "medfast_train_tests")
-        if self.rehearsal or not os.path.exists(binary):
-            return "not run (" + ("no GPU" if self.rehearsal else "medfast_train_tests not built") + ")"
-        out = self.c.sh([binary, "--gtest_filter=TrainingStepGpu.*"], check=False, timeout=300)
-        passed = "[  PASSED  ] 1 test" in out and "FAILED" not in out
-        return "passed" if passed else "FAILED: " + " | ".join(l for l in out.splitlines() if "Failure" in l or
-                                                                  "Expected" in l or "Value of" in l)[:300]
+        """The GPU tests of the step and the layout: no layout round trip under a channels-last
+        forward and backward, a fused update, a captured step training as the eager one, the
+        channels-last norms against libtorch's on CUDA."""
+        runs = [("medfast_train_tests", "TrainingStepGpu.*"), ("medfast_nn_tests", "ChannelsLastGpu.*")]
+        if self.rehearsal:
+            return "not run (no GPU)"
+        said = []
+        for name, gtest_filter in runs:
+            binary = os.path.join(self.c.build, "tests", name)
+            if not os.path.exists(binary):
+                said.append(f"{name} not built")
+                continue
+            out = self.c.sh([binary, f"--gtest_filter={gtest_filter}"], check=False, timeout=300)
+            passed = re.search(r"\[  PASSED  \] (\d+) tests?", out)
+            failed = sorted({l.split("]", 1)[1].strip().split(" ")[0] for l in out.splitlines()
+                             if l.startswith("[  FAILED  ]") and "listed below" not in l})
+            said.append(f"{gtest_filter} {passed.group(1) if passed else 0} passed"
+                        + (f", FAILED {', '.join(failed)}: " + " | ".join(
+                            l.strip() for l in out.splitlines() if "Failure" in l or "Expected" in l
+                            or "Value of" in l or "Which is" in l)[:400] if failed else ""))
+        return "; ".join(said)
 
     def run(self):
         epochs = 2 if self.rehearsal else 3
@@ -721,8 +743,15 @@ class Throughput:
         dyn = self.dynunet()
         self.note("DynUNet step (instance norm)", f"contiguous {dyn['contiguous'] * 1e3:.1f} ms, channels-last "
                                                   f"{dyn['channels_last'] * 1e3:.1f} ms")
-        self.note("GPU step test (no layout round trip, fused update)", self.gpu_step_test())
+        self.note("GPU tests (no layout round trip, fused update, captured step, channels-last norms)",
+                  self.gpu_step_test())
         if not self.rehearsal:
+            try:  # train.cuda_graph: on, measured (off by default until it is)
+                graph = self.medfast_run("tp-bf16-graph", "bf16", False, epochs, ["train.cuda_graph=on"])
+                self.note("medfast bf16, the step as one CUDA graph", describe(graph)
+                          + f"; {ratio(graph['samples/s'], bf16['samples/s'])}x the eager step")
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                self.note("medfast bf16, the step as one CUDA graph", f"failed: {str(e)[:300]}")
             det = self.medfast_run("tp-fp16-deterministic", "fp16", True, 2)
             self.note("medfast fp16 deterministic (cudnn.benchmark off)", describe(det))
         self.judge(fp16, bf16, twins, loader, dyn)

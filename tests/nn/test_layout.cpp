@@ -212,6 +212,51 @@ TEST(ChannelsLast, EveryOperatorOfEveryNetworkKeepsTheLayout) {
   }
 }
 
+// On a GPU: the channels-last norms against libtorch's (cuDNN's and CUDA's kernels on NCDHW),
+// in float32 and in half precision (the statistics in float32), values and gradients.
+TEST(ChannelsLastGpu, NormsEqualLibtorchsOnCuda) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "needs a CUDA device: libtorch without CUDA, or no GPU here";
+  torch::manual_seed(0);
+  const at::Device cuda("cuda:0");
+  for (const auto dtype : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    for (const std::int64_t groups : {std::int64_t{0}, std::int64_t{4}}) {
+      SCOPED_TRACE(str(c10::toString(dtype), groups == 0 ? " instance" : " group 4"));
+      torch::nn::AnyModule ours, theirs;
+      if (groups == 0) {
+        const auto o = torch::nn::InstanceNorm3dOptions(16).affine(true);
+        ours = torch::nn::AnyModule(InstanceNorm3d(o));
+        theirs = torch::nn::AnyModule(torch::nn::InstanceNorm3d(o));
+      } else {
+        const auto o = torch::nn::GroupNormOptions(groups, 16);
+        ours = torch::nn::AnyModule(GroupNorm(o));
+        theirs = torch::nn::AnyModule(torch::nn::GroupNorm(o));
+      }
+      ours.ptr()->to(cuda);
+      theirs.ptr()->to(cuda);
+      {
+        torch::NoGradGuard g;
+        auto p = ours.ptr()->parameters(), q = theirs.ptr()->parameters();
+        for (std::size_t i = 0; i < p.size(); ++i) {
+          p[i].copy_(torch::randn_like(p[i]) * 0.5 + 1);
+          q[i].copy_(p[i]);
+        }
+      }
+      const at::Tensor x = (torch::randn({2, 16, 24, 20, 16}, at::TensorOptions().device(cuda)) * 3 + 1).to(dtype);
+      const at::Tensor xa = x.to(at::kFloat).requires_grad_(true);  // libtorch's in float32: the reference
+      const at::Tensor xb = to_memory_format(x, kChannelsLast).requires_grad_(true);
+      const at::Tensor ya = theirs.forward(xa), yb = ours.forward(xb);
+      EXPECT_TRUE(is_channels_last(yb));
+      EXPECT_EQ(yb.scalar_type(), dtype);
+      const double tolerance = dtype == at::kFloat ? 1e-4 : dtype == at::kHalf ? 1e-2 : 5e-2;
+      EXPECT_LE(max_difference(ya, yb), tolerance * (ya.abs().max().item<double>() + 1));
+      const at::Tensor g = torch::randn_like(ya);
+      (ya * g).sum().backward();
+      (yb * g.to(dtype)).sum().backward();
+      EXPECT_LE(max_difference(xa.grad(), xb.grad()), 2 * tolerance * (xa.grad().abs().max().item<double>() + 1));
+    }
+  }
+}
+
 TEST(ChannelsLast, SetMemoryFormatRestridesTheSameTensors) {
   torch::manual_seed(0);
   auto net = make_network(networks()[0]);
