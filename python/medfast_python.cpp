@@ -34,6 +34,7 @@
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/train/self_check.hpp"
+#include "medfast/train/placement.hpp"
 #include "medfast/train/trainer.hpp"
 #include "medfast/version.hpp"
 
@@ -543,8 +544,15 @@ void def_data(py::module_& m) {
 void def_train(py::module_& m) {
   auto mt = m.def_submodule("train", "Training runs from a run config");
   mt.def(
-      "default_config", [] { return from_json(train::default_run_config()); },
-      "The built-in default run config (what `medfast train` runs without --config), as a dict");
+      "default_config",
+      [](const std::string& device) {
+        const train::DeviceChoice d = train::choose_device(device, "device");
+        return from_json(train::default_run_config(d.device, d.bf16));
+      },
+      py::arg("device") = "auto",
+      "The built-in default run config (what `medfast train` runs without --config) for the device `device` "
+      "chooses (auto: a GPU where one is usable, with mixed precision and the device cache; else the CPU's), "
+      "as a dict");
   mt.def("run", &train_run, py::arg("config"), py::arg("resume") = false, py::arg("overwrite") = false,
          py::arg("on_epoch") = py::none());
   mt.def("check_backends", &check_backends, py::arg("device") = "cpu", py::arg("dtype") = "float32",

@@ -61,7 +61,8 @@ int exit_on_parse_error(CLI::App& app, const CLI::ParseError& e) {
 
 std::string version_string() {
   auto on = [](bool b) { return b ? "on" : "off"; };
-  return str("medfast ", kVersion, " (libtorch ", kTorchVersion, "; compressed DICOM decoders ", on(build::kDicomCodecs),
+  return str("medfast ", kVersion, " (libtorch ", kTorchVersion, " ", kTorchDevices, "; compressed DICOM decoders ",
+             on(build::kDicomCodecs),
              ", DICOM writing (GDCM) ", on(build::kGdcm), ", io_uring ", on(build::kIoUring), ")");
 }
 

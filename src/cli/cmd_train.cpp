@@ -19,6 +19,9 @@
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/export.hpp"
 #include "medfast/train/trainer.hpp"
+#include "medfast/io/tensor_io.hpp"
+#include "medfast/train/placement.hpp"
+#include "medfast/train/run_config.hpp"
 
 namespace medfast::cli {
 
@@ -35,7 +38,7 @@ struct TrainArgs {
 };
 
 struct InferArgs {
-  std::string checkpoint, config, output, device = "cpu", amp = "false";
+  std::string checkpoint, config, output, device = "auto", amp = "false";
   std::vector<std::string> inputs;
   std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
   std::string tta;                // none | flips; empty: the config's validation.tta
@@ -48,7 +51,7 @@ struct ExportArgs {
 };
 
 struct EvalArgs {
-  std::string checkpoint, config, section, device = "cpu", amp = "false";
+  std::string checkpoint, config, section, device = "auto", amp = "false";
   std::vector<std::string> sets;
   bool hd95 = false, json = false;
 };
@@ -60,9 +63,21 @@ std::string fmt(double v, int digits = 4) {
   return b;
 }
 
+/// The built-in default recipe for the device it will train on: train.device as --set gives
+/// it (else auto), chosen as the trainer chooses (train/placement.hpp): a GPU's settings on a
+/// GPU, the CPU's on the CPU.
+nlohmann::json default_recipe(const std::vector<std::string>& sets) {
+  nlohmann::json probe = train::default_run_config();
+  for (const auto& s : sets) train::apply_override(probe, s);
+  const nlohmann::json& device = probe["train"]["device"];
+  const train::DeviceChoice d = train::choose_device(device.is_string() ? device.get<std::string>() : "auto",
+                                                     "train.device");
+  return train::default_run_config(d.device, d.bf16);
+}
+
 /// The run config: the file (or the built-in default) with --set applied.
 nlohmann::json run_config(const std::string& path, const std::vector<std::string>& sets) {
-  nlohmann::json c = path.empty() ? train::default_run_config() : data::load_yaml_as_json(path);
+  nlohmann::json c = path.empty() ? default_recipe(sets) : data::load_yaml_as_json(path);
   for (const auto& s : sets) train::apply_override(c, s);
   return c;
 }
@@ -166,9 +181,9 @@ std::unique_ptr<train::Trainer> build_trainer(const TrainArgs& a, Context& ctx, 
       if (t.contains("device") && t["device"].is_string()) {
         const std::string device = t["device"];
         const int visible = at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
-        if (device == "cuda") {
+        if (device == "cuda" || (device == "auto" && visible > 0)) {  // auto: a GPU where one is usable
           t["device"] = str("cuda:", local_cuda_index(dist.local_rank, visible));
-        } else {
+        } else if (device != "auto") {
           check_explicit_cuda_index(device, dist.local_world_size, visible);
         }
       }
@@ -259,7 +274,7 @@ int run_train(const TrainArgs& given, Context& ctx) {
   dist::DistOptions dist_options = dist::DistOptions::from(ctx.settings);
   std::shared_ptr<train::Collective> comm;
   if (dist_options.enabled()) {
-    dist_options.cuda = train_device(run_config(a.config, a.sets)).rfind("cuda", 0) == 0;  // decides dist_backend auto
+    dist_options.cuda = io::resolve_device(train_device(run_config(a.config, a.sets))).is_cuda();  // decides dist_backend auto
     comm = dist::init_process_group(dist_options);
   }
 
@@ -437,7 +452,8 @@ Command register_infer(CLI::App& root) {
                   "NIfTI file, folder of them, or DICOM series (its folder, or a multi-frame file) (repeatable)")
       ->required();
   app->add_option("--output", a->output, "Output folder (<name>_seg.nii.gz per input)")->required();
-  app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app->add_option("--device", a->device, "auto (a GPU where one is usable, else the CPU) | cpu | cuda | cuda:N")
+      ->capture_default_str();
   app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();
   app->add_option("--set", a->sets, "Sliding-window override: roi_size=[96,96,96], sw_batch_size=4, overlap=0.5, mode=gaussian");
   app->add_option("--tta", a->tta,
@@ -457,7 +473,8 @@ Command register_eval(CLI::App& root) {
       ->check(CLI::ExistingFile);
   app->add_option("--set", a->sets, "Override a config value: key.path=value (repeatable; of --config, else of the checkpoint's own config)");
   app->add_option("--section", a->section, "Evaluate every item of this dataset section instead of data.validation");
-  app->add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app->add_option("--device", a->device, "auto (a GPU where one is usable, else the CPU) | cpu | cuda | cuda:N")
+      ->capture_default_str();
   app->add_option("--amp", a->amp, "false | true | fp16 | bf16")->capture_default_str();
   app->add_flag("--hd95", a->hd95, "Also the 95th-percentile Hausdorff distance (mm)");
   app->add_flag("--json", a->json, "Print JSON");

@@ -28,11 +28,12 @@ void LoaderOptions::validate() const {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw ValueError(str("loader: rank ", rank, " of world size ", world_size, " is not a valid DDP rank"));
   }
+  if (device == "auto") return;  // a GPU where one is usable (io::resolve_device)
   try {
     const at::Device parsed(device);
     (void)parsed;
   } catch (const std::exception&) {
-    throw ValueError(str("loader: device '", device, "' is not cpu or cuda[:N]"));
+    throw ValueError(str("loader: device '", device, "' is not auto, cpu or cuda[:N]"));
   }
 }
 
@@ -40,7 +41,8 @@ Loader::Loader(std::size_t size, Source source, transforms::RandomChain chain, L
     : size_(size), source_(std::move(source)), chain_(std::move(chain)), options_(std::move(options)) {
   options_.validate();
   // "cuda" means the constructing thread's GPU (the rank's, the Python caller's after
-  // torch.cuda.set_device): resolved here, since the worker threads all start on GPU 0.
+  // torch.cuda.set_device): resolved here, since the worker threads all start on GPU 0;
+  // "auto" that GPU where CUDA is usable, else the CPU.
   options_.device = io::resolve_device(options_.device).str();
   if (size_ == 0) throw ValueError("loader: the dataset is empty");
 }

@@ -258,11 +258,16 @@ std::string device_path(FileHandle& file) {
 std::string device_transfers() { return device_probe().description; }
 
 at::Device resolve_device(const std::string& name, const std::function<int()>& current) {
+  if (name == "auto") {  // a GPU where one is usable (train::choose_device says why)
+    if (current) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(current()));
+    if (!at::hasCUDA()) return at::Device(at::kCPU);
+    return c10::impl::VirtualGuardImpl(at::kCUDA).getDevice();
+  }
   at::Device d(at::kCPU);
   try {
     d = at::Device(name);
   } catch (const std::exception&) {
-    throw ValueError(str("device '", name, "' is not cpu, cuda or cuda:N"));
+    throw ValueError(str("device '", name, "' is not auto, cpu, cuda or cuda:N"));
   }
   if (!d.is_cuda() || d.has_index()) return d;
   if (current) return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(current()));

@@ -33,6 +33,7 @@
 #include "medfast/train/metrics.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/evaluate.hpp"
+#include "medfast/train/placement.hpp"
 
 #include "medfast/train/self_check.hpp"
 #include "medfast/transforms/spatial.hpp"
@@ -121,7 +122,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
                     const Settings& settings_in, const EvalOptions& o) {
   const bool hd95 = o.hd95;
   const std::string& section = o.section;
-  const c10::Device device = detail::usable_device(o.device, "--device");
+  const c10::Device device = choose_device(o.device, "--device").device;
   if (checkpoint.empty() && config.is_null()) throw ValueError("eval: pass --checkpoint, or --config with model.pretrained");
   Loaded net = checkpoint.empty() ? load_pretrained(config, path, device) : load_network(checkpoint, device);
   std::string cfg_path = path, base_dir;
@@ -357,7 +358,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     files.push_back(image.path);
     outputs.push_back(output_dir + "/" + name);
   }
-  const c10::Device device = detail::usable_device(o.device, "--device");
+  const c10::Device device = choose_device(o.device, "--device").device;
   if (checkpoint.empty() && o.config.is_null()) throw ValueError("infer: pass --checkpoint, or --config with model.pretrained");
   Loaded net = checkpoint.empty() ? load_pretrained(o.config, o.config_path, device)
                                   : load_network(checkpoint, device);

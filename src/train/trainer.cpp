@@ -21,6 +21,7 @@
 #include "medfast/nn/layout.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/train/self_check.hpp"
+#include "medfast/train/placement.hpp"
 #include "medfast/train/step.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
@@ -177,8 +178,8 @@ class Run {
     first_epoch_ = folder_.open(resume, overwrite, c_.root);
     set_up_device();
     if (t_.profile.memory && !device_.is_cuda()) {
-      throw ValueError(str("train.profile.memory records the CUDA caching allocator's history, and train.device is ",
-                           t_.device, " (on the CPU, metrics.jsonl's peak_rss_bytes and a trace's counters show memory)"));
+      throw ValueError(str("train.profile.memory records the CUDA caching allocator's history, and the run's device is ",
+                           device_text_, " (on the CPU, metrics.jsonl's peak_rss_bytes and a trace's counters show memory)"));
     }
     if (std::string why; t_.profile.memory && !detail::record_cuda_memory_history(false, why)) {
       throw ValueError(str("train.profile.memory: ", why));
@@ -208,14 +209,14 @@ class Run {
     }
     if (device_.is_cpu() && rank0_) warn_if_reference_blas();
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
-            "device ", t_.device, ", amp ", precision_name(precision_), ", ", nn::memory_format_name(memory_format_), ", ",
+            "device ", device_.str(), ", amp ", precision_name(precision_), ", ", nn::memory_format_name(memory_format_), ", ",
             model_threads_, " libtorch threads, ",
             pipeline_.loader.threads, " loader threads; ", loader_->batches_per_epoch(), " steps per epoch"));
     model_.module->train();
     // Only rank 0 writes files: the other ranks' profilers stay off.
     profiler_ = std::make_unique<StepProfiler>(
         rank0_ ? t_.profile : ProfileOptions{}, t_.run_dir + "/profiler",
-        nlohmann::json{{"run_dir", t_.run_dir}, {"config", c_.path}, {"device", t_.device},
+        nlohmann::json{{"run_dir", t_.run_dir}, {"config", c_.path}, {"device", device_.str()},
                        {"rank", comm_ ? comm_->rank() : 0}});
     trace::set_thread_name("main");
     start_gpu_sampler();
@@ -241,7 +242,13 @@ class Run {
   void set_up_device() {
     // With its index ("cuda" resolved on this thread): the caches and the loader put their
     // tensors there, not on their threads' GPU 0.
-    device_ = detail::usable_device(t_.device, c_.path + ": train.device");
+    const DeviceChoice chosen = choose_device(t_.device, c_.path + ": train.device");
+    device_ = chosen.device;
+    device_text_ = chosen.text;
+    runtime_ = runtime_info(device_);
+    // The first line of the run: which device, and why (auto's reasons name libtorch already).
+    const bool versions_said = device_text_.find("libtorch") != std::string::npos;
+    say(str("device ", device_text_, versions_said ? "" : str("; ", runtime_text(runtime_))));
     precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
     memory_format_ = resolve_memory_format(t_.memory_format, device_);
     if (device_.is_cuda()) {
@@ -284,7 +291,7 @@ class Run {
                            ": set data.loader.drop_last: true (or train.cuda_graph off)"));
     }
     if (!device_.is_cuda()) {
-      throw ValueError(str(key, " needs a CUDA device (a CUDA graph replays GPU work); train.device is ", t_.device));
+      throw ValueError(str(key, " needs a CUDA device (a CUDA graph replays GPU work); the run's device is ", device_text_));
     }
   }
 
@@ -613,7 +620,9 @@ class Run {
                      {"kernel", m.kernel},
                      {"medfast", kVersion},
                      {"libtorch", str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)},
-                     {"device", t_.device},
+                     {"device", device_.str()},
+                     {"device_choice", device_text_},
+                     {"runtime", runtime_},
                      {"libtorch_threads", model_threads_},
                      {"loader_threads", pipeline_.loader.threads},
                      {"ranks", comm_ ? comm_->world_size() : 1},
@@ -654,6 +663,8 @@ class Run {
   int first_epoch_ = 0;
   double elapsed_before_ = 0;
   c10::Device device_{c10::kCPU};
+  std::string device_text_;  // the device and why (train/placement.hpp)
+  nlohmann::json runtime_;   // libtorch, CUDA, cuDNN, the GPU
   Precision precision_ = Precision::fp32;
   at::MemoryFormat memory_format_ = at::MemoryFormat::Contiguous;
   SelfCheckReport self_check_;

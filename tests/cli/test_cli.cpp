@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <set>
 
+#include "medfast/torch_version.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
@@ -24,6 +25,12 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_EQ(v.exit_code, 0);
   EXPECT_NE(v.out.find("medfast 0."), std::string::npos) << v.out;
   EXPECT_NE(v.out.find("libtorch"), std::string::npos);
+  // Which devices it trains on: its libtorch's CUDA, or the CPU alone (the run's first line
+  // names the device it chose, and why).
+  EXPECT_NE(v.out.find(kTorchDevices), std::string::npos) << v.out;
+  EXPECT_TRUE(v.out.find("for the CPU: trains on the CPU") != std::string::npos ||
+              v.out.find("with CUDA") != std::string::npos)
+      << v.out;
   // The optional dependencies this build has (CMake's MEDFAST_WITH_*).
   EXPECT_NE(v.out.find(str("compressed DICOM decoders ", build::kDicomCodecs ? "on" : "off")), std::string::npos) << v.out;
   EXPECT_NE(v.out.find(str("DICOM writing (GDCM) ", build::kGdcm ? "on" : "off")), std::string::npos) << v.out;

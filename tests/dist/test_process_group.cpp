@@ -788,6 +788,7 @@ TEST(DistOptions, ValidateNamesTheFieldAndValue) {
 /// dataset: rank 0 builds its trainer (and the dataset) before the other ranks build theirs.
 nlohmann::json tiny_ddp_config(const test::TempDir& dir, int cases) {
   nlohmann::json c = train::default_run_config();
+  c["train"]["device"] = "cpu";  // the same run on any machine
   c["data"]["dataset"] = dir / "data/dataset.json";
   c["data"]["synth"] = {{"cases", cases}, {"size", "40,40,12"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
   c["data"]["validation"] = {{"num", 1}};

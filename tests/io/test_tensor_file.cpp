@@ -50,11 +50,14 @@ TEST(DeviceNames, PlainCudaIsTheChoosingThreadsCurrentGpu) {
   EXPECT_EQ(resolve_device("cuda:1", third).str(), "cuda:1");  // an explicit index stays
   EXPECT_EQ(resolve_device("cpu", third).str(), "cpu");
   if (!at::hasCUDA()) EXPECT_EQ(resolve_device("cuda").str(), "cuda");  // reported by whoever uses it
+  // auto: the current GPU where CUDA is usable (here the injected one), else the CPU.
+  EXPECT_EQ(resolve_device("auto", third).str(), "cuda:3");
+  if (!at::hasCUDA()) EXPECT_EQ(resolve_device("auto").str(), "cpu");
   try {
     resolve_device("gpu0");
     ADD_FAILURE() << "gpu0 was taken for a device";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("device 'gpu0' is not cpu, cuda or cuda:N"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("device 'gpu0' is not auto, cpu, cuda or cuda:N"), std::string::npos) << e.what();
   }
 }
 

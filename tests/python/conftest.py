@@ -28,7 +28,8 @@ def tiny_config(tmp_path, synth_dir):
     """The built-in default run at a tiny size (as tests/train/test_trainer.cpp's tiny_config)."""
     import medfast
 
-    c = medfast.train.default_config()
+    c = medfast.train.default_config("cpu")  # the CPU's recipe on any machine
+    c["train"]["device"] = "cpu"
     c["data"]["dataset"] = str(synth_dir / "dataset.json")
     del c["data"]["synth"]
     c["data"]["validation"] = {"num": 1}

@@ -98,3 +98,14 @@ def test_run_refuses_to_train_alone_under_a_launcher(tiny_config, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="rank 1 of 2.*medfast launch"):
         medfast.train.run(tiny_config)
+
+
+def test_default_config_follows_the_device():
+    cpu = medfast.train.default_config("cpu")
+    assert cpu["train"]["device"] == "auto"  # the recipe trains where auto chooses; its settings are the CPU's
+    assert cpu["train"]["amp"] is False and cpu["data"]["cache"]["kind"] == "memory"
+    auto = medfast.train.default_config()
+    if not torch.cuda.is_available():
+        assert auto == cpu
+    else:
+        assert auto["train"]["amp"] in ("bf16", "fp16") and auto["data"]["cache"]["kind"] == "device"

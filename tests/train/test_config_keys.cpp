@@ -95,6 +95,7 @@ TEST(ConfigKeys, DocsConfigMdHoldsTheTablesTheCommandPrints) {
 
 nlohmann::json small_config(const test::TempDir& dir) {
   nlohmann::json c = default_run_config();
+  c["train"]["device"] = "cpu";  // the same run on any machine
   c["data"]["dataset"] = dir / "data/dataset.json";
   c["data"]["synth"] = {{"cases", 4}, {"size", "24,24,8"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
   c["data"]["validation"] = {{"num", 1}};

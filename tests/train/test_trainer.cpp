@@ -33,6 +33,7 @@
 #include "medfast/train/losses.hpp"
 #include "medfast/train/nonfinite.hpp"
 #include "medfast/train/optim.hpp"
+#include "medfast/train/placement.hpp"
 #include "medfast/train/profiler.hpp"
 #include "medfast/train/run_config.hpp"
 #include "medfast/train/trainer.hpp"
@@ -68,6 +69,7 @@ nlohmann::json tiny_config(const test::TempDir& dir) {
 /// tiny_config without its dataset (data.synth not run yet).
 nlohmann::json unprepared_tiny_config(const test::TempDir& dir) {
   nlohmann::json c = default_run_config();
+  c["train"]["device"] = "cpu";  // the same run on any machine (the default is auto)
   c["data"]["dataset"] = dir / "data/dataset.json";
   c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
   c["data"]["validation"] = {{"num", 1}};
@@ -421,7 +423,7 @@ TEST(Trainer, CudaGraphIsRefusedWhereACapturedStepCannotReplay) {
       << m;
   c["data"]["loader"]["drop_last"] = true;
   m = test::error_of<ValueError>([&] { Trainer(c, "", one_thread()).run(false); });
-  EXPECT_NE(m.find("train.cuda_graph: on needs a CUDA device (a CUDA graph replays GPU work); train.device is cpu"),
+  EXPECT_NE(m.find("train.cuda_graph: on needs a CUDA device (a CUDA graph replays GPU work); the run's device is cpu"),
             std::string::npos)
       << m;
   EXPECT_FALSE(os::exists(dir / "run/last.ckpt"));  // refused before any training
@@ -1376,7 +1378,7 @@ TEST(TrainerProfile, MemorySnapshotIsItsOwnSwitchAndNeedsCuda) {
   c["train"]["profile"] = {{"memory", true}};
   const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
   EXPECT_NE(m.find("train.profile.memory"), std::string::npos) << m;
-  EXPECT_NE(m.find("train.device is cpu"), std::string::npos) << m;
+  EXPECT_NE(m.find("the run's device is cpu"), std::string::npos) << m;
   EXPECT_FALSE(os::exists(dir / "run/last.ckpt")) << "refused before training";
 }
 
@@ -1720,6 +1722,23 @@ TEST(TrainCli, DefaultRunReachesItsDice) {
   EXPECT_GE(res["best_dice"].get<double>(), 0.8) << r.out;
   EXPECT_TRUE(os::exists(dir / "data/synth-small/dataset.json"));
   EXPECT_TRUE(os::exists(dir / "runs/default/best.ckpt"));
+  // The device auto chose, and why, in the run's records: the CPU's recipe here without a GPU.
+  const auto machine = nlohmann::json::parse(test::read_file(dir / "runs/default/machine.json"));
+  const auto config = nlohmann::json::parse(test::read_file(dir / "runs/default/config.json"));
+  EXPECT_EQ(config["train"]["device"], "auto");
+  EXPECT_EQ(machine["device_choice"], choose_device("auto", "train.device").text);
+  EXPECT_EQ(machine["runtime"]["libtorch"], runtime_info(c10::Device("cpu"))["libtorch"]);
+  if (!at::hasCUDA()) {
+    EXPECT_EQ(machine["device"], "cpu");
+    EXPECT_EQ(config["train"]["amp"], false);
+    EXPECT_EQ(config["data"]["cache"]["kind"], "memory");
+  } else {
+    EXPECT_EQ(machine["device"].get<std::string>().rfind("cuda:", 0), 0u);
+    EXPECT_EQ(config["data"]["cache"]["kind"], "device");
+  }
+  const auto said = test::run("cd " + dir.path() + " && " + test::medfast_binary() + " --threads 2 train --resume");
+  ASSERT_EQ(said.exit_code, 0) << said.err;
+  EXPECT_NE(said.out.find("device " + choose_device("auto", "train.device").text), std::string::npos) << said.out;
   // infer maps the prediction back onto the input's grid (LPS, 1.6 mm) correctly: it
   // overlaps the file's own label about as well as validation measured on the RAS 2 mm grid.
   const std::string image = dir / "data/synth-small/imagesTr/spleen_11.nii.gz";

@@ -42,7 +42,7 @@ struct LoaderOptions {
   bool shuffle = true;
   bool drop_last = false;
   int repeats = 1;  ///< times each batch is yielded (MONAI ThreadDataLoader)
-  std::string device = "cpu";
+  std::string device = "auto";  ///< auto (a GPU where one is usable) | cpu | cuda[:N]
   bool pin_memory = false;
   int rank = 0, world_size = 1;  ///< set by the trainer under DDP (not config keys)
   /// Set by the trainer for a channels-last network (not a config key): 5-D batches are
@@ -59,7 +59,7 @@ struct LoaderOptions {
                            field("repeats", &O::repeats, "times each batch is yielded (MONAI's ThreadDataLoader)"),
                            field("prefetch", &O::prefetch, "batches built ahead of the training step"),
                            field("pin_memory", &O::pin_memory, "page-locked host batches (for CUDA copies)"),
-                           field("device", &O::device, "where batches are delivered: cpu | cuda[:N]"));
+                           field("device", &O::device, "where batches are delivered: auto (a GPU where one is usable, else the CPU) | cpu | cuda[:N]"));
   }
   void validate() const;
 };

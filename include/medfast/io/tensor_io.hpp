@@ -63,8 +63,9 @@ std::string device_transfers();
 /// Worker threads start on GPU 0 whatever their creator chose, so a plain "cuda" resolved
 /// there puts every rank's tensors (and a CUDA context) on GPU 0: resolve on the thread
 /// that chose the device and hand the index on. Other names come back parsed; where there
-/// is no CUDA, "cuda" stays without an index (whoever uses it reports that). ValueError
-/// for a name that is not a device.
+/// is no CUDA, "cuda" stays without an index (whoever uses it reports that). "auto" is the
+/// current CUDA device where CUDA is usable, else the CPU (train::choose_device's rule, with
+/// its reasons). ValueError for a name that is not a device.
 at::Device resolve_device(const std::string& name, const std::function<int()>& current = {});
 
 /// libtorch's CUDA caching allocator on one device: bytes allocated and reserved, now and at

@@ -30,7 +30,7 @@ struct EvalResult {
   nlohmann::json to_json() const;
 };
 struct EvalOptions {
-  std::string device = "cpu";   ///< cpu | cuda | cuda:N
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N (train/placement.hpp)
   nlohmann::json amp = false;   ///< as train.amp
   bool hd95 = false;
   std::string section;          ///< evaluate every item of this dataset section instead
@@ -53,7 +53,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
 /// folder's or file's, written .nii.gz). Inputs that would write one output name are refused
 /// before any work. Returns the files written.
 struct InferOptions {
-  std::string device = "cpu";
+  std::string device = "auto";  ///< auto | cpu | cuda | cuda:N
   nlohmann::json amp = false;
   nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
   std::string tta;                ///< none | flips; empty: the checkpoint's validation.tta
