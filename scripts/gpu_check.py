@@ -68,13 +68,13 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["build", "gpu_tests", "python_tests", "self_check", "io", "train", "monai", "nccl", "trace", "throughput",
-         "sanitizer"]
+STEPS = ["build", "first_contact", "gpu_tests", "python_tests", "self_check", "io", "train", "monai", "nccl", "trace",
+         "throughput", "sanitizer"]
 # Each phase fits one device call of 10 minutes: the sanitizer (up to 9 minutes of its own)
 # is a third call. `throughput` is issue 44's measurement in one call of under 8 minutes: a
 # build of what it runs (THROUGHPUT_TARGETS), then the throughput step.
-PHASES = {"build": ["build"], "run": STEPS[1:-2], "sanitize": ["sanitizer"], "throughput": ["build", "throughput"],
-          "all": STEPS}
+PHASES = {"build": ["build"], "run": STEPS[2:-2], "sanitize": ["sanitizer"],
+          "throughput": ["build", "first_contact", "throughput"], "all": STEPS}
 # What the throughput phase builds: the command (its two programs), the training tests (the GPU
 # step tests) and the network tests (the channels-last norms on CUDA); the whole tree takes a
 # minute more on 16 cores.
@@ -221,18 +221,13 @@ class Campaign:
             if missing:
                 raise RuntimeError(f"--dry-run reuses a built folder; {self.build} lacks {', '.join(missing)}")
             return {"build folder": "reused"}
-        torch_dir = subprocess.run([sys.executable, "-c", "import torch; print(torch.utils.cmake_prefix_path)"],
-                                   capture_output=True, text=True, check=True).stdout.strip() + "/Torch"
-        deps = os.path.join(ROOT, ".gpu", "usr")
-        if not os.path.isdir(deps):
-            raise RuntimeError(f"{deps} is missing: run scripts/gpu_bundle.sh on the host and carry .gpu")
+        # Configured as a GPU user's first command configures (scripts/run.sh's GPU path: the
+        # image's torch, its CUDA, the GPU's own architecture, the bundle .gpu/), with the tests.
+        if not os.path.isdir(os.path.join(ROOT, ".gpu", "usr")):
+            raise RuntimeError(f"{ROOT}/.gpu/usr is missing: run scripts/gpu_bundle.sh on the host and carry .gpu")
         t0 = time.time()
-        self.sh(["cmake", "-S", ROOT, "-B", self.build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-                 "-DMEDFAST_BUILD_TESTS=ON", f"-DTorch_DIR={torch_dir}", "-DCMAKE_CUDA_ARCHITECTURES=90",
-                 "-DTORCH_CUDA_ARCH_LIST=9.0",
-                 f"-DMEDFAST_DEPS_PREFIX={deps}", f"-DPython3_EXECUTABLE={sys.executable}",
-                 # the tests' reference scripts need numpy and torch: this python, not /usr/bin/python3
-                 f"-DMEDFAST_PYTHON={sys.executable}"], timeout=900)
+        self.sh(["bash", os.path.join(ROOT, "scripts", "run.sh"), "--torch", "python", "--python", sys.executable,
+                 "--build-dir", self.build, "--configure-only", "--cmake-arg", "-DMEDFAST_BUILD_TESTS=ON"], timeout=900)
         configure = time.time() - t0
         # -k 0: every compile error of this build in one device call, not only the first one;
         # the whole output goes to build.log beside the campaign's log.
@@ -251,6 +246,35 @@ class Campaign:
             self.log("\n".join(errors[:200]))
             raise RuntimeError(f"the build failed ({len(errors)} error lines; build.log): " + " | ".join(errors[:4]))
         return {"configure_s": round(configure, 1), "build_s": round(time.time() - t0 - configure, 1)}
+
+    def step_first_contact(self):
+        """A GPU user's first command (README): `bash scripts/run.sh` from the working tree, which
+        builds against the image's torch (into the campaign's build folder, which the build step
+        configured through the same script: nothing is compiled again) and trains the built-in
+        default on the GPU to its Dice target. Reported: the wall time, the device the run named,
+        the Dice. The dry run (no GPU) checks run.sh's decisions here (`--check`)."""
+        run_sh = os.path.join(ROOT, "scripts", "run.sh")
+        if not self.cuda():
+            if not self.a.dry_run:
+                raise Skip("no CUDA device")
+            out = self.sh(["bash", run_sh, "--check", "--python", sys.executable], timeout=120)
+            decided = next((l for l in out.splitlines() if "decided:" in l), out.strip().splitlines()[-1])
+            return {"run.sh --check (no GPU here)": decided.replace("run.sh: ", "")}
+        t0 = time.time()
+        out = self.sh(["bash", run_sh, "--torch", "python", "--python", sys.executable, "--build-dir", self.build,
+                       "--overwrite"], timeout=900, cwd=ROOT)
+        wall = time.time() - t0
+        device = next((l for l in out.splitlines() if l.startswith("device ")), "no device line")
+        with open(os.path.join(ROOT, "runs", "default", "metrics.jsonl")) as f:
+            epochs = [json.loads(l) for l in f if l.strip()]
+        best = max((e["dice"] for e in epochs if isinstance(e.get("dice"), (int, float))), default=0)
+        if not device.startswith("device cuda"):
+            raise RuntimeError(f"the default run did not take the GPU: {device}")
+        if best < 0.85:
+            raise RuntimeError(f"the default run ended at Dice {best:.3f} (target 0.85) after {len(epochs)} epochs")
+        return {"bash scripts/run.sh (built by the build step)": f"{wall:.1f} s", "device": device[len("device "):],
+                "Dice": round(best, 3), "epochs": len(epochs),
+                "build step": f"{self.results.get('build', {}).get('seconds', '?')} s"}
 
     def ctest(self, *args, jobs=4, env=None):
         out = self.sh(["ctest", "--test-dir", self.build, "--output-on-failure", "-j", str(jobs), *args], timeout=1500,

@@ -4,6 +4,8 @@
 #                                    scripts/run.sh (the main job) needs, nothing more
 #   bash scripts/setup.sh --test     and the test suite's, fuzzing's and benchmarks' packages
 #                                    (scripts/test.sh)
+#   bash scripts/setup.sh --no-torch the command's packages but Debian's libtorch and its BLAS: for a
+#                                    build against another PyTorch (scripts/run.sh --torch python)
 #   bash scripts/setup.sh --python   and the Python module's packages; then installs the module
 #                                    for Debian's /usr/bin/python3 (`import medfast`): pip installs
 #                                    what CMake built in build/, building only what is missing there
@@ -16,13 +18,15 @@ cd "$(dirname "$0")/.."
 test_group=0
 python_group=0
 packages_only=0
+no_torch=0
 for arg in "$@"; do
   case "$arg" in
     --test) test_group=1 ;;
     --python) python_group=1 ;;
     --packages-only) packages_only=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "setup: unknown option '$arg' (expected --test, --python, --packages-only; --help)" >&2; exit 2 ;;
+    --no-torch) no_torch=1 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option '$arg' (expected --test, --python, --packages-only, --no-torch; --help)" >&2; exit 2 ;;
   esac
 done
 
@@ -49,8 +53,8 @@ PYTHON_PACKAGES=(pybind11-dev python3-dev python3-pip python3-setuptools python3
 TEST_PACKAGES=(
   git clang llvm libclang-rt-14-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # the Python module's tests
-  "${PYTHON_PACKAGES[@]}" python3-pytest
+  # the Python module's tests (python3-venv: `pip install .` into a fresh environment)
+  "${PYTHON_PACKAGES[@]}" python3-pytest python3-venv
   # medfast report's page is checked in a real (headless) browser
   chromium
   # reference implementations for golden tests and benchmarks
@@ -61,7 +65,12 @@ TEST_PACKAGES=(
   # benchmarks
   fio time
 )
-wanted=("${PACKAGES[@]}")
+wanted=()
+for p in "${PACKAGES[@]}"; do
+  # --no-torch: another PyTorch's libtorch is used, with its own BLAS
+  if [ "$no_torch" = 1 ] && { [ "$p" = libtorch-dev ] || [ "$p" = libopenblas0-openmp ]; }; then continue; fi
+  wanted+=("$p")
+done
 if [ "$test_group" = 1 ]; then wanted+=("${TEST_PACKAGES[@]}"); fi
 if [ "$python_group" = 1 ]; then wanted+=("${PYTHON_PACKAGES[@]}"); fi
 
