@@ -55,27 +55,50 @@ FolderInfo folder_info(const std::string& dir) {
   return info;
 }
 
-PruneReport prune_folder(const std::string& dir, const std::set<std::string>& keep) {
-  PruneReport r;
-  const os::Removed temps = os::remove_stale_temporaries(dir);
-  r.temporary_removed = temps.paths.size();
-  r.bytes_freed += temps.bytes;
+const char* prune_reason(PruneFile::Why why) {
+  switch (why) {
+    case PruneFile::Why::dead_writer: return "temporary of a dead writer";
+    case PruneFile::Why::corrupt: return "corrupt";
+    case PruneFile::Why::stale: break;
+  }
+  return "stale";
+}
+
+PrunePlan plan_prune(const std::string& dir, const std::set<std::string>& keep) {
+  PrunePlan plan;
+  const os::Removed temps = os::stale_temporaries(dir);
+  for (const auto& path : temps.paths) plan.files.push_back({path, os::stat(path).size, PruneFile::Why::dead_writer, "", ""});
   for (const auto& path : list_folder(dir).entries) {
-    bool remove = false;
+    ++plan.entries;
+    PruneFile f{path, os::stat(path).size, PruneFile::Why::stale, "", ""};
     try {
       const auto meta = read_entry_meta(path);
-      if (!keep.empty() && !keep.count(meta.value("key", ""))) {
-        remove = true;
-        ++r.stale_removed;
+      f.dataset = meta.value("dataset", "");
+      ++plan.datasets[f.dataset];
+      if (keep.empty() || keep.count(meta.value("key", ""))) {
+        ++plan.kept;
+        continue;
       }
-    } catch (const Error&) {
-      remove = true;
-      ++r.corrupt_removed;
+    } catch (const Error& e) {
+      f.why = PruneFile::Why::corrupt;
+      f.detail = e.what();
     }
-    if (remove) {
-      r.bytes_freed += os::stat(path).size;
-      os::remove_file(path);
+    plan.files.push_back(std::move(f));
+  }
+  return plan;
+}
+
+PruneReport prune_folder(const std::string& dir, const std::set<std::string>& keep) {
+  PruneReport r;
+  for (PruneFile& f : plan_prune(dir, keep).files) {
+    os::remove_file(f.path);
+    r.bytes_freed += f.bytes;
+    switch (f.why) {
+      case PruneFile::Why::dead_writer: ++r.temporary_removed; break;
+      case PruneFile::Why::corrupt: ++r.corrupt_removed; break;
+      case PruneFile::Why::stale: ++r.stale_removed; break;
     }
+    r.removed.push_back(std::move(f));
   }
   return r;
 }

@@ -19,6 +19,8 @@ struct DirArgs {
   std::string dir;
   bool json = false;
   std::string config;  ///< prune: keep only this config's entries
+  bool dry_run = false;  ///< prune: list what would go, remove nothing
+  bool force = false;    ///< prune --config: also where none of the folder's entries is the config's
 };
 
 int run_verify(const DirArgs& a, Context& ctx) {
@@ -65,21 +67,70 @@ int run_info(const DirArgs& a) {
   return 0;
 }
 
+/// "/data/a/dataset.json (3), /data/b/dataset.json (1)": where a folder's entries came from.
+std::string dataset_counts(const std::map<std::string, std::size_t>& datasets) {
+  std::string out;
+  for (const auto& [d, n] : datasets) out += str(out.empty() ? "" : ", ", d.empty() ? "an unnamed dataset" : d, " (", n, ")");
+  return out.empty() ? "none" : out;
+}
+
+nlohmann::json file_json(const cache::PruneFile& f) {
+  nlohmann::json j{{"path", f.path}, {"bytes", f.bytes}, {"why", cache::prune_reason(f.why)}, {"dataset", f.dataset}};
+  if (!f.detail.empty()) j["detail"] = f.detail;
+  return j;
+}
+
 int run_prune(const DirArgs& a, Context& ctx, const ConfigKeys& keys_of) {
   std::set<std::string> keep;  // with --config: the keys it would use
   if (!a.config.empty()) {
     if (!keys_of) throw ValueError("cache prune --config needs the pipeline (medfast-torch)");
     keep = keys_of(a.config, ctx);
   }
+  const cache::PrunePlan plan = cache::plan_prune(a.dir, keep);
+  // A config none of whose entries is here, in a folder that holds entries, is almost surely
+  // the wrong config or the wrong folder: removing everything would cost the whole fill.
+  if (!a.config.empty() && plan.kept == 0 && !plan.datasets.empty() && !a.force) {
+    throw ValueError(str("cache prune: none of the ", plan.entries, " entries of ", a.dir, " is one that ", a.config,
+                         " computes (the folder's entries come from ", dataset_counts(plan.datasets),
+                         "): the wrong config or folder? Nothing was removed; --dry-run lists what would go, --force "
+                         "removes it"));
+  }
+  std::uint64_t bytes = 0;
+  for (const auto& f : plan.files) bytes += f.bytes;
+  if (a.dry_run) {
+    if (a.json) {
+      nlohmann::json files = nlohmann::json::array();
+      for (const auto& f : plan.files) files.push_back(file_json(f));
+      print_json(nlohmann::json{{"dir", a.dir}, {"dry_run", true}, {"would_remove", files}, {"bytes", bytes},
+                                {"entries", plan.entries}, {"kept", plan.kept}}
+                     .dump(2));
+      return 0;
+    }
+    std::printf("cache prune %s --dry-run: would remove %zu files (%s) and keep %zu of %zu entries\n", a.dir.c_str(),
+                plan.files.size(), format_bytes(bytes).c_str(), plan.kept, plan.entries);
+    for (const auto& f : plan.files) {
+      std::printf("  %s  %s  %s%s%s\n", f.path.c_str(), format_bytes(f.bytes).c_str(), cache::prune_reason(f.why),
+                  f.dataset.empty() ? "" : str(", from ", f.dataset).c_str(),
+                  f.detail.empty() ? "" : str(": ", f.detail).c_str());
+    }
+    return 0;
+  }
   const cache::PruneReport r = cache::prune_folder(a.dir, keep);
+  std::map<std::string, std::size_t> removed_from;  // stale and corrupt entries, by dataset
+  for (const auto& f : r.removed) {
+    if (f.why != cache::PruneFile::Why::dead_writer) ++removed_from[f.dataset];
+  }
   if (a.json) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& f : r.removed) files.push_back(file_json(f));
     print_json(nlohmann::json{{"dir", a.dir}, {"temporary_removed", r.temporary_removed},
                               {"corrupt_removed", r.corrupt_removed}, {"stale_removed", r.stale_removed},
-                              {"bytes_freed", r.bytes_freed}}
+                              {"bytes_freed", r.bytes_freed}, {"removed", files}}
                    .dump(2));
   } else {
     std::printf("cache prune %s: removed %zu temporary, %zu corrupt, %zu stale entries; freed %s\n", a.dir.c_str(),
                 r.temporary_removed, r.corrupt_removed, r.stale_removed, format_bytes(r.bytes_freed).c_str());
+    if (!removed_from.empty()) std::printf("  entries removed came from: %s\n", dataset_counts(removed_from).c_str());
   }
   return 0;
 }
@@ -99,7 +150,11 @@ CacheDirCommand register_cache_dir(CLI::App* cache, ConfigKeys keys_of) {
   auto* prune = cache->add_subcommand("prune", "Remove temporary files of dead writers, corrupt entries, and with "
                                                "--config the entries that config no longer uses");
   prune->add_option("--dir", pa->dir, "Cache folder")->required();
-  prune->add_option("--config", pa->config, "Keep only the entries of this config");
+  prune->add_option("--config", pa->config,
+                    "Keep only the entries of this config (refused, naming both, where none of the folder's entries "
+                    "is this config's: --force)");
+  prune->add_flag("--dry-run", pa->dry_run, "List what would be removed (path, size, why, dataset); remove nothing");
+  prune->add_flag("--force", pa->force, "With --config: remove the stale entries even where none is the config's");
   prune->add_flag("--json", pa->json, "Print JSON");
   CacheDirCommand c;
   c.command.app = cache;

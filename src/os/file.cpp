@@ -468,7 +468,7 @@ std::optional<int> temporary_writer_pid(const std::string& name) {
   return std::atoi(rest.substr(0, dash).c_str());
 }
 
-Removed remove_stale_temporaries(const std::string& dir) {
+Removed stale_temporaries(const std::string& dir) {
   Removed r;
   if (!exists(dir)) return r;
   for (const auto& name : list_directory(dir)) {
@@ -477,9 +477,14 @@ Removed remove_stale_temporaries(const std::string& dir) {
     if (*pid == ::getpid() || process_alive(*pid)) continue;  // a writer at work
     const std::string path = dir + "/" + name;
     r.bytes += stat(path).size;
-    remove_file(path);
     r.paths.push_back(path);
   }
+  return r;
+}
+
+Removed remove_stale_temporaries(const std::string& dir) {
+  Removed r = stale_temporaries(dir);
+  for (const auto& path : r.paths) remove_file(path);
   return r;
 }
 

@@ -463,6 +463,57 @@ TEST_F(CacheCli, BuildInfoVerifyPrune) {
   EXPECT_EQ(nlohmann::json::parse(medfast("cache prune --json --dir " + (tmp / "c") + " --config " + cfg).out)["stale_removed"], 0);
 }
 
+// prune --config with the config of another dataset (a slip of one argument) would remove
+// every entry: it is refused, naming the folder, the config and where the entries came from,
+// and nothing is lost; --dry-run lists what would go (path, size, why, dataset); --force
+// removes it, and the report names the dataset each removed entry came from.
+TEST_F(CacheCli, PruneWithAnotherDatasetsConfigIsRefusedPreviewedOrForced) {
+  const std::string cfg = write_config(dataset_json(), tmp / "c");
+  ASSERT_EQ(medfast("cache build --config " + cfg).exit_code, 0);
+  const std::size_t built = count(tmp / "c", ".mfc$");
+  ASSERT_EQ(built, 5u);
+  // Another dataset: the same cases under other names (other keys).
+  test::TempDir other;
+  const std::string other_list = other / "dataset.json";
+  nlohmann::json listing = nlohmann::json::parse(test::read_file(dataset_json()));
+  for (auto& item : listing["training"]) {
+    for (const char* k : {"image", "label"}) {
+      const std::string from = dir_->path() + "/ds/" + item[k].get<std::string>();
+      const std::string name = "copy_" + std::string(k) + "_" + from.substr(from.rfind('/') + 1);
+      test::run("cp '" + from + "' '" + (other / name) + "'");
+      item[k] = name;
+    }
+  }
+  test::write_file(other_list, listing.dump(2));
+  nlohmann::json wrong = nlohmann::json::parse(test::read_file(cfg));
+  wrong["data"]["dataset"] = other_list;
+  const std::string wrong_cfg = tmp / "wrong.json";
+  test::write_file(wrong_cfg, wrong.dump(2));
+  const auto refused = medfast("cache prune --dir " + (tmp / "c") + " --config " + wrong_cfg);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("none of the 5 entries of " + (tmp / "c") + " is one that " + wrong_cfg + " computes"),
+            std::string::npos)
+      << refused.err;
+  EXPECT_NE(refused.err.find(dataset_json() + " (5)"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("Nothing was removed"), std::string::npos) << refused.err;
+  EXPECT_EQ(count(tmp / "c", ".mfc$"), built) << "entries lost to a refused prune";
+  const auto preview = medfast("cache prune --dry-run --json --dir " + (tmp / "c") + " --config " + wrong_cfg + " --force");
+  ASSERT_EQ(preview.exit_code, 0) << preview.err;
+  const auto p = nlohmann::json::parse(preview.out);
+  ASSERT_EQ(p["would_remove"].size(), 5u);
+  EXPECT_EQ(p["would_remove"][0]["why"], "stale");
+  EXPECT_EQ(p["would_remove"][0]["dataset"], dataset_json());
+  EXPECT_GT(p["would_remove"][0]["bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(count(tmp / "c", ".mfc$"), built) << "a dry run removed entries";
+  const auto text = medfast("cache prune --dry-run --dir " + (tmp / "c"));  // nothing to remove without --config
+  EXPECT_NE(text.out.find("would remove 0 files (0 B) and keep 5 of 5 entries"), std::string::npos) << text.out;
+  const auto forced = medfast("cache prune --dir " + (tmp / "c") + " --config " + wrong_cfg + " --force");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_NE(forced.out.find("removed 0 temporary, 0 corrupt, 5 stale entries"), std::string::npos) << forced.out;
+  EXPECT_NE(forced.out.find("entries removed came from: " + dataset_json() + " (5)"), std::string::npos) << forced.out;
+  EXPECT_EQ(count(tmp / "c", ".mfc$"), 0u);
+}
+
 TEST_F(CacheCli, KilledBuildLeavesOnlyValidEntriesAndResumes) {
   test::TempDir big;
   SynthOptions o;

@@ -35,12 +35,34 @@ struct FolderInfo {
 /// Entries, bytes and chains from the entries' headers (payloads unread).
 FolderInfo folder_info(const std::string& dir);
 
+/// A file prune removes, and why.
+struct PruneFile {
+  enum class Why { dead_writer, corrupt, stale };
+  std::string path;
+  std::uint64_t bytes = 0;
+  Why why = Why::stale;
+  std::string dataset;  ///< the dataset list the entry was computed from ("" where unknown)
+  std::string detail;   ///< corrupt: what is wrong
+};
+/// "temporary of a dead writer", "corrupt", "stale".
+const char* prune_reason(PruneFile::Why why);
+
+struct PrunePlan {
+  std::vector<PruneFile> files;  ///< what prune removes, in the folder's order
+  std::size_t entries = 0;       ///< entries in the folder
+  std::size_t kept = 0;          ///< readable entries whose key is kept (with `keep`), or all readable ones
+  std::map<std::string, std::size_t> datasets;  ///< the entries' datasets, and how many each
+};
+/// What prune_folder removes, nothing removed: temporaries of dead writers, entries whose
+/// header is damaged and, when `keep` is not empty, entries whose key is not in it.
+PrunePlan plan_prune(const std::string& dir, const std::set<std::string>& keep = {});
+
 struct PruneReport {
   std::size_t temporary_removed = 0, corrupt_removed = 0, stale_removed = 0;
   std::uint64_t bytes_freed = 0;
+  std::vector<PruneFile> removed;
 };
-/// Removes temporaries of dead writers, entries whose header is damaged and,
-/// when `keep` is not empty, entries whose key is not in it.
+/// Removes what plan_prune lists.
 PruneReport prune_folder(const std::string& dir, const std::set<std::string>& keep = {});
 
 }  // namespace medfast::cache

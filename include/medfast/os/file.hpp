@@ -159,6 +159,8 @@ struct Removed {
 /// Removes the AtomicWriter temporaries in `dir` whose writer is no longer
 /// running (killed mid-write); those of live writers stay.
 Removed remove_stale_temporaries(const std::string& dir);
+/// The same files, left where they are (what remove_stale_temporaries would remove).
+Removed stale_temporaries(const std::string& dir);
 
 /// An exclusive advisory lock (flock) on a file, held while the object lives (and released
 /// by the kernel when the process dies, however it ends). The file holds the holder's pid.
