@@ -386,11 +386,32 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   apply_host_memory_reuse(settings);
   apply_conv_forward(settings);
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
-  os::make_directories(output_dir);
   torch::NoGradGuard no_grad;
   const Predictor predict = detail::inference_predictor(
       cfg.at("model"), net.any, settings, "model", device, precision, tta,
       memory_format_of(cfg.value("train", nlohmann::json::object()), device, checkpoint.empty() ? o.config_path : checkpoint));
+  // A window through the network now, before the first file is read: a roi_size the network
+  // cannot take (SegResNet: multiples of 8, SwinUNETR: of 32, UNet: of its strides' product) is
+  // named at once, not after reading and preprocessing (as train checks its validation window).
+  if (std::all_of(swo.roi_size.begin(), swo.roi_size.end(), [](std::int64_t r) { return r > 0; })) {
+    std::vector<std::int64_t> shape{1, cfg.at("model").value("in_channels", std::int64_t{1})};
+    shape.insert(shape.end(), swo.roi_size.begin(), swo.roi_size.end());
+    const std::string what = str("infer: the network cannot take a window of ", at::IntArrayRef(shape),
+                                 " (sliding_window roi_size ", at::IntArrayRef(swo.roi_size), ", model.in_channels)");
+    const at::Tensor out = with_context(what, [&] { return predict(at::zeros(shape, at::TensorOptions().device(device))); });
+    if (out.dim() != static_cast<std::int64_t>(shape.size()) || !std::equal(shape.begin() + 2, shape.end(), out.sizes().begin() + 2)) {
+      throw ValueError(str(what, ": it returns ", out.sizes(), " (choose a roi_size the network's strides divide: "
+                           "--set roi_size=[...])"));
+    }
+  }
+  os::make_directories(output_dir);
+  // Temporaries of an infer that was killed mid-write (<name>_seg.nii.gz.tmp-<pid>-<n>): its
+  // writer is gone, so the file is not one it finishes; a running writer's stay.
+  const os::Removed stale = os::remove_stale_temporaries(output_dir);
+  if (!stale.paths.empty() && message) {
+    message(str("removed ", stale.paths.size(), " temporary files of an interrupted write from ", output_dir, " (",
+                format_bytes(stale.bytes), ")"));
+  }
   if (message && tta != Tta::none) {
     const std::int64_t calls = tta_forwards(tta, static_cast<std::int64_t>(swo.roi_size.size()));
     message(str("test-time augmentation ", name_of(tta), ": ", calls, " network calls per window, each mirror image ",

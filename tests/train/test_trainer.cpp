@@ -1,6 +1,7 @@
 // The trainer: config handling, checkpoints, resume equality, one step against
 // python3-torch, and the CLI's train / eval / infer end to end.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -431,6 +432,49 @@ TEST(Trainer, CudaGraphIsRefusedWhereACapturedStepCannotReplay) {
   m = test::error_of<ConfigError>([&] { Trainer(c, "", one_thread()); });
   EXPECT_NE(m.find("train.cuda_graph"), std::string::npos) << m;
   EXPECT_NE(m.find("off | on"), std::string::npos) << m;
+}
+
+// infer into a folder where an earlier infer was killed mid-write: its temporaries (their
+// writer gone) are removed and said once; a running writer's stay. A roi_size the network
+// cannot take is named before any file is read, and nothing is written.
+TEST(Trainer, InferRemovesDeadWritersTemporariesAndChecksItsWindowFirst) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  const auto images = os::list_directory(dir / "data/imagesTr");
+  ASSERT_FALSE(images.empty());
+  const std::string input = dir / ("data/imagesTr/" + images[0]);
+  os::make_directories(dir / "out");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ::waitpid(child, nullptr, 0);  // a writer that is gone
+  const std::string dead = dir / str("out/a_seg.nii.gz.tmp-", child, "-0");
+  const std::string live = dir / str("out/b_seg.nii.gz.tmp-", ::getppid(), "-0");  // a process that runs
+  test::write_file(dead, std::string(1000, 'x'));
+  test::write_file(live, "y");
+  std::vector<std::string> said;
+  const auto collect = [&](const std::string& m) { said.push_back(m); };
+  InferOptions io;
+  io.device = "cpu";
+  infer(dir / "run/last.ckpt", {input}, dir / "out", io, one_thread(), collect);
+  EXPECT_FALSE(os::exists(dead));
+  EXPECT_TRUE(os::exists(live)) << "a running writer's temporary was removed";
+  EXPECT_EQ(std::count_if(said.begin(), said.end(),
+                          [&](const std::string& m) {
+                            return m == str("removed 1 temporary files of an interrupted write from ", dir / "out",
+                                            " (1000 B)");
+                          }),
+            1)
+      << (said.empty() ? "" : said[0]);
+  // A window of 15x15x7: not a multiple of the network's strides (2, 2).
+  io.sliding_window = {{"roi_size", {15, 15, 7}}};
+  const std::string m = test::error_of<Error>([&] { infer(dir / "run/last.ckpt", {input}, dir / "out2", io, one_thread()); });
+  EXPECT_NE(m.find("infer: the network cannot take a window of [1, 1, 15, 15, 7] (sliding_window roi_size [15, 15, 7]"),
+            std::string::npos)
+      << m;
+  EXPECT_FALSE(os::exists(dir / "out2")) << "the output folder was made before the window was checked";
 }
 
 // A NaN loss in fp32 stops the run at that step, naming the epoch, the step and the last
