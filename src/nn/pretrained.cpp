@@ -3,7 +3,12 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <variant>
@@ -302,6 +307,104 @@ ValuePtr Unpickler::reduce(const ValuePtr& callable, const ValuePtr& args) {
             "model.state_dict(), not the model");
 }
 
+namespace {
+
+std::uint32_t le32(const unsigned char* p) {
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+std::uint16_t le16(const unsigned char* p) { return static_cast<std::uint16_t>(p[0] | p[1] << 8); }
+std::uint64_t le64(const unsigned char* p) { return le32(p) | static_cast<std::uint64_t>(le32(p + 4)) << 32; }
+
+/// Every stored record of a zip archive checked against the CRC-32 its central directory
+/// gives: libtorch's reader (miniz, built without its CRC checks) hands damaged bytes on as
+/// weights, so a truncated or corrupted download would train from them. torch.save stores
+/// its records uncompressed; a compressed record is left to the reader. FormatError naming
+/// the archive and the record.
+void check_zip_crcs(const std::string& path, const std::function<FormatError(const std::string&)>& fail) {
+  const os::File f = os::File::open(path, os::File::Mode::read);
+  const std::uint64_t size = f.size();
+  // The end of central directory record: within the last 64 KiB + 22 bytes (its comment).
+  const std::uint64_t tail_size = std::min<std::uint64_t>(size, 65536 + 22);
+  std::vector<unsigned char> tail(tail_size);
+  f.read_exact(tail.data(), tail_size, size - tail_size);
+  std::int64_t eocd = -1;
+  for (std::int64_t i = static_cast<std::int64_t>(tail_size) - 22; i >= 0; --i) {
+    if (le32(&tail[static_cast<std::size_t>(i)]) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  }
+  if (eocd < 0) throw fail("the zip archive has no end of central directory (a truncated download?)");
+  const unsigned char* e = &tail[static_cast<std::size_t>(eocd)];
+  std::uint64_t records = le16(e + 10), dir_size = le32(e + 12), dir_offset = le32(e + 16);
+  if (records == 0xFFFF || dir_offset == 0xFFFFFFFF) {  // ZIP64: the locator just before, then the zip64 record
+    if (eocd < 20 || le32(e - 20) != 0x07064b50) throw fail("a ZIP64 archive without its locator");
+    const std::uint64_t z64 = le64(e - 20 + 8);
+    unsigned char r[56];
+    if (z64 + sizeof r > size) throw fail("a ZIP64 archive whose end record lies past the end of the file");
+    f.read_exact(r, sizeof r, z64);
+    if (le32(r) != 0x06064b50) throw fail("a ZIP64 archive whose end record is damaged");
+    records = le64(r + 32);
+    dir_size = le64(r + 40);
+    dir_offset = le64(r + 48);
+  }
+  if (dir_offset + dir_size > size) throw fail("its central directory lies past the end of the file (truncated?)");
+  std::vector<unsigned char> dir(static_cast<std::size_t>(dir_size));
+  f.read_exact(dir.data(), dir.size(), dir_offset);
+  std::vector<unsigned char> buffer(std::size_t{4} << 20);
+  std::size_t at = 0;
+  for (std::uint64_t r = 0; r < records; ++r) {
+    if (at + 46 > dir.size() || le32(&dir[at]) != 0x02014b50) throw fail("its central directory is damaged");
+    const unsigned char* h = &dir[at];
+    const std::uint16_t method = le16(h + 10), name_length = le16(h + 28), extra_length = le16(h + 30),
+                        comment_length = le16(h + 32);
+    const std::uint32_t crc = le32(h + 16);
+    std::uint64_t compressed = le32(h + 20), uncompressed = le32(h + 24), local = le32(h + 42);
+    if (at + 46 + name_length + extra_length > dir.size()) throw fail("its central directory is damaged");
+    const std::string name(reinterpret_cast<const char*>(h + 46), name_length);
+    // ZIP64 sizes and offset, in the order the 32-bit fields that overflow stand.
+    for (std::size_t x = 0; x + 4 <= extra_length;) {
+      const unsigned char* field = h + 46 + name_length + x;
+      const std::uint16_t id = le16(field), length = le16(field + 2);
+      if (id == 0x0001) {
+        std::size_t v = 4;
+        auto next = [&](std::uint64_t& into) {
+          if (v + 8 <= 4u + length) into = le64(field + v), v += 8;
+        };
+        if (uncompressed == 0xFFFFFFFF) next(uncompressed);
+        if (compressed == 0xFFFFFFFF) next(compressed);
+        if (local == 0xFFFFFFFF) next(local);
+      }
+      x += 4 + length;
+    }
+    at += 46 + name_length + extra_length + comment_length;
+    if (method != 0) continue;  // compressed: the reader inflates and checks it
+    unsigned char l[30];
+    if (local + sizeof l > size) throw fail(str("record '", name, "' lies past the end of the file (truncated?)"));
+    f.read_exact(l, sizeof l, local);
+    if (le32(l) != 0x04034b50) throw fail(str("record '", name, "': its local header is damaged"));
+    const std::uint64_t data = local + 30 + le16(l + 26) + le16(l + 28);
+    if (data + uncompressed > size) throw fail(str("record '", name, "' lies past the end of the file (truncated?)"));
+    uLong sum = crc32(0L, Z_NULL, 0);
+    for (std::uint64_t done = 0; done < uncompressed;) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), uncompressed - done));
+      f.read_exact(buffer.data(), n, data + done);
+      sum = crc32(sum, buffer.data(), static_cast<uInt>(n));
+      done += n;
+    }
+    if (static_cast<std::uint32_t>(sum) != crc) {
+      char want[16], got[16];
+      std::snprintf(want, sizeof want, "%08x", crc);
+      std::snprintf(got, sizeof got, "%08x", static_cast<std::uint32_t>(sum));
+      throw fail(str("record '", name, "' is damaged: the archive gives CRC-32 ", want, ", its ", uncompressed,
+                     " bytes give ", got, " (a partial or corrupted download?)"));
+    }
+  }
+}
+
+}  // namespace
+
 std::map<std::string, at::Tensor> read_state_dict(const std::string& path) {
   auto fail = [&](const std::string& what) { return FormatError(str("pretrained weights ", path, ": ", what)); };
   {
@@ -311,6 +414,7 @@ std::map<std::string, at::Tensor> read_state_dict(const std::string& path) {
       throw fail("not a torch.save file (expected the zip format PyTorch >= 1.6 writes: torch.save(model.state_dict(), FILE))");
     }
   }
+  check_zip_crcs(path, fail);  // before any byte of it is used
   ValuePtr root;
   try {
     caffe2::serialize::PyTorchStreamReader zip(path);
