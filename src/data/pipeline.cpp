@@ -266,6 +266,9 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   } catch (const ValueError& e) {
     throw fail("data.cache", e.what());
   }
+  // The random chain is built (and so checked: names, arguments) as the config is read, not
+  // after the caches have filled: building it is pure.
+  (void)make_random_chain(c);
   return c;
 }
 

@@ -105,7 +105,14 @@ std::vector<FieldDoc> random_argument_docs(const std::string& name) {
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json, nlohmann::json* arguments) {
   const auto* row = find_registered(kRandomTransforms, name);
   if (!row) {
-    TransformPtr t = make(name, json, arguments);  // throws for unknown names
+    // A deterministic transform is a step of the random chain too; a name that is neither is
+    // named with the random transforms first (what a random chain is for).
+    const auto known = names();
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      throw ValueError(str("unknown transform '", name, "' (random: ", registered_text(kRandomTransforms),
+                           "; deterministic ones are taken too: ", join(known), ")"));
+    }
+    TransformPtr t = make(name, json, arguments);
     if (name == "ResizeWithPadOrCrop") {
       Args r(name, json);
       const auto keys = r.keys();

@@ -569,6 +569,12 @@ TEST_F(CacheCli, BadConfigsAreOneLineNamingTheKey) {
   expect("data: {dataset: " + dataset_json() + ", cache: {kind: disk, dir: " + (tmp / "bc") +
              "}, deterministic: [{name: Spacing, keys: image, pixdim: [1, 1]}]}\n",
          "pixdim");
+  // An unknown random transform: named among the random ones, before any item is read.
+  const std::string random = "data: {dataset: " + dataset_json() + ", cache: {kind: disk, dir: " + (tmp / "br") +
+                             "}, random: [{name: Nope, keys: image}]}\n";
+  expect(random, "data.random: random chain item 0: unknown transform 'Nope' (random: RandCropByPosNegLabel, ");
+  expect(random, "; deterministic ones are taken too: LoadImage, ");
+  EXPECT_FALSE(os::exists(tmp / "br")) << "the cache was filled before the random chain was checked";
 }
 
 }  // namespace
