@@ -165,11 +165,11 @@ class LoadImage final : public Transform {
         segs.emplace_back(i, path);
         continue;
       }
-      finish(s, i, read_image(path, read));
+      finish(s, i, read_image(path, read), path);
     }
     for (const auto& [i, path] : segs) {
       const Volume& reference = reference_for(s, o_.keys[i], path);
-      finish(s, i, read_seg_volume(path, reference, read));
+      finish(s, i, read_seg_volume(path, reference, read), path);
     }
     check_one_grid(s);
   }
@@ -216,7 +216,20 @@ class LoadImage final : public Transform {
     }
   }
 
-  void finish(Sample& s, std::size_t i, Volume v) const {
+  void finish(Sample& s, std::size_t i, Volume v, const std::string& path) const {
+    // NaN or infinite voxels would go on into every later step and show up far away (a crop
+    // "larger than the image" once CropForeground found no foreground, a NaN loss): named
+    // here, with the file and how many.
+    if (v.data.is_floating_point()) {
+      const std::int64_t bad = at::isfinite(v.data).logical_not().sum().item<std::int64_t>();
+      if (bad > 0) {
+        const std::int64_t nan = at::isnan(v.data).sum().item<std::int64_t>();
+        throw FormatError(str("LoadImage: key '", o_.keys[i], "' (", path, "): ", bad, " of ", v.data.numel(),
+                              " voxels are not finite (", nan, " NaN, ", bad - nan,
+                              " infinite); medfast trains on finite values only: replace them in the file (e.g. "
+                              "numpy.nan_to_num) or leave the case out"));
+      }
+    }
     if (!o_.dtype[i].empty()) v.data = v.data.to(parse_dtype(o_.dtype[i], "LoadImage"));
     s.volumes[o_.keys[i]] = std::move(v);
   }

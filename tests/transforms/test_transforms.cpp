@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <thread>
 
 #include <cstring>
@@ -473,6 +475,29 @@ TEST(Transforms, LoadImageRefusesFilesOfOneItemOnDifferentGrids) {
     EXPECT_NE(m.find(image), std::string::npos) << m;
     EXPECT_NE(m.find(why), std::string::npos) << m;
   }
+}
+
+// A float image with NaN or infinite voxels is named as such when it is read, with the file
+// and the counts, before any later step (CropForeground, a random crop) fails far from the cause.
+TEST(Transforms, LoadImageNamesNonFiniteVoxelsWithTheFile) {
+  test::TempDir dir;
+  Volume v;
+  v.data = at::ones({8, 8, 4}, at::kFloat);
+  v.data.view({-1}).narrow(0, 0, 5).fill_(std::nan(""));
+  v.data.view({-1}).narrow(0, 10, 2).fill_(std::numeric_limits<float>::infinity());
+  write_nifti(dir / "nan.nii", v);
+  Sample s;
+  s.meta = {{"image", dir / "nan.nii"}};
+  const std::string m = test::error_of<FormatError>(
+      [&] { make_chain(nlohmann::json::parse(R"([{"name": "LoadImage", "keys": "image"}])")).apply(s); });
+  EXPECT_NE(m.find("LoadImage: key 'image' (" + (dir / "nan.nii") + "): 7 of 256 voxels are not finite (5 NaN, 2 infinite)"),
+            std::string::npos)
+      << m;
+  // Finite values load as ever.
+  v.data.fill_(2);
+  write_nifti(dir / "fine.nii", v);
+  s.meta = {{"image", dir / "fine.nii"}};
+  EXPECT_NO_THROW(make_chain(nlohmann::json::parse(R"([{"name": "LoadImage", "keys": "image"}])")).apply(s));
 }
 
 // Each deterministic transform reads its arguments from its options' field list and writes
