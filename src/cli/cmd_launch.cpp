@@ -72,6 +72,10 @@ void stop_all(std::map<pid_t, int>& alive, std::map<int, os::ChildExit>& exits, 
 
 int run_launch(const LaunchArgs& a, Context& ctx) {
   if (a.nproc < 1) throw ValueError(str("launch: --nproc ", a.nproc, " must be at least 1"));
+  if (!(a.grace_seconds >= 0)) {  // NaN too
+    throw ValueError(str("launch: --grace ", a.grace_seconds,
+                         ": expected seconds >= 0 (how long the other ranks get to stop before SIGKILL)"));
+  }
   if (a.command.empty()) {
     throw ValueError("launch: no command: give the medfast subcommand after --, e.g. `medfast launch --nproc 2 -- train`");
   }

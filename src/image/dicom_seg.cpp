@@ -89,18 +89,25 @@ PaintOrder paint_order(const Header& h, const LabelDict& labels, const TagName& 
     }
     return paint;
   }
+  std::string present;  // the segments' names, for the messages
+  for (const Segment& seg : h.segments) present += (present.empty() ? "'" : ", '") + seg.key() + "'";
+  std::string unmatched;
   for (const auto& [name, value] : labels) {
     if (value < 0 || value > 255) throw ValueError(str("label_dict: class ", value, " for '", name, "' is outside 0..255"));
     std::vector<int> numbers;
     for (const Segment& seg : h.segments) {
       if (seg.key() == name) numbers.push_back(seg.number);
     }
-    if (numbers.empty()) {
-      std::string keys;
-      for (const Segment& seg : h.segments) keys += (keys.empty() ? "'" : ", '") + seg.key() + "'";
-      log::warn("dicom: ", h.file, ": label_dict entry '", name, "' matches no ", what, " (", keys_are, ": ", keys, ")");
-    }
+    if (numbers.empty()) unmatched += (unmatched.empty() ? "'" : ", '") + name + "'";
     paint.push_back({numbers, value});
+  }
+  const bool any = std::any_of(paint.begin(), paint.end(), [](const auto& p) { return !p.first.empty(); });
+  if (!any) {  // an all-background label volume, written or trained on as if it were one
+    throw ValueError(str(h.file, ": label_dict matches no ", what, " (", unmatched, "); the ", what, "s present (",
+                         keys_are, "): ", present));
+  }
+  if (!unmatched.empty()) {
+    log::warn("dicom: ", h.file, ": label_dict entries ", unmatched, " match no ", what, " (", keys_are, ": ", present, ")");
   }
   return paint;
 }

@@ -1035,6 +1035,9 @@ TEST(Launch, BadArgumentsAreClearErrors) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_TRUE(contains(r.err, "needs --master-addr (node 0's address) and --master-port")) << partial << ": " << r.err;
   }
+  r = test::run(launch("launch --nproc 2 --grace -1 -- train"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "launch: --grace -1: expected seconds >= 0")) << r.err;
   r = test::run(launch("launch --nproc 2 --no-medfast -- /no/such/program"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "/no/such/program")) << r.err;

@@ -125,6 +125,17 @@ TEST(DicomLoad, GeometryEqualsTheNiftiPathThroughOrientationAndSpacing) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   EXPECT_TRUE(at::equal(read_nifti(dir / "seg.nii.gz").data, read_nifti(dir / "rtstruct.nii.gz").data));
+  // A label_dict that matches nothing would write (or train on) a label of background alone:
+  // an error naming the segments there are; nothing is written.
+  for (const std::string name : {"seg", "rtstruct"}) {
+    const auto r = test::run(bin + " data convert --in " + base + "/" + name + ".dcm --reference " + base +
+                             "/CT --label-dict '{\"GTV 1\": 1}' --out " + dir / (name + "-none.nii.gz"));
+    EXPECT_NE(r.exit_code, 0) << name;
+    EXPECT_NE(r.err.find(base + "/" + name + ".dcm: label_dict matches no "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("('GTV 1')"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(": 'GTV-1'"), std::string::npos) << r.err;
+    EXPECT_FALSE(os::exists(dir / (name + "-none.nii.gz")));
+  }
 }
 
 // The cache key covers every file of a series: touching, adding or removing one slice
