@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
+#include <string>
 
 namespace medfast::log {
 namespace {
@@ -36,6 +38,13 @@ const char* level_name(Level level) {
     case Level::off: return "off";
   }
   return "?";
+}
+
+bool first_time(const std::string& key) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  return seen.insert(key).second;
 }
 
 void write(Level level, const std::string& message) {

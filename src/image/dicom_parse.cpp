@@ -17,6 +17,7 @@
 #include <set>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::dicom::detail {
@@ -454,10 +455,18 @@ Header parse_header(const Parsed& parsed, const std::string& file, bool phi) {
 
   // RT Dose (PS3.3 C.8.8.3): a multi-frame grid placed by GridFrameOffsetVector from the
   // one ImagePositionPatient, its stored values scaled by DoseGridScaling.
-  const auto offsets = numbers(ds, GridFrameOffsetVector, file, static_cast<std::size_t>(h.frames) + 1);
+  auto offsets = numbers(ds, GridFrameOffsetVector, file, static_cast<std::size_t>(h.frames) + 1);
   const auto dose_scaling = numbers(ds, DoseGridScaling, file);
   const bool per_frame_positions = per_frame.size() > 0 || shared.size() > 0;
   if (!offsets.empty() && !per_frame_positions) {
+    if (offsets.size() > static_cast<std::size_t>(h.frames)) {
+      // More offsets than frames (pydicom's rtdose_1frame.dcm: 15 offsets, one frame): the
+      // frames present take the first offsets, as pydicom and dcmtk read such a file.
+      log::warn_once(str(file, "|", name_of(GridFrameOffsetVector)), "dicom: ", file, ": ", name_of(GridFrameOffsetVector), " has more than ", h.frames,
+                " values for ", h.frames, " frame(s) (", name_of(NumberOfFrames), "): the frames present take the first ",
+                h.frames);
+      offsets.resize(static_cast<std::size_t>(h.frames));
+    }
     if (offsets.size() != static_cast<std::size_t>(h.frames)) {
       throw FormatError(str(file, ": ", name_of(GridFrameOffsetVector), " has ",
                             offsets.size() > static_cast<std::size_t>(h.frames) ? "more than " : "",

@@ -140,6 +140,37 @@ TEST(DicomLoad, GeometryEqualsTheNiftiPathThroughOrientationAndSpacing) {
 
 // The cache key covers every file of a series: touching, adding or removing one slice
 // gives a new key; series_uid from the dataset entry is part of it too.
+// pydicom's rtdose_1frame.dcm: one frame (no NumberOfFrames), GridFrameOffsetVector with 15
+// values. pydicom and dcmtk read it; so does medfast (the frame present takes the first
+// offset), with one warning naming the field, and its doses equal pydicom's scaled values.
+TEST(DicomLoad, AnRtDoseWithMoreOffsetsThanFramesReadsAsPydicomReadsIt) {
+  const auto where = test::run(test::python() + " -c \"import os, pydicom; print(os.path.join(os.path.dirname("
+                               "pydicom.__file__), 'data', 'test_files', 'rtdose_1frame.dcm'))\"");
+  const std::string file = where.out.substr(0, where.out.find('\n'));
+  if (where.exit_code != 0 || !os::exists(file)) GTEST_SKIP() << "pydicom's test files are not here: " << where.err;
+  const auto want = test::run(test::python() + " -c \"import json, pydicom; d = pydicom.dcmread('" + file +
+                              "'); print(json.dumps((d.pixel_array * float(d.DoseGridScaling)).tolist()))\"");
+  ASSERT_EQ(want.exit_code, 0) << want.err;
+  const auto doses = nlohmann::json::parse(want.out);  // rows of columns
+  const Volume v = read_image(file);
+  ASSERT_EQ(v.data.numel(), 100);
+  const at::Tensor d = v.data.to(at::kDouble).reshape({-1});
+  // One frame: the volume's first axis runs along the columns, the second along the rows.
+  double worst = 0;
+  for (int r = 0; r < 10; ++r) {
+    for (int c = 0; c < 10; ++c) {
+      worst = std::max(worst, std::abs(v.data.to(at::kDouble)[c][r][0].item<double>() - doses[r][c].get<double>()));
+    }
+  }
+  EXPECT_LE(worst, 1e-6);
+  (void)d;
+  const auto info = test::run(test::medfast_binary() + " info " + file);
+  EXPECT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.err.find("GridFrameOffsetVector (3004,000C) has more than 1 values for 1 frame(s)"), std::string::npos)
+      << info.err;
+  EXPECT_EQ(info.err.find("GridFrameOffsetVector"), info.err.rfind("GridFrameOffsetVector")) << "said once: " << info.err;
+}
+
 TEST(DicomLoad, CacheKeyCoversEveryFileOfTheSeries) {
   test::TempDir dir;
   const std::string series = dir / "CT";

@@ -38,5 +38,13 @@ template <typename... Args>
 void warn(Args&&... args) {
   if (level() <= Level::warn) write(Level::warn, str(std::forward<Args>(args)...));
 }
+/// Whether `key` is new to this process (thread-safe): what warn_once asks.
+bool first_time(const std::string& key);
+/// A warning said once per process for `key` (e.g. a file and what is odd about it), however
+/// often the code that finds it runs (a header read for its listing, then for its pixels).
+template <typename... Args>
+void warn_once(const std::string& key, Args&&... args) {
+  if (level() <= Level::warn && first_time(key)) write(Level::warn, str(std::forward<Args>(args)...));
+}
 
 }  // namespace medfast::log
