@@ -550,8 +550,9 @@ class Campaign:
         train.deterministic false) beside MONAI's tutorial loop and the same loop channels-last
         (bench/monai_twin.py --variants fp16,fp16-cl,bf16-cl: one cache fill, the same
         determinism), then a deterministic medfast run, the loader alone on the GPU, the DynUNet
-        (instance norm) step channels-last against contiguous, and the GPU step test (no layout
-        round trip, fused update). Each figure is logged as it comes (a call cut short keeps
+        (instance norm) step channels-last against contiguous, the GPU step test (no layout
+        round trip, fused update), and sliding-window inference with the same weights beside
+        MONAI's channels-last (bench/inference_bench.py: labels compared, then timed). Each figure is logged as it comes (a call cut short keeps
         them); the targets are judged at the end. Without a GPU (the dry run), the same code
         runs a small rehearsal on the CPU, which checks its plumbing and judges nothing."""
         rehearsal = not self.cuda()
@@ -725,6 +726,30 @@ class Throughput:
             out[layout] = j.get("pipelined_step", j["train_step"])
         return out
 
+    def inference(self):
+        """Sliding-window inference on the same network, weights and image on both sides
+        (bench/inference_bench.py): medfast `infer` in bf16 (channels-last by auto) beside MONAI's
+        sliding_window_inference with the channels-last model in bf16, cudnn.benchmark on on both
+        sides, each timed on its second pass; the labels compared first (equal but at bf16's
+        rounding ties), so that the validation time judged beside the twin is of the same labels.
+        In rehearsal: the CPU, float32, the small cell."""
+        peers = os.path.join(ROOT, ".gpu-peers") if not self.rehearsal else os.path.join(ROOT, "..", "shared", "peers",
+                                                                                            "monai-1.3.2")
+        if not os.path.isdir(os.path.join(peers, "monai")):
+            return None, f"MONAI 1.3.2 absent ({peers})"
+        args = ["--cells", "quick" if self.rehearsal else "a", "--rounds", "1", "--threads", str(os.cpu_count() or 2),
+                "--medfast", os.path.join(self.c.build, "medfast"), "--monai", peers,
+                "--work", os.path.join(self.c.work, "inference")]
+        if not self.rehearsal:
+            args += ["--device", "cuda", "--amp", "bf16", "--channels-last"]
+        path = os.environ.get("PYTHONPATH")
+        out = self.c.sh([sys.executable, os.path.join(ROOT, "bench", "inference_bench.py"), *args],
+                        env={"PYTHONPATH": peers + (os.pathsep + path if path else "")}, timeout=300)
+        doc = json.loads(out.strip().splitlines()[-1])
+        cell = doc["cells"][0]
+        return {"medfast s": round(cell["medfast"]["infer"], 3), "MONAI s": round(cell["monai"]["infer"], 3),
+                "labels": cell["labels_check"], "amp": doc["amp"], "cell": cell["cell"]}, None
+
     def gpu_step_test(self):
         """The GPU tests of the step and the layout: no layout round trip under a channels-last
         forward and backward, a fused update, a captured step training as the eager one, the
@@ -769,6 +794,15 @@ class Throughput:
                                                   f"{dyn['channels_last'] * 1e3:.1f} ms")
         self.note("GPU tests (no layout round trip, fused update, captured step, channels-last norms)",
                   self.gpu_step_test())
+        try:
+            infer, why = self.inference()
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+            infer, why = None, f"failed: {str(e)[:300]}"
+        self.note("sliding-window inference, the same weights (medfast infer beside MONAI channels-last)",
+                  why or (f"{infer['amp']}, cell {infer['cell']}: medfast {infer['medfast s']} s, MONAI "
+                          f"{infer['MONAI s']} s ({ratio(infer['medfast s'], infer['MONAI s'])}x); labels differ at "
+                          f"{infer['labels']['differ']} of {infer['labels']['voxels']} voxels, ties under "
+                          f"{infer['labels']['tie']:.1e}"))
         if not self.rehearsal:
             try:  # train.cuda_graph: on, measured (off by default until it is)
                 graph = self.medfast_run("tp-bf16-graph", "bf16", False, epochs, ["train.cuda_graph=on"])
@@ -778,12 +812,12 @@ class Throughput:
                 self.note("medfast bf16, the step as one CUDA graph", f"failed: {str(e)[:300]}")
             det = self.medfast_run("tp-fp16-deterministic", "fp16", True, 2)
             self.note("medfast fp16 deterministic (cudnn.benchmark off)", describe(det))
-        self.judge(fp16, bf16, twins, loader, dyn)
+        self.judge(fp16, bf16, twins, loader, dyn, infer)
         self.c.results["_throughput"] = {"detail": self.detail, "twins": twins, "loader": loader, "dynunet": dyn,
-                                         "judged": self.judged}
+                                         "inference": infer, "judged": self.judged}
         return self.figures
 
-    def judge(self, fp16, bf16, twins, loader, dyn):
+    def judge(self, fp16, bf16, twins, loader, dyn, infer=None):
         """The issue's done-when, figure by figure ("met", "not met", or why it cannot be said)."""
         def mark(what, ok, detail):
             self.judged[what] = {"met": ok, "detail": detail}
@@ -815,6 +849,10 @@ class Throughput:
              (bf16 is None or bf16["data wait %"] < 100 * self.DATA_WAIT), f"{fp16['data wait %']}%")
         mark(f"loader alone >= {self.LOADER_FACTOR}x training", loader["samples/s"] >= self.LOADER_FACTOR * ours,
              f"{ratio(loader['samples/s'], ours)}x")
+        if infer:  # the labels were compared before any time counted (inference_bench.py exits otherwise)
+            mark(f"inference <= {self.VALIDATION_SHARE}x MONAI's channels-last, labels equal but at ties",
+                 infer["medfast s"] <= self.VALIDATION_SHARE * infer["MONAI s"],
+                 f"{ratio(infer['medfast s'], infer['MONAI s'])}x; {infer['labels']['differ']} voxels differ")
         mark(f"DynUNet channels-last step >= {self.DYNUNET_FACTOR}x contiguous",
              dyn["contiguous"] >= self.DYNUNET_FACTOR * dyn["channels_last"], f"{ratio(dyn['contiguous'], dyn['channels_last'])}x")
 

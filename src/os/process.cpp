@@ -242,6 +242,8 @@ void mark_command_start() {
   ::setenv(kCommandStart, text, 1);
 }
 
+void set_env_default(const char* name, const char* value) { ::setenv(name, value, /*overwrite=*/0); }
+
 double process_seconds() {
   const double now = boottime_now();
   if (now < 0) return -1;

@@ -143,6 +143,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   apply_conv_forward(settings);
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
+  apply_cuda_determinism(device, c.train.deterministic);  // as the run's validation did
   data::PipelineConfig p = c.data;
   if (!section.empty()) p.validation = data::load_dataset(p.dataset.source, section);
   if (p.validation.items.empty()) {
@@ -386,10 +387,14 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   apply_host_memory_reuse(settings);
   apply_conv_forward(settings);
   ensure_backends_checked(device, precision_dtype(precision), settings.get_bool("self_check"));
+  const nlohmann::json train_section = cfg.value("train", nlohmann::json::object());
+  const std::string cfg_name = checkpoint.empty() ? o.config_path : checkpoint;
+  // train.deterministic as the run's validation had it: false, cudnn.benchmark (every window
+  // has one shape, so the fastest algorithm is timed once and kept).
+  apply_cuda_determinism(device, deterministic_of(train_section, cfg_name));
   torch::NoGradGuard no_grad;
-  const Predictor predict = detail::inference_predictor(
-      cfg.at("model"), net.any, settings, "model", device, precision, tta,
-      memory_format_of(cfg.value("train", nlohmann::json::object()), device, checkpoint.empty() ? o.config_path : checkpoint));
+  const Predictor predict = detail::inference_predictor(cfg.at("model"), net.any, settings, "model", device, precision,
+                                                        tta, memory_format_of(train_section, device, cfg_name));
   // A window through the network now, before the first file is read: a roi_size the network
   // cannot take (SegResNet: multiples of 8, SwinUNETR: of 32, UNet: of its strides' product) is
   // named at once, not after reading and preprocessing (as train checks its validation window).

@@ -2,6 +2,7 @@
 
 #include "device.hpp"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -148,6 +149,24 @@ at::MemoryFormat memory_format_of(const nlohmann::json& train_section, c10::Devi
     throw ValueError(str(where, ": train.memory_format: expected ", choice_list<MemoryFormatChoice>(), ", got ", v.dump()));
   }
   return resolve_memory_format(*choice, device);
+}
+
+bool deterministic_of(const nlohmann::json& train_section, const std::string& where) {
+  const nlohmann::json v = train_section.is_object() ? train_section.value("deterministic", nlohmann::json(true))
+                                                     : nlohmann::json(true);
+  if (!v.is_boolean()) throw ValueError(str(where, ": train.deterministic: expected true or false, got ", v.dump()));
+  return v.get<bool>();
+}
+
+void apply_cuda_determinism(c10::Device device, bool deterministic) {
+  if (!device.is_cuda()) return;
+  at::globalContext().setDeterministicCuDNN(deterministic);
+  at::globalContext().setBenchmarkCuDNN(!deterministic);
+  if (deterministic) {
+    // Deterministic kernels where torch has them; a warning names any op without one.
+    os::set_env_default("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
 }
 
 int apply_network_threads(int train_threads, const Settings& settings) {

@@ -251,15 +251,7 @@ class Run {
     say(str("device ", device_text_, versions_said ? "" : str("; ", runtime_text(runtime_))));
     precision_ = parse_precision(t_.amp, device_.is_cuda(), c_.path + ": train.amp");
     memory_format_ = resolve_memory_format(t_.memory_format, device_);
-    if (device_.is_cuda()) {
-      at::globalContext().setDeterministicCuDNN(t_.deterministic);
-      at::globalContext().setBenchmarkCuDNN(!t_.deterministic);
-      if (t_.deterministic) {
-        // Deterministic kernels where torch has them; a warning names any op without one.
-        ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-        at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
-      }
-    }
+    apply_cuda_determinism(device_, t_.deterministic);
     model_threads_ = apply_network_threads(t_.threads, settings_);
     apply_host_memory_reuse(settings_);
     apply_conv_backward(settings_);

@@ -400,6 +400,11 @@ TEST(Trainer, ChannelsLastTrainsAsContiguousWritesContiguousFilesAndResumes) {
   const std::string m = test::error_of<ValueError>(
       [&] { memory_format_of({{"memory_format", "NDHWC"}}, c10::Device("cpu"), "old.ckpt"); });
   EXPECT_EQ(m, "old.ckpt: train.memory_format: expected auto | channels_last | contiguous, got \"NDHWC\"");
+  // train.deterministic as eval and infer read it from a checkpoint's config: true where absent.
+  EXPECT_TRUE(deterministic_of(nlohmann::json::object(), "x"));
+  EXPECT_FALSE(deterministic_of({{"deterministic", false}}, "x"));
+  EXPECT_EQ(test::error_of<ValueError>([&] { deterministic_of({{"deterministic", "yes"}}, "old.ckpt"); }),
+            "old.ckpt: train.deterministic: expected true or false, got \"yes\"");
   nlohmann::json bad = base;
   bad["train"]["memory_format"] = "nhwc";
   const std::string k = test::error_of<ConfigError>([&] { Trainer(bad, "", one_thread()); });

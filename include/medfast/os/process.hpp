@@ -92,6 +92,9 @@ double process_seconds();
 /// Marks now as the command's start for process_seconds(), in this process and the programs
 /// it execs or starts (the environment's MEDFAST_COMMAND_START, CLOCK_BOOTTIME seconds).
 void mark_command_start();
+/// Sets environment variable `name` to `value` for this process and the programs it starts,
+/// unless it is already set (a user's own value wins).
+void set_env_default(const char* name, const char* value);
 
 /// The process's peak resident set size in bytes since it started or since the
 /// last reset_peak_rss() (VmHWM in /proc/self/status; getrusage's maxrss where

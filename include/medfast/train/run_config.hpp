@@ -46,6 +46,14 @@ at::MemoryFormat resolve_memory_format(MemoryFormatChoice choice, c10::Device de
 /// The same for a config's train section as a checkpoint keeps it (eval, infer): its
 /// memory_format, auto where absent. ValueError naming `where` for another value.
 at::MemoryFormat memory_format_of(const nlohmann::json& train_section, c10::Device device, const std::string& where);
+/// A config's train.deterministic as a checkpoint keeps it (eval, infer): true where absent;
+/// ValueError naming `where` for a value that is not true or false.
+bool deterministic_of(const nlohmann::json& train_section, const std::string& where);
+/// On CUDA, train.deterministic for the whole process: true, deterministic cuDNN algorithms
+/// (no autotuning) and deterministic kernels where torch has them (a warning names any op
+/// without one); false, cudnn.benchmark (each shape's fastest algorithm, timed once).
+/// Training, its validation, eval and infer all run this way. Nothing on the CPU.
+void apply_cuda_determinism(c10::Device device, bool deterministic);
 
 /// train.cuda_graph: the training step captured as a CUDA graph and replayed (step.hpp).
 enum class CudaGraph { off, on };
@@ -89,7 +97,7 @@ struct TrainOptions {
         field("target_dice", &O::target_dice, "stop when the validation mean Dice reaches it (0: never)"),
         field("threads", &O::threads, "libtorch threads of the network (0: the threads setting)"),
         field("image_key", &O::image_key, "the batches' input key"), field("label_key", &O::label_key, "the batches' label key"),
-        field("deterministic", &O::deterministic, "CUDA: deterministic cuDNN algorithms (bit-identical resume)"),
+        field("deterministic", &O::deterministic, "CUDA: deterministic cuDNN algorithms (bit-identical resume); false: cudnn.benchmark (training, validation, eval and infer)"),
         field("max_nonfinite_steps", &O::max_nonfinite_steps,
               "bad steps in a row that stop the run (-1: 1, or 20 with fp16; 0: never stop)"),
         field("tensorboard", &O::tensorboard,
