@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "medfast/core/error.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/version.hpp"
 
@@ -279,7 +279,7 @@ void write_nifti(const std::string& path, const Volume& volume, const NiftiWrite
     os::make_directories(os::parent_directory(path));
     os::AtomicWriter writer(path);
     if (ends_with(path, ".gz")) {
-      io::gzip_write(writer, {{header_bytes.data(), header_bytes.size()}, {out.data_ptr(), data_bytes}},
+      gzip_write(writer, {{header_bytes.data(), header_bytes.size()}, {out.data_ptr(), data_bytes}},
                      options.gzip_level, options.threads);
     } else {
       writer.append(header_bytes.data(), header_bytes.size());

@@ -5,7 +5,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/parallel.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast {
@@ -30,7 +30,7 @@ std::string describe(const Header& h) {
 }
 
 // A gzip stream of `compressed` bytes cannot inflate to more than this.
-std::uint64_t gzip_capacity(std::uint64_t compressed) { return compressed * io::kMaxDeflateRatio + (1u << 20); }
+std::uint64_t gzip_capacity(std::uint64_t compressed) { return compressed * kMaxDeflateRatio + (1u << 20); }
 
 void check_gzip_capacity(const Header& h, const std::string& name, std::uint64_t compressed) {
   if (static_cast<std::uint64_t>(h.vox_offset) > gzip_capacity(compressed)) {
@@ -105,17 +105,17 @@ RawImage decode_gzip_memory(const void* bytes, std::size_t size, const std::stri
   std::uint8_t prefix[kNifti2HeaderSize];
   std::size_t got;
   {
-    io::GzipReader head(bytes, size, name);
+    GzipReader head(bytes, size, name);
     got = head.read(prefix, sizeof prefix);
   }
   RawImage img = start_gzip_image(prefix, got, name, size, options);
   const std::size_t total = img.offset + img.header.data_bytes();
-  finish_gzip_image(img, io::gunzip_into(bytes, size, img.storage.data(), total, name), name);
+  finish_gzip_image(img, gunzip_into(bytes, size, img.storage.data(), total, name), name);
   return img;
 }
 
 RawImage read_gzip_stream(const os::File& file, const NiftiReadOptions& options) {
-  io::GzipReader stream(file);
+  GzipReader stream(file);
   std::uint8_t prefix[kNifti2HeaderSize];
   const std::size_t got = stream.read(prefix, sizeof prefix);
   RawImage img = start_gzip_image(prefix, got, file.path(), file.size(), options);
@@ -162,10 +162,10 @@ Header read_header(const std::string& path, const NiftiReadOptions& options, boo
   const std::uint64_t size = file.size();
   std::uint8_t prefix[kNifti2HeaderSize];
   std::size_t got = file.read_at(prefix, sizeof prefix, 0);
-  const bool gz = io::is_gzip(prefix, got);
+  const bool gz = is_gzip(prefix, got);
   Header h;
   if (gz) {
-    io::GzipReader stream(file);
+    GzipReader stream(file);
     got = stream.read(prefix, sizeof prefix);
     h = parse_header(prefix, got, path);
     check_data_size(h, path, options.max_volume_bytes);
@@ -185,7 +185,7 @@ RawImage read_raw(const std::string& path, const NiftiReadOptions& options) {
   const std::uint64_t size = file.size();
   std::uint8_t prefix[kNifti2HeaderSize];
   const std::size_t got = file.read_at(prefix, sizeof prefix, 0);
-  if (io::is_gzip(prefix, got)) {
+  if (is_gzip(prefix, got)) {
     if (size > options.gzip_buffer_limit) return read_gzip_stream(file, options);
     os::Buffer compressed = os::Buffer::allocate(size);
     file.read_exact(compressed.data(), size, 0);
@@ -213,7 +213,7 @@ RawImage read_raw(const std::string& path, const NiftiReadOptions& options) {
 
 RawImage decode_memory(const void* bytes, std::size_t size, const std::string& name,
                        const NiftiReadOptions& options) {
-  if (io::is_gzip(bytes, size)) return decode_gzip_memory(bytes, size, name, options);
+  if (is_gzip(bytes, size)) return decode_gzip_memory(bytes, size, name, options);
   RawImage img;
   img.header = parse_header(bytes, size, name);
   img.file_bytes = size;

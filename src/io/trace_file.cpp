@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "medfast/core/error.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::io {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "device.hpp"
-#include "medfast/cache/sample.hpp"
+#include "medfast/image/sample.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/profile/events.hpp"
 #include "medfast/train/amp.hpp"

@@ -9,7 +9,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/trace.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/io/trace_file.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
@@ -158,7 +158,7 @@ TEST(TraceFile, BadTracesAreFormatErrorsNamingTheFile) {
   const std::string gz = dir / "cut.json.gz";
   {
     const std::string text = "{\"traceEvents\": []}";
-    const auto packed = io::gzip_compress(text.data(), text.size(), 6);
+    const auto packed = gzip_compress(text.data(), text.size(), 6);
     os::AtomicWriter w(gz);
     w.append(packed.data(), packed.size() - 6);  // cut short
     w.commit();

@@ -15,7 +15,7 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/data/smart_cache.hpp"
 #include "medfast/data/synth.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
@@ -373,11 +373,11 @@ TEST_F(CacheCli, ACorruptGzipImageFailsTheBuildNamingTheFile) {
   ASSERT_EQ(test::run("cp -r '" + dir_->path() + "/ds' '" + (tmp / "ds") + "'").exit_code, 0);
   const std::string victim = tmp / "ds/imagesTr/spleen_1.nii.gz";
   const std::string gz = test::read_file(victim);
-  io::GzipReader r(gz.data(), gz.size(), victim);
+  GzipReader r(gz.data(), gz.size(), victim);
   std::string raw, chunk(1 << 20, '\0');
   while (const std::size_t n = r.read(chunk.data(), chunk.size())) raw.append(chunk.data(), n);
   raw += std::string(4096, '\0');  // bytes after the voxels: the reader stops before the member's trailer
-  const auto stored = io::gzip_compress(raw.data(), raw.size(), 0);
+  const auto stored = gzip_compress(raw.data(), raw.size(), 0);
   std::string bad(stored.begin(), stored.end());
   for (std::size_t i = bad.size() / 2; i < bad.size() / 2 + 8; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
   test::write_file(victim, bad);

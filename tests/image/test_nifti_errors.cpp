@@ -8,7 +8,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/image/nifti.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
@@ -40,7 +40,7 @@ void patch(std::string& bytes, std::size_t offset, T value) {
 }
 
 std::string gzip(const std::string& bytes) {
-  const auto gz = io::gzip_compress(bytes.data(), bytes.size(), 6);
+  const auto gz = gzip_compress(bytes.data(), bytes.size(), 6);
   return std::string(gz.begin(), gz.end());
 }
 
@@ -120,7 +120,7 @@ TEST_F(NiftiErrors, FlippedBytesInsideTheGzipDataAreReported) {
   // Also with bytes after the voxels in the stream: the reader stops before the member's trailer.
   for (const std::size_t trailing : {std::size_t{0}, std::size_t{4096}}) {
     const std::string raw = good_file(1, {64, 64, 8}) + std::string(trailing, '\0');
-    const auto stored = io::gzip_compress(raw.data(), raw.size(), 0);
+    const auto stored = gzip_compress(raw.data(), raw.size(), 0);
     std::string bad(stored.begin(), stored.end());
     for (std::size_t i = bad.size() / 2; i < bad.size() / 2 + 8; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
     const std::string path = write("flipped.nii.gz", bad);

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "medfast/cache/entry_file.hpp"
-#include "medfast/cache/sample.hpp"
+#include "medfast/image/sample.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/io/file_handle.hpp"
 

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "medfast/cache/sample.hpp"
+#include "medfast/image/sample.hpp"
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/fields.hpp"

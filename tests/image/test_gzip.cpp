@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "medfast/core/error.hpp"
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 

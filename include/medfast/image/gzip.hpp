@@ -1,7 +1,8 @@
 #pragma once
 /// \file
-/// gzip for NIfTI: a fast whole-buffer path (libdeflate) and a streaming
-/// path (zlib) for inputs too large to hold compressed in memory.
+/// gzip for NIfTI (and the profiler's .json.gz traces): a fast whole-buffer path
+/// (libdeflate) and a streaming path (zlib) for inputs too large to hold compressed in
+/// memory. Beside the formats that use it, below the I/O engine (src/io) and the caches.
 ///
 /// Multi-member files (pigz, bgzip, medfast's own writer) are read as one
 /// stream, as gzip(1) and Python's gzip module do. medfast writes data in
@@ -17,7 +18,7 @@
 
 #include "medfast/os/file.hpp"
 
-namespace medfast::io {
+namespace medfast {
 
 /// Input bytes per gzip member written by medfast.
 inline constexpr std::size_t kGzipMemberBytes = 32u << 20;
@@ -75,4 +76,4 @@ void gzip_write(os::AtomicWriter& writer, const std::vector<GzipPart>& parts, in
 /// Compresses one buffer into a single gzip member (used by tests and small files).
 std::vector<std::uint8_t> gzip_compress(const void* data, std::size_t size, int level);
 
-}  // namespace medfast::io
+}  // namespace medfast

@@ -1,4 +1,4 @@
-#include "medfast/cache/sample.hpp"
+#include "medfast/image/sample.hpp"
 
 #include "medfast/core/error.hpp"
 

@@ -1,4 +1,4 @@
-#include "medfast/io/gzip.hpp"
+#include "medfast/image/gzip.hpp"
 
 #include <libdeflate.h>
 #include <zlib.h>
@@ -9,7 +9,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/parallel.hpp"
 
-namespace medfast::io {
+namespace medfast {
 
 namespace {
 
@@ -281,4 +281,4 @@ void gzip_write(os::AtomicWriter& writer, const std::vector<GzipPart>& parts, in
   }
 }
 
-}  // namespace medfast::io
+}  // namespace medfast
