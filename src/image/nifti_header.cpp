@@ -1,8 +1,11 @@
 #include "medfast/image/nifti_header.hpp"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <variant>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
@@ -255,60 +258,159 @@ void Header::set_affine(const Affine& affine, int sform, int qform) {
 
 namespace {
 
-/// The NIfTI-1 fields (348-byte header) into `h`.
-void read_nifti1_fields(const std::uint8_t* p, const FieldReader& f, Header& h, const std::string& name) {
-  if (std::memcmp(p + 344, "ni1\0", 4) == 0) {
-    throw FormatError(str(name, ": field magic is 'ni1': two-file NIfTI (.hdr/.img) is not supported; "
-                                "convert it to a single .nii or .nii.gz"));
+/// How a version stores a field: its byte offset and type (text: `size` bytes). Arrays
+/// (dim, pixdim, srow_*) are consecutive elements from `offset`.
+enum class Store : std::uint8_t { u8, i16, i32, i64, f32, f64, text };
+struct Slot {
+  std::uint16_t offset;
+  Store store;
+  std::uint16_t size = 0;
+};
+constexpr std::size_t store_bytes(Store s) {
+  switch (s) {
+    case Store::u8: return 1;
+    case Store::i16: return 2;
+    case Store::i32:
+    case Store::f32: return 4;
+    default: return 8;
   }
-  if (std::memcmp(p + 344, "n+1\0", 4) != 0) {
-    throw FormatError(str(name, ": field magic is '", printable(p + 344, 4),
-                          "'; expected 'n+1' (single-file NIfTI-1; ANALYZE 7.5 is not supported)"));
-  }
-  h.dim_info = p[39];
-  for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int16_t>(40 + 2 * i);
-  h.intent_p1 = f.get<float>(56);
-  h.intent_p2 = f.get<float>(60);
-  h.intent_p3 = f.get<float>(64);
-  h.intent_code = f.get<std::int16_t>(68);
-  h.datatype = f.get<std::int16_t>(70);
-  h.bitpix = f.get<std::int16_t>(72);
-  h.slice_start = f.get<std::int16_t>(74);
-  for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<float>(76 + 4 * i);
-  const double vox = f.get<float>(108);
-  if (!std::isfinite(vox) || vox < 0 || vox != std::floor(vox) || vox > 9.0e15) {
-    throw FormatError(str(name, ": field vox_offset is ", vox, "; expected a whole, non-negative byte offset"));
-  }
-  h.vox_offset = static_cast<std::int64_t>(vox);
-  h.scl_slope = f.get<float>(112);
-  h.scl_inter = f.get<float>(116);
-  h.slice_end = f.get<std::int16_t>(120);
-  h.slice_code = p[122];
-  h.xyzt_units = p[123];
-  h.cal_max = f.get<float>(124);
-  h.cal_min = f.get<float>(128);
-  h.slice_duration = f.get<float>(132);
-  h.toffset = f.get<float>(136);
-  h.descrip = f.text(148, 80);
-  h.aux_file = f.text(228, 24);
-  h.qform_code = f.get<std::int16_t>(252);
-  h.sform_code = f.get<std::int16_t>(254);
-  h.quatern_b = f.get<float>(256);
-  h.quatern_c = f.get<float>(260);
-  h.quatern_d = f.get<float>(264);
-  h.qoffset_x = f.get<float>(268);
-  h.qoffset_y = f.get<float>(272);
-  h.qoffset_z = f.get<float>(276);
-  for (int i = 0; i < 4; ++i) {
-    h.srow_x[i] = f.get<float>(280 + 4 * i);
-    h.srow_y[i] = f.get<float>(296 + 4 * i);
-    h.srow_z[i] = f.get<float>(312 + 4 * i);
-  }
-  h.intent_name = f.text(328, 16);
 }
 
-/// The NIfTI-2 fields (540-byte header) into `h`.
-void read_nifti2_fields(const std::uint8_t* p, const FieldReader& f, Header& h, const std::string& name) {
+/// The header fields both versions hold, each once: the member, then where NIfTI-1 (348
+/// bytes) and NIfTI-2 (540 bytes) keep it. Read and written from this one table; the
+/// magic, sizeof_hdr, vox_offset (checked as it is read) and bitpix (from the datatype)
+/// are done beside it.
+using Member = std::variant<int Header::*, std::int64_t Header::*, double Header::*, std::string Header::*,
+                            std::array<std::int64_t, 8> Header::*, std::array<double, 8> Header::*,
+                            std::array<double, 4> Header::*>;
+struct Field {
+  Member member;
+  Slot v1, v2;
+};
+const Field kFields[] = {
+    {&Header::dim_info, {39, Store::u8}, {524, Store::u8}},
+    {&Header::dim, {40, Store::i16}, {16, Store::i64}},
+    {&Header::intent_p1, {56, Store::f32}, {80, Store::f64}},
+    {&Header::intent_p2, {60, Store::f32}, {88, Store::f64}},
+    {&Header::intent_p3, {64, Store::f32}, {96, Store::f64}},
+    {&Header::intent_code, {68, Store::i16}, {504, Store::i32}},
+    {&Header::datatype, {70, Store::i16}, {12, Store::i16}},
+    {&Header::slice_start, {74, Store::i16}, {224, Store::i64}},
+    {&Header::pixdim, {76, Store::f32}, {104, Store::f64}},
+    {&Header::scl_slope, {112, Store::f32}, {176, Store::f64}},
+    {&Header::scl_inter, {116, Store::f32}, {184, Store::f64}},
+    {&Header::slice_end, {120, Store::i16}, {232, Store::i64}},
+    {&Header::slice_code, {122, Store::u8}, {496, Store::i32}},
+    {&Header::xyzt_units, {123, Store::u8}, {500, Store::i32}},
+    {&Header::cal_max, {124, Store::f32}, {192, Store::f64}},
+    {&Header::cal_min, {128, Store::f32}, {200, Store::f64}},
+    {&Header::slice_duration, {132, Store::f32}, {208, Store::f64}},
+    {&Header::toffset, {136, Store::f32}, {216, Store::f64}},
+    {&Header::descrip, {148, Store::text, 80}, {240, Store::text, 80}},
+    {&Header::aux_file, {228, Store::text, 24}, {320, Store::text, 24}},
+    {&Header::qform_code, {252, Store::i16}, {344, Store::i32}},
+    {&Header::sform_code, {254, Store::i16}, {348, Store::i32}},
+    {&Header::quatern_b, {256, Store::f32}, {352, Store::f64}},
+    {&Header::quatern_c, {260, Store::f32}, {360, Store::f64}},
+    {&Header::quatern_d, {264, Store::f32}, {368, Store::f64}},
+    {&Header::qoffset_x, {268, Store::f32}, {376, Store::f64}},
+    {&Header::qoffset_y, {272, Store::f32}, {384, Store::f64}},
+    {&Header::qoffset_z, {276, Store::f32}, {392, Store::f64}},
+    {&Header::srow_x, {280, Store::f32}, {400, Store::f64}},
+    {&Header::srow_y, {296, Store::f32}, {432, Store::f64}},
+    {&Header::srow_z, {312, Store::f32}, {464, Store::f64}},
+    {&Header::intent_name, {328, Store::text, 16}, {508, Store::text, 16}},
+};
+
+/// Element `i` of a numeric slot, converted to T.
+template <typename T>
+T read_slot(const FieldReader& f, Slot s, std::size_t i) {
+  const std::size_t at = s.offset + i * store_bytes(s.store);
+  switch (s.store) {
+    case Store::u8: return static_cast<T>(f.p[at]);
+    case Store::i16: return static_cast<T>(f.get<std::int16_t>(at));
+    case Store::i32: return static_cast<T>(f.get<std::int32_t>(at));
+    case Store::i64: return static_cast<T>(f.get<std::int64_t>(at));
+    case Store::f32: return static_cast<T>(f.get<float>(at));
+    case Store::f64: return static_cast<T>(f.get<double>(at));
+    case Store::text: break;
+  }
+  throw Error("nifti: internal error: a text field read as a number");
+}
+
+template <typename T>
+void write_slot(FieldWriter& w, Slot s, std::size_t i, T v) {
+  const std::size_t at = s.offset + i * store_bytes(s.store);
+  switch (s.store) {
+    case Store::u8: return w.put<std::uint8_t>(at, static_cast<std::uint8_t>(v));
+    case Store::i16: return w.put<std::int16_t>(at, static_cast<std::int16_t>(v));
+    case Store::i32: return w.put<std::int32_t>(at, static_cast<std::int32_t>(v));
+    case Store::i64: return w.put<std::int64_t>(at, static_cast<std::int64_t>(v));
+    case Store::f32: return w.put<float>(at, static_cast<float>(v));
+    case Store::f64: return w.put<double>(at, static_cast<double>(v));
+    case Store::text: break;
+  }
+  throw Error("nifti: internal error: a text field written as a number");
+}
+
+template <typename T>
+struct IsArray : std::false_type {};
+template <typename T, std::size_t N>
+struct IsArray<std::array<T, N>> : std::true_type {};
+
+/// Every field of the table into `h`, as `version` stores them.
+void read_fields(const FieldReader& f, int version, Header& h) {
+  for (const Field& field : kFields) {
+    const Slot s = version == 1 ? field.v1 : field.v2;
+    std::visit(
+        [&](auto member) {
+          auto& value = h.*member;
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            value = f.text(s.offset, s.size);
+          } else if constexpr (IsArray<V>::value) {
+            for (std::size_t i = 0; i < value.size(); ++i) value[i] = read_slot<typename V::value_type>(f, s, i);
+          } else {
+            value = read_slot<V>(f, s, 0);
+          }
+        },
+        field.member);
+  }
+}
+
+/// Every field of the table from `h`, as `version` stores them.
+void write_fields(FieldWriter& w, int version, const Header& h) {
+  for (const Field& field : kFields) {
+    const Slot s = version == 1 ? field.v1 : field.v2;
+    std::visit(
+        [&](auto member) {
+          const auto& value = h.*member;
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (std::is_same_v<V, std::string>) {
+            w.text(s.offset, s.size, value);
+          } else if constexpr (IsArray<V>::value) {
+            for (std::size_t i = 0; i < value.size(); ++i) write_slot(w, s, i, value[i]);
+          } else {
+            write_slot(w, s, 0, value);
+          }
+        },
+        field.member);
+  }
+}
+
+/// The magic of each version, named when it is not there.
+void check_magic(const std::uint8_t* p, int version, const std::string& name) {
+  if (version == 1) {
+    if (std::memcmp(p + 344, "ni1\0", 4) == 0) {
+      throw FormatError(str(name, ": field magic is 'ni1': two-file NIfTI (.hdr/.img) is not supported; "
+                                  "convert it to a single .nii or .nii.gz"));
+    }
+    if (std::memcmp(p + 344, "n+1\0", 4) != 0) {
+      throw FormatError(str(name, ": field magic is '", printable(p + 344, 4),
+                            "'; expected 'n+1' (single-file NIfTI-1; ANALYZE 7.5 is not supported)"));
+    }
+    return;
+  }
   if (std::memcmp(p + 4, "n+2\0", 4) != 0) {
     throw FormatError(str(name, ": field magic is '", printable(p + 4, 4),
                           "'; expected 'n+2' (single-file NIfTI-2; two-file 'ni2' is not supported)"));
@@ -317,45 +419,20 @@ void read_nifti2_fields(const std::uint8_t* p, const FieldReader& f, Header& h, 
     throw FormatError(str(name, ": field magic bytes 4..7 are '", printable(p + 8, 4),
                           "'; expected \\r\\n\\x1a\\n (was the file transferred in text mode?)"));
   }
-  h.datatype = f.get<std::int16_t>(12);
-  h.bitpix = f.get<std::int16_t>(14);
-  for (int i = 0; i < 8; ++i) h.dim[i] = f.get<std::int64_t>(16 + 8 * i);
-  h.intent_p1 = f.get<double>(80);
-  h.intent_p2 = f.get<double>(88);
-  h.intent_p3 = f.get<double>(96);
-  for (int i = 0; i < 8; ++i) h.pixdim[i] = f.get<double>(104 + 8 * i);
-  h.vox_offset = f.get<std::int64_t>(168);
-  if (h.vox_offset < 0) {
-    throw FormatError(str(name, ": field vox_offset is ", h.vox_offset, "; expected a non-negative byte offset"));
+}
+
+/// vox_offset: a float in NIfTI-1 (a whole number), an int64 in NIfTI-2.
+std::int64_t read_vox_offset(const FieldReader& f, int version, const std::string& name) {
+  if (version == 2) {
+    const std::int64_t v = f.get<std::int64_t>(168);
+    if (v < 0) throw FormatError(str(name, ": field vox_offset is ", v, "; expected a non-negative byte offset"));
+    return v;
   }
-  h.scl_slope = f.get<double>(176);
-  h.scl_inter = f.get<double>(184);
-  h.cal_max = f.get<double>(192);
-  h.cal_min = f.get<double>(200);
-  h.slice_duration = f.get<double>(208);
-  h.toffset = f.get<double>(216);
-  h.slice_start = f.get<std::int64_t>(224);
-  h.slice_end = f.get<std::int64_t>(232);
-  h.descrip = f.text(240, 80);
-  h.aux_file = f.text(320, 24);
-  h.qform_code = f.get<std::int32_t>(344);
-  h.sform_code = f.get<std::int32_t>(348);
-  h.quatern_b = f.get<double>(352);
-  h.quatern_c = f.get<double>(360);
-  h.quatern_d = f.get<double>(368);
-  h.qoffset_x = f.get<double>(376);
-  h.qoffset_y = f.get<double>(384);
-  h.qoffset_z = f.get<double>(392);
-  for (int i = 0; i < 4; ++i) {
-    h.srow_x[i] = f.get<double>(400 + 8 * i);
-    h.srow_y[i] = f.get<double>(432 + 8 * i);
-    h.srow_z[i] = f.get<double>(464 + 8 * i);
+  const double vox = f.get<float>(108);
+  if (!std::isfinite(vox) || vox < 0 || vox != std::floor(vox) || vox > 9.0e15) {
+    throw FormatError(str(name, ": field vox_offset is ", vox, "; expected a whole, non-negative byte offset"));
   }
-  h.slice_code = f.get<std::int32_t>(496);
-  h.xyzt_units = f.get<std::int32_t>(500);
-  h.intent_code = f.get<std::int32_t>(504);
-  h.intent_name = f.text(508, 16);
-  h.dim_info = p[524];
+  return static_cast<std::int64_t>(vox);
 }
 
 /// Sizes, type and data offset, each naming the field.
@@ -462,11 +539,9 @@ Header parse_header(const void* data, std::size_t size, const std::string& name)
   }
   const FieldReader f{p, swap};
 
-  if (h.version == 1) {
-    read_nifti1_fields(p, f, h, name);
-  } else {
-    read_nifti2_fields(p, f, h, name);
-  }
+  check_magic(p, h.version, name);
+  read_fields(f, h.version, h);
+  h.vox_offset = read_vox_offset(f, h.version, name);
   check_layout(h, name);
   repair_and_check_geometry(h, name);
   h.bitpix = static_cast<int>(datatype_size(h.datatype) * 8);
@@ -495,84 +570,21 @@ std::vector<std::uint8_t> serialize_header(const Header& h) {
         throw ValueError(str("dim[", i, "] = ", h.dim[i], " does not fit NIfTI-1 (at most 32767); write NIfTI-2"));
       }
     }
+  }
+  Header out_h = h;
+  for (int i = static_cast<int>(h.dim[0]) + 1; i < 8; ++i) out_h.dim[static_cast<std::size_t>(i)] = 1;  // unused dims
+  write_fields(w, h.version, out_h);
+  const Slot bitpix = h.version == 1 ? Slot{72, Store::i16} : Slot{14, Store::i16};
+  write_slot(w, bitpix, 0, datatype_size(h.datatype) * 8);
+  if (h.version == 1) {
     w.put<std::int32_t>(0, 348);
     w.put<std::uint8_t>(38, 'r');
-    w.put<std::uint8_t>(39, static_cast<std::uint8_t>(h.dim_info));
-    for (int i = 0; i < 8; ++i) w.put<std::int16_t>(40 + 2 * i, static_cast<std::int16_t>(i <= h.dim[0] ? h.dim[i] : 1));
-    w.put<float>(56, static_cast<float>(h.intent_p1));
-    w.put<float>(60, static_cast<float>(h.intent_p2));
-    w.put<float>(64, static_cast<float>(h.intent_p3));
-    w.put<std::int16_t>(68, static_cast<std::int16_t>(h.intent_code));
-    w.put<std::int16_t>(70, static_cast<std::int16_t>(h.datatype));
-    w.put<std::int16_t>(72, static_cast<std::int16_t>(datatype_size(h.datatype) * 8));
-    w.put<std::int16_t>(74, static_cast<std::int16_t>(h.slice_start));
-    for (int i = 0; i < 8; ++i) w.put<float>(76 + 4 * i, static_cast<float>(h.pixdim[i]));
     w.put<float>(108, static_cast<float>(vox_offset));
-    w.put<float>(112, static_cast<float>(h.scl_slope));
-    w.put<float>(116, static_cast<float>(h.scl_inter));
-    w.put<std::int16_t>(120, static_cast<std::int16_t>(h.slice_end));
-    w.put<std::uint8_t>(122, static_cast<std::uint8_t>(h.slice_code));
-    w.put<std::uint8_t>(123, static_cast<std::uint8_t>(h.xyzt_units));
-    w.put<float>(124, static_cast<float>(h.cal_max));
-    w.put<float>(128, static_cast<float>(h.cal_min));
-    w.put<float>(132, static_cast<float>(h.slice_duration));
-    w.put<float>(136, static_cast<float>(h.toffset));
-    w.text(148, 80, h.descrip);
-    w.text(228, 24, h.aux_file);
-    w.put<std::int16_t>(252, static_cast<std::int16_t>(h.qform_code));
-    w.put<std::int16_t>(254, static_cast<std::int16_t>(h.sform_code));
-    w.put<float>(256, static_cast<float>(h.quatern_b));
-    w.put<float>(260, static_cast<float>(h.quatern_c));
-    w.put<float>(264, static_cast<float>(h.quatern_d));
-    w.put<float>(268, static_cast<float>(h.qoffset_x));
-    w.put<float>(272, static_cast<float>(h.qoffset_y));
-    w.put<float>(276, static_cast<float>(h.qoffset_z));
-    for (int i = 0; i < 4; ++i) {
-      w.put<float>(280 + 4 * i, static_cast<float>(h.srow_x[i]));
-      w.put<float>(296 + 4 * i, static_cast<float>(h.srow_y[i]));
-      w.put<float>(312 + 4 * i, static_cast<float>(h.srow_z[i]));
-    }
-    w.text(328, 16, h.intent_name);
     std::memcpy(out.data() + 344, "n+1\0", 4);
   } else {
     w.put<std::int32_t>(0, 540);
     std::memcpy(out.data() + 4, "n+2\0\r\n\032\n", 8);
-    w.put<std::int16_t>(12, static_cast<std::int16_t>(h.datatype));
-    w.put<std::int16_t>(14, static_cast<std::int16_t>(datatype_size(h.datatype) * 8));
-    for (int i = 0; i < 8; ++i) w.put<std::int64_t>(16 + 8 * i, i <= h.dim[0] ? h.dim[i] : 1);
-    w.put<double>(80, h.intent_p1);
-    w.put<double>(88, h.intent_p2);
-    w.put<double>(96, h.intent_p3);
-    for (int i = 0; i < 8; ++i) w.put<double>(104 + 8 * i, h.pixdim[i]);
     w.put<std::int64_t>(168, vox_offset);
-    w.put<double>(176, h.scl_slope);
-    w.put<double>(184, h.scl_inter);
-    w.put<double>(192, h.cal_max);
-    w.put<double>(200, h.cal_min);
-    w.put<double>(208, h.slice_duration);
-    w.put<double>(216, h.toffset);
-    w.put<std::int64_t>(224, h.slice_start);
-    w.put<std::int64_t>(232, h.slice_end);
-    w.text(240, 80, h.descrip);
-    w.text(320, 24, h.aux_file);
-    w.put<std::int32_t>(344, h.qform_code);
-    w.put<std::int32_t>(348, h.sform_code);
-    w.put<double>(352, h.quatern_b);
-    w.put<double>(360, h.quatern_c);
-    w.put<double>(368, h.quatern_d);
-    w.put<double>(376, h.qoffset_x);
-    w.put<double>(384, h.qoffset_y);
-    w.put<double>(392, h.qoffset_z);
-    for (int i = 0; i < 4; ++i) {
-      w.put<double>(400 + 8 * i, h.srow_x[i]);
-      w.put<double>(432 + 8 * i, h.srow_y[i]);
-      w.put<double>(464 + 8 * i, h.srow_z[i]);
-    }
-    w.put<std::int32_t>(496, h.slice_code);
-    w.put<std::int32_t>(500, h.xyzt_units);
-    w.put<std::int32_t>(504, h.intent_code);
-    w.text(508, 16, h.intent_name);
-    w.put<std::uint8_t>(524, static_cast<std::uint8_t>(h.dim_info));
   }
   // Bytes [header size, header size + 4) are the extension flag: all zero, no extensions.
   return out;

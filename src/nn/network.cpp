@@ -26,10 +26,7 @@ MEDFAST_NETWORKS(MEDFAST_NETWORK_ENTRY)
 namespace {
 
 constexpr Registered<NetworkSpec (*)(ConfigReader&, const std::string&)> kNetworks[] = {
-#define MEDFAST_NETWORK_ROW(name, entry) {name, &entry},
-    MEDFAST_NETWORKS(MEDFAST_NETWORK_ROW)
-#undef MEDFAST_NETWORK_ROW
-};
+    MEDFAST_NETWORKS(MEDFAST_REGISTRY_ROW)};
 
 }  // namespace
 

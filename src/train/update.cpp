@@ -298,18 +298,26 @@ void adam_count_step(torch::optim::OptimizerParamState* s) {
 }
 }  // namespace
 
+namespace {
+/// Adam's and AdamW's hyper-parameters from a group's options (the two option types of libtorch).
+struct AdamHyper {
+  double lr, b1, b2, eps, wd;
+  bool amsgrad;
+};
+template <typename Options>
+AdamHyper adam_hyper(const Options& o) {
+  return {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()};
+}
+AdamHyper adam_options(const torch::optim::OptimizerOptions& o, bool decoupled) {
+  return decoupled ? adam_hyper(static_cast<const torch::optim::AdamWOptions&>(o))
+                   : adam_hyper(static_cast<const torch::optim::AdamOptions&>(o));
+}
+}  // namespace
+
 void ParameterUpdate::adam(Group& g, const at::Tensor& skip, bool decoupled) {
-  double lr = 0, b1 = 0, b2 = 0, eps = 0, wd = 0;
-  bool amsgrad = false;
-  if (decoupled) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(g.group->options());
-    std::tie(b1, b2) = o.betas();
-    lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
-  } else {
-    const auto& o = static_cast<const torch::optim::AdamOptions&>(g.group->options());
-    std::tie(b1, b2) = o.betas();
-    lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
-  }
+  const AdamHyper h = adam_options(g.group->options(), decoupled);
+  const double lr = h.lr, b1 = h.b1, b2 = h.b2, eps = h.eps, wd = h.wd;
+  const bool amsgrad = h.amsgrad;
   auto& state = optimizer_.state();
   std::vector<at::Tensor> m, v, vmax;
   std::vector<double> steps;
@@ -379,17 +387,9 @@ void ParameterUpdate::adam(Group& g, const at::Tensor& skip, bool decoupled) {
 bool ParameterUpdate::fused_adam(Group& g, const at::Tensor& skip, bool decoupled) {
 #if MEDFAST_FUSED_ADAM
   if (fused_unavailable_ || !g.uniform) return false;
-  double lr = 0, b1 = 0, b2 = 0, eps = 0, wd = 0;
-  bool amsgrad = false;
-  if (decoupled) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(g.group->options());
-    std::tie(b1, b2) = o.betas();
-    lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
-  } else {
-    const auto& o = static_cast<const torch::optim::AdamOptions&>(g.group->options());
-    std::tie(b1, b2) = o.betas();
-    lr = o.lr(), eps = o.eps(), wd = o.weight_decay(), amsgrad = o.amsgrad();
-  }
+  const AdamHyper h = adam_options(g.group->options(), decoupled);
+  const double lr = h.lr, b1 = h.b1, b2 = h.b2, eps = h.eps, wd = h.wd;
+  const bool amsgrad = h.amsgrad;
   std::vector<at::Tensor> m, v, vmax, steps;
   // The kernel reads each parameter's step count (this step's, counted) from a float tensor on
   // the device: one fill per distinct count (usually one), no copy from the host; for a

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 
-#include "medfast/core/registry.hpp"
 #include "medfast/transforms/transform.hpp"
 #include "random_families.hpp"
 
@@ -82,34 +81,23 @@ namespace registry {
 #define MEDFAST_RANDOM_ENTRY(name, entry) RandomTransformPtr entry(Args& arguments, const nlohmann::json& json);
 MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ENTRY)
 #undef MEDFAST_RANDOM_ENTRY
+constexpr Registered<RandomTransformPtr (*)(Args&, const nlohmann::json&)> kRandomRows[] = {
+    MEDFAST_RANDOM_TRANSFORMS(MEDFAST_REGISTRY_ROW)};
+constexpr EntryTable kRandomTransforms{kRandomRows, "random transform"};
 }  // namespace registry
 
-namespace {
+std::vector<std::string> random_names() { return registry::kRandomTransforms.names(); }
 
-constexpr Registered<RandomTransformPtr (*)(Args&, const nlohmann::json&)> kRandomTransforms[] = {
-#define MEDFAST_RANDOM_ROW(name, entry) {name, &registry::entry},
-    MEDFAST_RANDOM_TRANSFORMS(MEDFAST_RANDOM_ROW)
-#undef MEDFAST_RANDOM_ROW
-};
-
-}  // namespace
-
-std::vector<std::string> random_names() { return registered_names(kRandomTransforms); }
-
-std::vector<FieldDoc> random_argument_docs(const std::string& name) {
-  const auto* row = find_registered(kRandomTransforms, name);
-  if (!row) throw ValueError(str("unknown random transform '", name, "' (known: ", registered_text(kRandomTransforms), ")"));
-  return key_table_of(row->make, name);
-}
+std::vector<FieldDoc> random_argument_docs(const std::string& name) { return registry::kRandomTransforms.docs(name); }
 
 RandomTransformPtr make_random(const std::string& name, const nlohmann::json& json, nlohmann::json* arguments) {
-  const auto* row = find_registered(kRandomTransforms, name);
+  const auto* row = registry::kRandomTransforms.find(name);
   if (!row) {
     // A deterministic transform is a step of the random chain too; a name that is neither is
     // named with the random transforms first (what a random chain is for).
     const auto known = names();
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      throw ValueError(str("unknown transform '", name, "' (random: ", registered_text(kRandomTransforms),
+      throw ValueError(str("unknown transform '", name, "' (random: ", registry::kRandomTransforms.known(),
                            "; deterministic ones are taken too: ", join(known), ")"));
     }
     TransformPtr t = make(name, json, arguments);
@@ -121,11 +109,7 @@ RandomTransformPtr make_random(const std::string& name, const nlohmann::json& js
     }
     return std::make_shared<DeterministicStep>(t);
   }
-  Args a(name, json);
-  RandomTransformPtr t = row->make(a, json);
-  a.finish();
-  if (arguments) *arguments = a.resolved();
-  return t;
+  return registry::kRandomTransforms.make(*row, json, arguments);
 }
 
 }  // namespace medfast::transforms

@@ -4,8 +4,6 @@
 // (The random transforms' table is random_registry.cpp.)
 #include "medfast/transforms/transform.hpp"
 
-#include "medfast/core/error.hpp"
-#include "medfast/core/registry.hpp"
 
 // Name, entry (defined in the transform's file; its read_options call gives the key
 // table too), in the order a MONAI chain has them.
@@ -30,34 +28,17 @@ namespace registry {
 #define MEDFAST_TRANSFORM_ENTRY(name, entry) TransformPtr entry(Args& arguments, const nlohmann::json& json);
 MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ENTRY)
 #undef MEDFAST_TRANSFORM_ENTRY
+constexpr Registered<TransformPtr (*)(Args&, const nlohmann::json&)> kTransformRows[] = {
+    MEDFAST_TRANSFORMS(MEDFAST_REGISTRY_ROW)};
+constexpr EntryTable kTransforms{kTransformRows, "transform"};
 }  // namespace registry
 
-namespace {
+std::vector<std::string> names() { return registry::kTransforms.names(); }
 
-constexpr Registered<TransformPtr (*)(Args&, const nlohmann::json&)> kTransforms[] = {
-#define MEDFAST_TRANSFORM_ROW(name, entry) {name, &registry::entry},
-    MEDFAST_TRANSFORMS(MEDFAST_TRANSFORM_ROW)
-#undef MEDFAST_TRANSFORM_ROW
-};
-
-}  // namespace
-
-std::vector<std::string> names() { return registered_names(kTransforms); }
-
-std::vector<FieldDoc> argument_docs(const std::string& name) {
-  const auto* row = find_registered(kTransforms, name);
-  if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
-  return key_table_of(row->make, name);
-}
+std::vector<FieldDoc> argument_docs(const std::string& name) { return registry::kTransforms.docs(name); }
 
 TransformPtr make(const std::string& name, const nlohmann::json& json, nlohmann::json* arguments) {
-  Args a(name, json);
-  const auto* row = find_registered(kTransforms, name);
-  if (!row) throw ValueError(str("unknown transform '", name, "' (known: ", registered_text(kTransforms), ")"));
-  TransformPtr t = row->make(a, json);
-  a.finish();
-  if (arguments) *arguments = a.resolved();
-  return t;
+  return registry::kTransforms.make(registry::kTransforms.at(name), json, arguments);
 }
 
 }  // namespace medfast::transforms

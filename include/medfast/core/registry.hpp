@@ -8,6 +8,11 @@
 #include <string>
 #include <vector>
 
+/// A row of a table listed once as an X-macro, LIST(X) with X("Name", entry) rows:
+///   constexpr Registered<Entry> kTable[] = {LIST(MEDFAST_REGISTRY_ROW)};
+/// A new entry is its definition (in its own file) and one row of LIST.
+#define MEDFAST_REGISTRY_ROW(name, entry) {name, &entry},
+
 namespace medfast {
 
 /// One row of a table: the name users write, and what makes the thing.

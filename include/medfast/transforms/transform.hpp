@@ -18,10 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "medfast/image/sample.hpp"
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/fields.hpp"
+#include "medfast/core/registry.hpp"
+#include "medfast/image/sample.hpp"
 
 namespace medfast::transforms {
 
@@ -172,5 +173,35 @@ std::vector<FieldDoc> key_table_of(Entry entry, const std::string& name) {
   }
   throw Error(str(name, ": its entry reads no options (read_options), so it has no key table"));
 }
+
+/// A table of transform entries (core/registry.hpp rows of `Ptr entry(Args&, json)`):
+/// lookups, key tables and making, written once for the deterministic and the random
+/// transforms. `kind` names them in messages ("transform", "random transform").
+template <typename Ptr, std::size_t N>
+struct EntryTable {
+  using Entry = Ptr (*)(Args&, const nlohmann::json&);
+  const Registered<Entry> (&rows)[N];
+  const char* kind;
+
+  const Registered<Entry>* find(const std::string& name) const { return find_registered(rows, name); }
+  std::vector<std::string> names() const { return registered_names(rows); }
+  std::string known() const { return registered_text(rows); }
+  const Registered<Entry>& at(const std::string& name) const {
+    if (const auto* row = find(name)) return *row;
+    throw ValueError(str("unknown ", kind, " '", name, "' (known: ", known(), ")"));
+  }
+  std::vector<FieldDoc> docs(const std::string& name) const { return key_table_of(at(name).make, name); }
+  /// Runs the entry: its arguments read and checked (an unknown one named), and with
+  /// `arguments`, written back there whole (every default filled in).
+  static Ptr make(const Registered<Entry>& row, const nlohmann::json& json, nlohmann::json* arguments) {
+    Args a(row.name, json);
+    Ptr t = row.make(a, json);
+    a.finish();
+    if (arguments) *arguments = a.resolved();
+    return t;
+  }
+};
+template <typename Ptr, std::size_t N>
+EntryTable(const Registered<Ptr (*)(Args&, const nlohmann::json&)> (&)[N], const char*) -> EntryTable<Ptr, N>;
 
 }  // namespace medfast::transforms
