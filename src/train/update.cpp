@@ -243,8 +243,9 @@ void ParameterUpdate::sgd(Group& g, const at::Tensor& skip) {
   put_back.put_back();
 }
 
-bool ParameterUpdate::fused_sgd(Group& g, const at::Tensor& skip, const std::vector<std::size_t>& older,
-                                const std::vector<std::size_t>& fresh) {
+bool ParameterUpdate::fused_sgd([[maybe_unused]] Group& g, [[maybe_unused]] const at::Tensor& skip,
+                                [[maybe_unused]] const std::vector<std::size_t>& older,
+                                [[maybe_unused]] const std::vector<std::size_t>& fresh) {
 #if MEDFAST_FUSED_SGD
   if (fused_unavailable_ || !g.uniform) return false;
   const auto& o = static_cast<const torch::optim::SGDOptions&>(g.group->options());
@@ -268,11 +269,7 @@ bool ParameterUpdate::fused_sgd(Group& g, const at::Tensor& skip, const std::vec
   if (!older.empty()) call(fresh, true);
   last_ = UpdateKernel::fused;
   return true;
-#else
-  (void)g;
-  (void)skip;
-  (void)older;
-  (void)fresh;
+#else  // libtorch without the fused kernel: the foreach update runs
   return false;
 #endif
 }
@@ -308,6 +305,17 @@ template <typename Options>
 AdamHyper adam_hyper(const Options& o) {
   return {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay(), o.amsgrad()};
 }
+/// A parameter's Adam or AdamW state as libtorch creates it: step 0, zero moments laid out as
+/// the parameter.
+template <typename State>
+std::unique_ptr<torch::optim::OptimizerParamState> fresh_adam_state(const at::Tensor& p, bool amsgrad) {
+  auto s = std::make_unique<State>();
+  s->step(0);
+  s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+  s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+  if (amsgrad) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+  return s;
+}
 AdamHyper adam_options(const torch::optim::OptimizerOptions& o, bool decoupled) {
   return decoupled ? adam_hyper(static_cast<const torch::optim::AdamWOptions&>(o))
                    : adam_hyper(static_cast<const torch::optim::AdamOptions&>(o));
@@ -324,22 +332,9 @@ void ParameterUpdate::adam(Group& g, const at::Tensor& skip, bool decoupled) {
   for (std::size_t i = 0; i < g.params.size(); ++i) {
     if (g.states[i] == nullptr) {  // as libtorch creates it
       const at::Tensor& p = g.params[i];
-      std::unique_ptr<torch::optim::OptimizerParamState> fresh;
-      if (decoupled) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(0);
-        s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (amsgrad) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh = std::move(s);
-      } else {
-        auto s = std::make_unique<torch::optim::AdamParamState>();
-        s->step(0);
-        s->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
-        s->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        if (amsgrad) s->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
-        fresh = std::move(s);
-      }
+      std::unique_ptr<torch::optim::OptimizerParamState> fresh =
+          decoupled ? fresh_adam_state<torch::optim::AdamWParamState>(p, amsgrad)
+                    : fresh_adam_state<torch::optim::AdamParamState>(p, amsgrad);
       g.states[i] = fresh.get();
       state[g.keys[i]] = std::move(fresh);
     }
@@ -384,7 +379,8 @@ void ParameterUpdate::adam(Group& g, const at::Tensor& skip, bool decoupled) {
   put_back.put_back();
 }
 
-bool ParameterUpdate::fused_adam(Group& g, const at::Tensor& skip, bool decoupled) {
+bool ParameterUpdate::fused_adam([[maybe_unused]] Group& g, [[maybe_unused]] const at::Tensor& skip,
+                                 [[maybe_unused]] bool decoupled) {
 #if MEDFAST_FUSED_ADAM
   if (fused_unavailable_ || !g.uniform) return false;
   const AdamHyper h = adam_options(g.group->options(), decoupled);
@@ -432,10 +428,7 @@ bool ParameterUpdate::fused_adam(Group& g, const at::Tensor& skip, bool decouple
   }
   last_ = UpdateKernel::fused;
   return true;
-#else
-  (void)g;
-  (void)skip;
-  (void)decoupled;
+#else  // libtorch without the fused kernel: the foreach update runs
   return false;
 #endif
 }

@@ -78,12 +78,10 @@ std::int64_t runs_index(const at::Tensor& runs, std::int64_t k) {
 
 namespace {
 
-class FgBgToIndices final : public Transform {
+class FgBgToIndices final : public TransformWith<FgBgToIndicesOptions> {
  public:
-  explicit FgBgToIndices(FgBgToIndicesOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "FgBgToIndices");
+  explicit FgBgToIndices(FgBgToIndicesOptions o) : TransformWith("FgBgToIndices", std::move(o)) {
   }
-  std::string name() const override { return "FgBgToIndices"; }
   nlohmann::json config() const override {
     nlohmann::json c = fields_json(o_);
     c["storage"] = "runs";  // the indices' stored form, part of the cache's key
@@ -185,9 +183,6 @@ class FgBgToIndices final : public Transform {
     };
     return {to_tensor(fg), to_tensor(bg)};
   }
-
- private:
-  FgBgToIndicesOptions o_;
 };
 
 }  // namespace

@@ -21,15 +21,10 @@ at::ScalarType parse_dtype(const std::string& name, const std::string& what) {
 namespace {
 
 
-class ScaleIntensityRange final : public Transform {
+class ScaleIntensityRange final : public TransformWith<ScaleIntensityRangeOptions> {
  public:
-  explicit ScaleIntensityRange(ScaleIntensityRangeOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "ScaleIntensityRange");
+  explicit ScaleIntensityRange(ScaleIntensityRangeOptions o) : TransformWith("ScaleIntensityRange", std::move(o)) {
     if (o_.a_max == o_.a_min) throw ValueError("ScaleIntensityRange: arguments a_min and a_max must differ");
-  }
-  std::string name() const override { return "ScaleIntensityRange"; }
-  nlohmann::json config() const override {
-    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
@@ -67,18 +62,11 @@ class ScaleIntensityRange final : public Transform {
       v.data = x;
     }
   }
-
- private:
-  ScaleIntensityRangeOptions o_;
 };
 
-class NormalizeIntensity final : public Transform {
+class NormalizeIntensity final : public TransformWith<NormalizeIntensityOptions> {
  public:
-  explicit NormalizeIntensity(NormalizeIntensityOptions o) : o_(std::move(o)) { require_keys(o_.keys, "NormalizeIntensity"); }
-  std::string name() const override { return "NormalizeIntensity"; }
-  nlohmann::json config() const override {
-    return fields_json(o_);
-  }
+  explicit NormalizeIntensity(NormalizeIntensityOptions o) : TransformWith("NormalizeIntensity", std::move(o)) {}
   static at::Tensor normalize(at::Tensor x, bool nonzero) {
     const at::Tensor mask = nonzero ? (x != 0) : at::ones_like(x, at::kBool);
     const at::Tensor values = x.masked_select(mask);
@@ -102,20 +90,14 @@ class NormalizeIntensity final : public Transform {
       }
     }
   }
-
- private:
-  NormalizeIntensityOptions o_;
 };
 
-class CastToType final : public Transform {
+class CastToType final : public TransformWith<CastToTypeOptions> {
  public:
-  explicit CastToType(CastToTypeOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "CastToType");
+  explicit CastToType(CastToTypeOptions o) : TransformWith("CastToType", std::move(o)) {
     if (o_.dtype.size() != o_.keys.size()) throw ValueError("CastToType: argument dtype: one dtype per key");
     for (const auto& d : o_.dtype) types_.push_back(parse_dtype(d, "CastToType: argument dtype"));
   }
-  std::string name() const override { return "CastToType"; }
-  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (std::size_t i = 0; i < o_.keys.size(); ++i) {
       Volume& v = s.volume(o_.keys[i]);
@@ -124,14 +106,12 @@ class CastToType final : public Transform {
   }
 
  private:
-  CastToTypeOptions o_;
   std::vector<at::ScalarType> types_;
 };
 
-class LoadImage final : public Transform {
+class LoadImage final : public TransformWith<LoadImageOptions> {
  public:
-  explicit LoadImage(LoadImageOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "LoadImage");
+  explicit LoadImage(LoadImageOptions o) : TransformWith("LoadImage", std::move(o)) {
     if (o_.dtype.empty()) o_.dtype.assign(o_.keys.size(), "float32");
     if (o_.dtype.size() != o_.keys.size()) throw ValueError("LoadImage: argument dtype: one dtype per key");
     for (const auto& d : o_.dtype) {
@@ -143,7 +123,6 @@ class LoadImage final : public Transform {
       }
     }
   }
-  std::string name() const override { return "LoadImage"; }
   nlohmann::json config() const override {
     nlohmann::json c = fields_json(o_);
     if (!o_.label_dict.empty()) c["label_dict"] = o_.label_dict;  // (absent: NIfTI chains keep their hash)
@@ -264,16 +243,11 @@ class LoadImage final : public Transform {
                           "this item has several DICOM series (", loaded, "): which one it labels is ambiguous"));
   }
 
-  LoadImageOptions o_;
 };
 
-class ToDevice final : public Transform {
+class ToDevice final : public TransformWith<ToDeviceOptions> {
  public:
-  ToDevice(ToDeviceOptions o, std::string name) : o_(std::move(o)), name_(std::move(name)), device_(o_.device) {
-    require_keys(o_.keys, name_.c_str());
-  }
-  std::string name() const override { return name_; }
-  nlohmann::json config() const override { return fields_json(o_); }
+  ToDevice(ToDeviceOptions o, std::string name) : TransformWith(std::move(name), std::move(o)), device_(o_.device) {}
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
@@ -282,8 +256,6 @@ class ToDevice final : public Transform {
   }
 
  private:
-  ToDeviceOptions o_;
-  std::string name_;
   at::Device device_;
 };
 

@@ -14,194 +14,6 @@ namespace medfast::transforms {
 
 namespace {
 
-struct CropSpec {
-  std::vector<std::string> keys;
-  std::string label_key;
-  Shape3 spatial_size{};
-  double pos = 1, neg = 1;
-  std::size_t num_samples = 1;
-  std::string fg_indices_key, bg_indices_key;
-  bool allow_smaller = false;
-};
-
-using detail::require;
-
-class RandCropByPosNegLabel final : public RandomTransform {
- public:
-  explicit RandCropByPosNegLabel(CropSpec c) : c_(std::move(c)) {
-    require_keys(c_.keys, "RandCropByPosNegLabel");
-    require(c_.pos >= 0 && c_.neg >= 0 && c_.pos + c_.neg > 0,
-            "RandCropByPosNegLabel: arguments pos and neg must be non-negative and not both zero");
-    require(c_.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
-    for (auto v : c_.spatial_size) require(v >= 1, "RandCropByPosNegLabel: argument spatial_size must be positive");
-  }
-  std::string name() const override { return "RandCropByPosNegLabel"; }
-  nlohmann::json steps() const override {
-    return {{"keys", c_.keys},           {"label_key", c_.label_key},
-            {"spatial_size", c_.spatial_size}, {"pos", c_.pos},
-            {"neg", c_.neg},             {"num_samples", c_.num_samples},
-            {"fg_indices_key", c_.fg_indices_key}, {"bg_indices_key", c_.bg_indices_key},
-            {"allow_smaller", c_.allow_smaller}};
-  }
-  std::size_t samples() const override { return c_.num_samples; }
-  bool expands() const override { return true; }
-  void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel: internal error: apply() on an expanding transform"); }
-
-  std::vector<Sample> expand(const Sample& s, Rng& rng) const override {
-    const Shape3 n = spatial_shape(s.volume(c_.label_key).data, c_.label_key);
-    at::Tensor fg, bg;
-    if (!c_.fg_indices_key.empty()) {
-      if (!s.arrays.count(c_.fg_indices_key)) {  // a misspelt key must not silently recompute every sample
-        std::string have;
-        for (const auto& [k, v] : s.arrays) have += (have.empty() ? "" : ", ") + k;
-        throw ValueError(str("RandCropByPosNegLabel: fg_indices_key '", c_.fg_indices_key,
-                             "' is not in the sample (its index arrays: ", have.empty() ? "none" : have,
-                             "); FgBgToIndices in the deterministic chain writes <key>_fg_indices and "
-                             "<key>_bg_indices (or its fg_postfix/bg_postfix)"));
-      }
-      fg = s.arrays.at(c_.fg_indices_key);
-      require(s.arrays.count(c_.bg_indices_key) > 0,
-              str("RandCropByPosNegLabel: the sample has ", c_.fg_indices_key, " but no ", c_.bg_indices_key));
-      bg = s.arrays.at(c_.bg_indices_key);
-    } else {  // no cached indices: compute them (slower; put FgBgToIndices in the cached chain)
-      const at::Tensor label = (s.volume(c_.label_key).data > 0).any(0);
-      fg = mask_to_runs(label);
-      bg = mask_to_runs(label.logical_not());
-    }
-    fg = fg.contiguous();  // cached runs are int32 or int64: read as they are, not converted per sample
-    bg = bg.contiguous();
-    const std::int64_t n_fg = runs_count(fg), n_bg = runs_count(bg);
-    require(n_fg + n_bg > 0, "RandCropByPosNegLabel: the label has neither foreground nor background indices");
-    Shape3 size = c_.spatial_size;
-    for (int a = 0; a < 3; ++a) {
-      if (size[a] > n[a]) {
-        require(c_.allow_smaller, str("RandCropByPosNegLabel: spatial_size ", size[0], "x", size[1], "x", size[2],
-                                      " is larger than the image ", n[0], "x", n[1], "x", n[2],
-                                      " (set allow_smaller: true, or pad with ResizeWithPadOrCrop/SpatialPad first)"));
-        size[a] = n[a];
-      }
-    }
-    const double pos_ratio = c_.pos / (c_.pos + c_.neg);
-    std::vector<Sample> out;
-    for (std::size_t k = 0; k < c_.num_samples; ++k) {
-      const bool use_fg = n_bg == 0 || (n_fg > 0 && rng.uniform() < pos_ratio);
-      const at::Tensor& runs = use_fg ? fg : bg;
-      const std::int64_t flat = runs_index(runs, rng.integer(0, (use_fg ? n_fg : n_bg) - 1));
-      const std::int64_t center[3] = {flat / (n[1] * n[2]), (flat / n[2]) % n[1], flat % n[2]};
-      Shape3 start{}, end{};
-      for (int a = 0; a < 3; ++a) {
-        // MONAI's correct_crop_centers: keep the ROI inside the image.
-        const std::int64_t lo = size[a] / 2;
-        std::int64_t hi = static_cast<std::int64_t>(static_cast<double>(n[a] + 1) - size[a] / 2.0);
-        if (hi == lo) ++hi;
-        const std::int64_t c = std::min(std::max(center[a], lo), hi - 1);
-        start[a] = c - size[a] / 2;
-        end[a] = start[a] + size[a];
-      }
-      Sample crop = s;
-      crop_or_pad(crop, c_.keys, start, end, 0.0, /*compact=*/false);  // a view until a later copy
-      crop.arrays.erase(c_.fg_indices_key);
-      crop.arrays.erase(c_.bg_indices_key);
-      out.push_back(std::move(crop));
-    }
-    return out;
-  }
-
- private:
-  CropSpec c_;
-};
-
-class RandSpatialCrop final : public RandomTransform {
- public:
-  RandSpatialCrop(std::vector<std::string> keys, Shape3 roi) : keys_(std::move(keys)), roi_(roi) {
-    require_keys(keys_, "RandSpatialCrop");
-  }
-  std::string name() const override { return "RandSpatialCrop"; }
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"roi_size", roi_}}; }
-  void apply(Sample& s, Rng& rng) const override {
-    const Shape3 n = spatial_shape(s.volume(keys_[0]).data, keys_[0]);
-    Shape3 start{}, end{};
-    for (int a = 0; a < 3; ++a) {
-      const std::int64_t size = std::min(roi_[a], n[a]);
-      start[a] = rng.integer(0, n[a] - size);
-      end[a] = start[a] + size;
-    }
-    crop_or_pad(s, keys_, start, end, 0.0, /*compact=*/false);
-  }
-
- private:
-  std::vector<std::string> keys_;
-  Shape3 roi_;
-};
-
-class RandFlip final : public RandomTransform {
- public:
-  RandFlip(std::vector<std::string> keys, double prob, std::vector<int> axes)
-      : keys_(std::move(keys)), prob_(prob), axes_(std::move(axes)) {
-    require_keys(keys_, "RandFlip");
-    for (int a : axes_) require(a >= 0 && a < 3, str("RandFlip: argument spatial_axis: ", a, " is not 0, 1 or 2"));
-  }
-  std::string name() const override { return "RandFlip"; }
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"spatial_axis", axes_}}; }
-  void apply(Sample& s, Rng& rng) const override {
-    if (!(rng.uniform() < prob_)) return;
-    for (int a : axes_) flip_axis(s, keys_, a);
-  }
-  bool index_step() const override { return true; }
-  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
-    for (const auto& key : keys_) (void)s.volume(key);  // a missing key fails as apply() would
-    if (!(rng.uniform() < prob_)) return true;
-    for (const auto& key : keys_) {
-      for (int a : axes_) plan.flip(key, a);
-    }
-    return true;
-  }
-
- private:
-  std::vector<std::string> keys_;
-  double prob_;
-  std::vector<int> axes_;
-};
-
-class RandRotate90 final : public RandomTransform {
- public:
-  RandRotate90(std::vector<std::string> keys, double prob, int max_k, std::array<int, 2> axes)
-      : keys_(std::move(keys)), prob_(prob), max_k_(max_k), axes_(axes) {
-    require_keys(keys_, "RandRotate90");
-    require(max_k_ >= 1, "RandRotate90: argument max_k must be at least 1");
-    require(axes_[0] != axes_[1] && axes_[0] >= 0 && axes_[0] < 3 && axes_[1] >= 0 && axes_[1] < 3,
-            "RandRotate90: argument spatial_axes must be two different axes of 0, 1, 2");
-  }
-  std::string name() const override { return "RandRotate90"; }
-  nlohmann::json steps() const override {
-    return {{"keys", keys_}, {"prob", prob_}, {"max_k", max_k_}, {"spatial_axes", axes_}};
-  }
-  void apply(Sample& s, Rng& rng) const override {
-    // MONAI draws k (1..max_k) before deciding whether to rotate.
-    const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
-    if (!(rng.uniform() < prob_)) return;
-    rot90(s, keys_, k, axes_[0], axes_[1]);
-  }
-  bool index_step() const override { return true; }
-  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
-    for (const auto& key : keys_) (void)s.volume(key);
-    const int k = static_cast<int>(rng.integer(0, max_k_ - 1)) + 1;
-    if (!(rng.uniform() < prob_)) return true;
-    for (const auto& key : keys_) plan.rot90(key, k, axes_[0], axes_[1]);
-    return true;
-  }
-
- private:
-  std::vector<std::string> keys_;
-  double prob_;
-  int max_k_;
-  std::array<int, 2> axes_;
-};
-
-}  // namespace
-
-namespace {
-
 // The arguments as written (MONAI's names and defaults), declared once: the entries read
 // them, the docs list them (random_argument_docs).
 struct RandCropByPosNegLabelOptions {
@@ -258,34 +70,154 @@ struct RandRotate90Options {
   }
 };
 
+using detail::require;
+
+class RandCropByPosNegLabel final : public RandomWith<RandCropByPosNegLabelOptions> {
+ public:
+  explicit RandCropByPosNegLabel(RandCropByPosNegLabelOptions o) : RandomWith("RandCropByPosNegLabel", std::move(o)) {
+    require(o_.pos >= 0 && o_.neg >= 0 && o_.pos + o_.neg > 0,
+            "RandCropByPosNegLabel: arguments pos and neg must be non-negative and not both zero");
+    require(o_.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
+    for (auto v : o_.spatial_size) require(v >= 1, "RandCropByPosNegLabel: argument spatial_size must be positive");
+  }
+  std::size_t samples() const override { return static_cast<std::size_t>(o_.num_samples); }
+  bool expands() const override { return true; }
+  void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel: internal error: apply() on an expanding transform"); }
+
+  std::vector<Sample> expand(const Sample& s, Rng& rng) const override {
+    const Shape3 n = spatial_shape(s.volume(o_.label_key).data, o_.label_key);
+    at::Tensor fg, bg;
+    if (!o_.fg_indices_key.empty()) {
+      if (!s.arrays.count(o_.fg_indices_key)) {  // a misspelt key must not silently recompute every sample
+        std::string have;
+        for (const auto& [k, v] : s.arrays) have += (have.empty() ? "" : ", ") + k;
+        throw ValueError(str("RandCropByPosNegLabel: fg_indices_key '", o_.fg_indices_key,
+                             "' is not in the sample (its index arrays: ", have.empty() ? "none" : have,
+                             "); FgBgToIndices in the deterministic chain writes <key>_fg_indices and "
+                             "<key>_bg_indices (or its fg_postfix/bg_postfix)"));
+      }
+      fg = s.arrays.at(o_.fg_indices_key);
+      require(s.arrays.count(o_.bg_indices_key) > 0,
+              str("RandCropByPosNegLabel: the sample has ", o_.fg_indices_key, " but no ", o_.bg_indices_key));
+      bg = s.arrays.at(o_.bg_indices_key);
+    } else {  // no cached indices: compute them (slower; put FgBgToIndices in the cached chain)
+      const at::Tensor label = (s.volume(o_.label_key).data > 0).any(0);
+      fg = mask_to_runs(label);
+      bg = mask_to_runs(label.logical_not());
+    }
+    fg = fg.contiguous();  // cached runs are int32 or int64: read as they are, not converted per sample
+    bg = bg.contiguous();
+    const std::int64_t n_fg = runs_count(fg), n_bg = runs_count(bg);
+    require(n_fg + n_bg > 0, "RandCropByPosNegLabel: the label has neither foreground nor background indices");
+    Shape3 size = o_.spatial_size;
+    for (int a = 0; a < 3; ++a) {
+      if (size[a] > n[a]) {
+        require(o_.allow_smaller, str("RandCropByPosNegLabel: spatial_size ", size[0], "x", size[1], "x", size[2],
+                                      " is larger than the image ", n[0], "x", n[1], "x", n[2],
+                                      " (set allow_smaller: true, or pad with ResizeWithPadOrCrop/SpatialPad first)"));
+        size[a] = n[a];
+      }
+    }
+    const double pos_ratio = o_.pos / (o_.pos + o_.neg);
+    std::vector<Sample> out;
+    for (std::int64_t k = 0; k < o_.num_samples; ++k) {
+      const bool use_fg = n_bg == 0 || (n_fg > 0 && rng.uniform() < pos_ratio);
+      const at::Tensor& runs = use_fg ? fg : bg;
+      const std::int64_t flat = runs_index(runs, rng.integer(0, (use_fg ? n_fg : n_bg) - 1));
+      const std::int64_t center[3] = {flat / (n[1] * n[2]), (flat / n[2]) % n[1], flat % n[2]};
+      Shape3 start{}, end{};
+      for (int a = 0; a < 3; ++a) {
+        // MONAI's correct_crop_centers: keep the ROI inside the image.
+        const std::int64_t lo = size[a] / 2;
+        std::int64_t hi = static_cast<std::int64_t>(static_cast<double>(n[a] + 1) - size[a] / 2.0);
+        if (hi == lo) ++hi;
+        const std::int64_t c = std::min(std::max(center[a], lo), hi - 1);
+        start[a] = c - size[a] / 2;
+        end[a] = start[a] + size[a];
+      }
+      Sample crop = s;
+      crop_or_pad(crop, o_.keys, start, end, 0.0, /*compact=*/false);  // a view until a later copy
+      crop.arrays.erase(o_.fg_indices_key);
+      crop.arrays.erase(o_.bg_indices_key);
+      out.push_back(std::move(crop));
+    }
+    return out;
+  }
+};
+
+class RandSpatialCrop final : public RandomWith<RandSpatialCropOptions> {
+ public:
+  explicit RandSpatialCrop(RandSpatialCropOptions o) : RandomWith("RandSpatialCrop", std::move(o)) {}
+  void apply(Sample& s, Rng& rng) const override {
+    const Shape3 n = spatial_shape(s.volume(o_.keys[0]).data, o_.keys[0]);
+    Shape3 start{}, end{};
+    for (int a = 0; a < 3; ++a) {
+      const std::int64_t size = std::min(o_.roi_size[a], n[a]);
+      start[a] = rng.integer(0, n[a] - size);
+      end[a] = start[a] + size;
+    }
+    crop_or_pad(s, o_.keys, start, end, 0.0, /*compact=*/false);
+  }
+};
+
+class RandFlip final : public RandomWith<RandFlipOptions> {
+ public:
+  explicit RandFlip(RandFlipOptions o) : RandomWith("RandFlip", std::move(o)) {
+    for (auto a : o_.spatial_axis) require(a >= 0 && a < 3, str("RandFlip: argument spatial_axis: ", a, " is not 0, 1 or 2"));
+  }
+  void apply(Sample& s, Rng& rng) const override {
+    if (!(rng.uniform() < o_.prob)) return;
+    for (auto a : o_.spatial_axis) flip_axis(s, o_.keys, static_cast<int>(a));
+  }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : o_.keys) (void)s.volume(key);  // a missing key fails as apply() would
+    if (!(rng.uniform() < o_.prob)) return true;
+    for (const auto& key : o_.keys) {
+      for (auto a : o_.spatial_axis) plan.flip(key, static_cast<int>(a));
+    }
+    return true;
+  }
+};
+
+class RandRotate90 final : public RandomWith<RandRotate90Options> {
+ public:
+  explicit RandRotate90(RandRotate90Options o)
+      : RandomWith("RandRotate90", std::move(o)),
+        a_(static_cast<int>(o_.spatial_axes[0])),
+        b_(static_cast<int>(o_.spatial_axes[1])) {
+    require(o_.max_k >= 1, "RandRotate90: argument max_k must be at least 1");
+    require(a_ != b_ && a_ >= 0 && a_ < 3 && b_ >= 0 && b_ < 3,
+            "RandRotate90: argument spatial_axes must be two different axes of 0, 1, 2");
+  }
+  void apply(Sample& s, Rng& rng) const override {
+    // MONAI draws k (1..max_k) before deciding whether to rotate.
+    const int k = static_cast<int>(rng.integer(0, o_.max_k - 1)) + 1;
+    if (!(rng.uniform() < o_.prob)) return;
+    rot90(s, o_.keys, k, a_, b_);
+  }
+  bool index_step() const override { return true; }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    for (const auto& key : o_.keys) (void)s.volume(key);
+    const int k = static_cast<int>(rng.integer(0, o_.max_k - 1)) + 1;
+    if (!(rng.uniform() < o_.prob)) return true;
+    for (const auto& key : o_.keys) plan.rot90(key, k, a_, b_);
+    return true;
+  }
+
+ private:
+  int a_, b_;  // the plane of the turns
+};
+
 }  // namespace
 
 // Entries of the random transform table (random_registry.cpp).
 namespace registry {
 
-RandomTransformPtr rand_crop_by_pos_neg_label(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandCropByPosNegLabelOptions>(a);
-  require(o.num_samples >= 1, "RandCropByPosNegLabel: argument num_samples must be at least 1");
-  const CropSpec c{o.keys, o.label_key, o.spatial_size, o.pos, o.neg, static_cast<std::size_t>(o.num_samples),
-                   o.fg_indices_key, o.bg_indices_key, o.allow_smaller};
-  return std::make_shared<RandCropByPosNegLabel>(c);
-}
-
-RandomTransformPtr rand_spatial_crop(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandSpatialCropOptions>(a);
-  return std::make_shared<RandSpatialCrop>(o.keys, o.roi_size);
-}
-
-RandomTransformPtr rand_flip(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandFlipOptions>(a);
-  return std::make_shared<RandFlip>(o.keys, o.prob, std::vector<int>(o.spatial_axis.begin(), o.spatial_axis.end()));
-}
-
-RandomTransformPtr rand_rotate90(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandRotate90Options>(a);
-  return std::make_shared<RandRotate90>(o.keys, o.prob, static_cast<int>(o.max_k),
-                                        std::array<int, 2>{static_cast<int>(o.spatial_axes[0]), static_cast<int>(o.spatial_axes[1])});
-}
+RandomTransformPtr rand_crop_by_pos_neg_label(Args& a, const nlohmann::json&) { return made<RandCropByPosNegLabel>(a); }
+RandomTransformPtr rand_spatial_crop(Args& a, const nlohmann::json&) { return made<RandSpatialCrop>(a); }
+RandomTransformPtr rand_flip(Args& a, const nlohmann::json&) { return made<RandFlip>(a); }
+RandomTransformPtr rand_rotate90(Args& a, const nlohmann::json&) { return made<RandRotate90>(a); }
 
 }  // namespace registry
 

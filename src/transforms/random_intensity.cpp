@@ -1,6 +1,7 @@
 // The random intensity transforms: RandIntensity (draw, then apply or fold into an index
-// plan) and RandScaleIntensity, RandShiftIntensity, RandGaussianNoise, RandAdjustContrast,
-// RandGaussianSmooth, with their entries in the random table (random_registry.cpp).
+// plan) and RandScaleIntensity and RandShiftIntensity (one class), RandGaussianNoise,
+// RandAdjustContrast, RandGaussianSmooth, each on its options as read, with their entries in
+// the random table (random_registry.cpp).
 #include "medfast/transforms/random.hpp"
 
 #include <ATen/ATen.h>
@@ -11,187 +12,6 @@
 #include "random_families.hpp"
 
 namespace medfast::transforms {
-
-namespace {
-
-using detail::require;
-
-// Intensity transforms share the draw-then-apply shape.
-class RandIntensity : public RandomTransform {
- public:
-  RandIntensity(std::string name, std::vector<std::string> keys, double prob)
-      : name_(std::move(name)), keys_(std::move(keys)), prob_(prob) {
-    require_keys(keys_, name_);
-  }
-  std::string name() const override { return name_; }
-  void apply(Sample& s, Rng& rng) const override {
-    if (!(rng.uniform() < prob_)) return;
-    const auto params = draw(rng);
-    for (const auto& key : keys_) {
-      Volume& v = s.volume(key);
-      at::Tensor x = at::isFloatingType(v.data.scalar_type()) ? v.data : v.data.to(at::kFloat);
-      // A tensor that alone owns its dense storage (a flipped or rotated copy)
-      // is changed in place; a view of the cached sample never is.
-      const bool owned = x.storage().use_count() == 1 && x.is_non_overlapping_and_dense() &&
-                         static_cast<std::size_t>(x.numel()) * x.element_size() == x.storage().nbytes();
-      v.data = transform(x, params, rng, owned);
-    }
-  }
-  bool index_step() const override {
-    bool multiply = false;
-    return affine_op(&multiply);
-  }
-  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
-    bool multiply = false;
-    if (!affine_op(&multiply)) return false;
-    for (const auto& key : keys_) (void)s.volume(key);
-    if (!(rng.uniform() < prob_)) return true;
-    const auto params = draw(rng);
-    for (const auto& key : keys_) plan.op(key, multiply, multiply ? 1.0 + params[0] : params[0]);
-    return true;
-  }
-
- protected:
-  /// Steps that are x * v (multiply) or x + v: foldable into an index plan.
-  virtual bool affine_op(bool* multiply) const { (void)multiply; return false; }
-  virtual std::vector<double> draw(Rng& rng) const = 0;
-  virtual at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng& rng, bool in_place) const = 0;
-  std::string name_;
-  std::vector<std::string> keys_;
-  double prob_;
-};
-
-class RandScaleIntensity final : public RandIntensity {
- public:
-  RandScaleIntensity(std::vector<std::string> keys, double prob, double lo, double hi)
-      : RandIntensity("RandScaleIntensity", std::move(keys), prob), lo_(lo), hi_(hi) {}
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"factors", {lo_, hi_}}}; }
-
- protected:
-  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
-  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool in_place) const override {
-    return in_place ? x.mul_(1.0 + p[0]) : x * (1.0 + p[0]);
-  }
-  bool affine_op(bool* multiply) const override { return *multiply = true; }
-
- private:
-  double lo_, hi_;
-};
-
-class RandShiftIntensity final : public RandIntensity {
- public:
-  RandShiftIntensity(std::vector<std::string> keys, double prob, double lo, double hi)
-      : RandIntensity("RandShiftIntensity", std::move(keys), prob), lo_(lo), hi_(hi) {}
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"offsets", {lo_, hi_}}}; }
-
- protected:
-  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
-  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool in_place) const override {
-    return in_place ? x.add_(p[0]) : x + p[0];
-  }
-  bool affine_op(bool* multiply) const override {
-    *multiply = false;
-    return true;
-  }
-
- private:
-  double lo_, hi_;
-};
-
-class RandGaussianNoise final : public RandIntensity {
- public:
-  RandGaussianNoise(std::vector<std::string> keys, double prob, double mean, double std)
-      : RandIntensity("RandGaussianNoise", std::move(keys), prob), mean_(mean), std_(std) {
-    require(std_ >= 0, "RandGaussianNoise: argument std must be non-negative");
-  }
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"mean", mean_}, {"std", std_}}; }
-
- protected:
-  // MONAI 1.3 (sample_std=True): the noise's std is drawn from U(0, std).
-  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(0, std_)}; }
-  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng& rng, bool) const override {
-    at::Tensor noise = at::empty(x.sizes(), x.options().device(at::kCPU).dtype(at::kFloat));
-    float* q = noise.data_ptr<float>();
-    for (std::int64_t i = 0; i < noise.numel(); ++i) q[i] = static_cast<float>(mean_ + p[0] * rng.normal());
-    return x + noise.to(x.device()).to(x.scalar_type());
-  }
-
- private:
-  double mean_, std_;
-};
-
-class RandAdjustContrast final : public RandIntensity {
- public:
-  RandAdjustContrast(std::vector<std::string> keys, double prob, double lo, double hi)
-      : RandIntensity("RandAdjustContrast", std::move(keys), prob), lo_(lo), hi_(hi) {
-    require(lo_ > 0 && hi_ >= lo_, "RandAdjustContrast: argument gamma must be a positive range");
-  }
-  nlohmann::json steps() const override { return {{"keys", keys_}, {"prob", prob_}, {"gamma", {lo_, hi_}}}; }
-
- protected:
-  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(lo_, hi_)}; }
-  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool) const override {
-    const double eps = 1e-7;
-    const double mn = x.min().item<double>(), range = x.max().item<double>() - mn;
-    return ((x - mn) / (range + eps)).pow(p[0]) * range + mn;
-  }
-
- private:
-  double lo_, hi_;
-};
-
-// Separable Gaussian smoothing: per axis, a kernel of erf-integrated
-// Gaussian weights over [-4 sigma, 4 sigma] (normalised), zero padding.
-class RandGaussianSmooth final : public RandIntensity {
- public:
-  RandGaussianSmooth(std::vector<std::string> keys, double prob, std::array<std::array<double, 2>, 3> sigma)
-      : RandIntensity("RandGaussianSmooth", std::move(keys), prob), sigma_(sigma) {
-    for (const auto& r : sigma_) {
-      require(r[0] >= 0 && r[1] >= r[0], "RandGaussianSmooth: arguments sigma_x/y/z must be non-negative ranges");
-    }
-  }
-  nlohmann::json steps() const override {
-    return {{"keys", keys_}, {"prob", prob_}, {"sigma_x", sigma_[0]}, {"sigma_y", sigma_[1]}, {"sigma_z", sigma_[2]}};
-  }
-  static at::Tensor kernel(double sigma) {
-    const auto radius = static_cast<std::int64_t>(std::ceil(4.0 * sigma));
-    std::vector<double> w(static_cast<std::size_t>(2 * radius + 1));
-    double sum = 0;
-    for (std::int64_t i = -radius; i <= radius; ++i) {
-      const double a = (static_cast<double>(i) - 0.5) / (std::sqrt(2.0) * sigma);
-      const double b = (static_cast<double>(i) + 0.5) / (std::sqrt(2.0) * sigma);
-      w[static_cast<std::size_t>(i + radius)] = 0.5 * (std::erf(b) - std::erf(a));
-      sum += w[static_cast<std::size_t>(i + radius)];
-    }
-    for (auto& v : w) v /= sum;
-    return at::tensor(w, at::kDouble);
-  }
-
- protected:
-  std::vector<double> draw(Rng& rng) const override {
-    return {rng.uniform(sigma_[0][0], sigma_[0][1]), rng.uniform(sigma_[1][0], sigma_[1][1]),
-            rng.uniform(sigma_[2][0], sigma_[2][1])};
-  }
-  at::Tensor transform(at::Tensor x, const std::vector<double>& sigma, Rng&, bool) const override {
-    at::Tensor y = x.unsqueeze(0);  // (1, C, X, Y, Z): channels filtered independently
-    const auto channels = x.size(0);
-    for (int a = 0; a < 3; ++a) {
-      if (sigma[a] <= 0) continue;
-      const at::Tensor k = kernel(sigma[a]).to(x.scalar_type()).to(x.device());
-      std::vector<std::int64_t> shape{1, 1, 1, 1, 1}, pad{0, 0, 0};
-      shape[a + 2] = k.size(0);
-      pad[a] = (k.size(0) - 1) / 2;
-      const at::Tensor weight = k.view(shape).expand({channels, 1, shape[2], shape[3], shape[4]}).contiguous();
-      y = at::conv3d(y, weight, {}, {1, 1, 1}, pad, {1, 1, 1}, channels);
-    }
-    return y.squeeze(0);
-  }
-
- private:
-  std::array<std::array<double, 2>, 3> sigma_;
-};
-
-}  // namespace
 
 namespace {
 
@@ -240,36 +60,164 @@ struct RandAdjustContrastOptions {
   }
 };
 
+using detail::require;
+
+// Intensity transforms share the draw-then-apply shape.
+template <typename Options>
+class RandIntensity : public RandomWith<Options> {
+ public:
+  using RandomWith<Options>::RandomWith;
+  void apply(Sample& s, Rng& rng) const override {
+    if (!(rng.uniform() < this->o_.prob)) return;
+    const auto params = draw(rng);
+    for (const auto& key : this->o_.keys) {
+      Volume& v = s.volume(key);
+      at::Tensor x = at::isFloatingType(v.data.scalar_type()) ? v.data : v.data.to(at::kFloat);
+      // A tensor that alone owns its dense storage (a flipped or rotated copy)
+      // is changed in place; a view of the cached sample never is.
+      const bool owned = x.storage().use_count() == 1 && x.is_non_overlapping_and_dense() &&
+                         static_cast<std::size_t>(x.numel()) * x.element_size() == x.storage().nbytes();
+      v.data = transform(x, params, rng, owned);
+    }
+  }
+  bool index_step() const override {
+    bool multiply = false;
+    return affine_op(&multiply);
+  }
+  bool compose_index(IndexPlan& plan, const Sample& s, Rng& rng) const override {
+    bool multiply = false;
+    if (!affine_op(&multiply)) return false;
+    for (const auto& key : this->o_.keys) (void)s.volume(key);
+    if (!(rng.uniform() < this->o_.prob)) return true;
+    const auto params = draw(rng);
+    for (const auto& key : this->o_.keys) plan.op(key, multiply, multiply ? 1.0 + params[0] : params[0]);
+    return true;
+  }
+
+ protected:
+  /// Steps that are x * v (multiply) or x + v: foldable into an index plan.
+  virtual bool affine_op(bool* multiply) const {
+    (void)multiply;
+    return false;
+  }
+  virtual std::vector<double> draw(Rng& rng) const = 0;
+  virtual at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng& rng, bool in_place) const = 0;
+};
+
+// RandScaleIntensity (x * (1 + f)) and RandShiftIntensity (x + o): the same draw and fold.
+class RandScaleShift final : public RandIntensity<RandIntensityRangeOptions> {
+ public:
+  RandScaleShift(std::string name, RandIntensityRangeOptions o)
+      : RandIntensity(std::move(name), std::move(o)),
+        multiply_(name_ == "RandScaleIntensity"),
+        range_(multiply_ ? o_.factors : o_.offsets) {}
+
+ protected:
+  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(range_[0], range_[1])}; }
+  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool in_place) const override {
+    if (multiply_) return in_place ? x.mul_(1.0 + p[0]) : x * (1.0 + p[0]);
+    return in_place ? x.add_(p[0]) : x + p[0];
+  }
+  bool affine_op(bool* multiply) const override {
+    *multiply = multiply_;
+    return true;
+  }
+
+ private:
+  bool multiply_;
+  std::array<double, 2> range_;
+};
+
+class RandGaussianNoise final : public RandIntensity<RandGaussianNoiseOptions> {
+ public:
+  explicit RandGaussianNoise(RandGaussianNoiseOptions o) : RandIntensity("RandGaussianNoise", std::move(o)) {
+    require(o_.std_max >= 0, "RandGaussianNoise: argument std must be non-negative");
+  }
+
+ protected:
+  // MONAI 1.3 (sample_std=True): the noise's std is drawn from U(0, std).
+  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(0, o_.std_max)}; }
+  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng& rng, bool) const override {
+    at::Tensor noise = at::empty(x.sizes(), x.options().device(at::kCPU).dtype(at::kFloat));
+    float* q = noise.data_ptr<float>();
+    for (std::int64_t i = 0; i < noise.numel(); ++i) q[i] = static_cast<float>(o_.mean + p[0] * rng.normal());
+    return x + noise.to(x.device()).to(x.scalar_type());
+  }
+};
+
+class RandAdjustContrast final : public RandIntensity<RandAdjustContrastOptions> {
+ public:
+  explicit RandAdjustContrast(RandAdjustContrastOptions o) : RandIntensity("RandAdjustContrast", std::move(o)) {
+    require(o_.gamma[0] > 0 && o_.gamma[1] >= o_.gamma[0], "RandAdjustContrast: argument gamma must be a positive range");
+  }
+
+ protected:
+  std::vector<double> draw(Rng& rng) const override { return {rng.uniform(o_.gamma[0], o_.gamma[1])}; }
+  at::Tensor transform(at::Tensor x, const std::vector<double>& p, Rng&, bool) const override {
+    const double eps = 1e-7;
+    const double mn = x.min().item<double>(), range = x.max().item<double>() - mn;
+    return ((x - mn) / (range + eps)).pow(p[0]) * range + mn;
+  }
+};
+
+// Separable Gaussian smoothing: per axis, a kernel of erf-integrated
+// Gaussian weights over [-4 sigma, 4 sigma] (normalised), zero padding.
+class RandGaussianSmooth final : public RandIntensity<RandGaussianSmoothOptions> {
+ public:
+  explicit RandGaussianSmooth(RandGaussianSmoothOptions o)
+      : RandIntensity("RandGaussianSmooth", std::move(o)), sigma_{o_.sigma_x, o_.sigma_y, o_.sigma_z} {
+    for (const auto& r : sigma_) {
+      require(r[0] >= 0 && r[1] >= r[0], "RandGaussianSmooth: arguments sigma_x/y/z must be non-negative ranges");
+    }
+  }
+  static at::Tensor kernel(double sigma) {
+    const auto radius = static_cast<std::int64_t>(std::ceil(4.0 * sigma));
+    std::vector<double> w(static_cast<std::size_t>(2 * radius + 1));
+    double sum = 0;
+    for (std::int64_t i = -radius; i <= radius; ++i) {
+      const double a = (static_cast<double>(i) - 0.5) / (std::sqrt(2.0) * sigma);
+      const double b = (static_cast<double>(i) + 0.5) / (std::sqrt(2.0) * sigma);
+      w[static_cast<std::size_t>(i + radius)] = 0.5 * (std::erf(b) - std::erf(a));
+      sum += w[static_cast<std::size_t>(i + radius)];
+    }
+    for (auto& v : w) v /= sum;
+    return at::tensor(w, at::kDouble);
+  }
+
+ protected:
+  std::vector<double> draw(Rng& rng) const override {
+    return {rng.uniform(sigma_[0][0], sigma_[0][1]), rng.uniform(sigma_[1][0], sigma_[1][1]),
+            rng.uniform(sigma_[2][0], sigma_[2][1])};
+  }
+  at::Tensor transform(at::Tensor x, const std::vector<double>& sigma, Rng&, bool) const override {
+    at::Tensor y = x.unsqueeze(0);  // (1, C, X, Y, Z): channels filtered independently
+    const auto channels = x.size(0);
+    for (int a = 0; a < 3; ++a) {
+      if (sigma[a] <= 0) continue;
+      const at::Tensor k = kernel(sigma[a]).to(x.scalar_type()).to(x.device());
+      std::vector<std::int64_t> shape{1, 1, 1, 1, 1}, pad{0, 0, 0};
+      shape[a + 2] = k.size(0);
+      pad[a] = (k.size(0) - 1) / 2;
+      const at::Tensor weight = k.view(shape).expand({channels, 1, shape[2], shape[3], shape[4]}).contiguous();
+      y = at::conv3d(y, weight, {}, {1, 1, 1}, pad, {1, 1, 1}, channels);
+    }
+    return y.squeeze(0);
+  }
+
+ private:
+  std::array<std::array<double, 2>, 3> sigma_;  // per axis
+};
+
 }  // namespace
 
 // Entries of the random transform table (random_registry.cpp).
 namespace registry {
 
-RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandIntensityRangeOptions>(a);
-  return std::make_shared<RandScaleIntensity>(o.keys, o.prob, o.factors[0], o.factors[1]);
-}
-
-RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandIntensityRangeOptions>(a);
-  return std::make_shared<RandShiftIntensity>(o.keys, o.prob, o.offsets[0], o.offsets[1]);
-}
-
-RandomTransformPtr rand_gaussian_noise(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandGaussianNoiseOptions>(a);
-  return std::make_shared<RandGaussianNoise>(o.keys, o.prob, o.mean, o.std_max);
-}
-
-RandomTransformPtr rand_gaussian_smooth(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandGaussianSmoothOptions>(a);
-  return std::make_shared<RandGaussianSmooth>(o.keys, o.prob,
-                                              std::array<std::array<double, 2>, 3>{o.sigma_x, o.sigma_y, o.sigma_z});
-}
-
-RandomTransformPtr rand_adjust_contrast(Args& a, const nlohmann::json&) {
-  const auto o = read_options<RandAdjustContrastOptions>(a);
-  return std::make_shared<RandAdjustContrast>(o.keys, o.prob, o.gamma[0], o.gamma[1]);
-}
+RandomTransformPtr rand_scale_intensity(Args& a, const nlohmann::json&) { return made<RandScaleShift>(a, std::string("RandScaleIntensity")); }
+RandomTransformPtr rand_shift_intensity(Args& a, const nlohmann::json&) { return made<RandScaleShift>(a, std::string("RandShiftIntensity")); }
+RandomTransformPtr rand_gaussian_noise(Args& a, const nlohmann::json&) { return made<RandGaussianNoise>(a); }
+RandomTransformPtr rand_gaussian_smooth(Args& a, const nlohmann::json&) { return made<RandGaussianSmooth>(a); }
+RandomTransformPtr rand_adjust_contrast(Args& a, const nlohmann::json&) { return made<RandAdjustContrast>(a); }
 
 }  // namespace registry
 

@@ -117,11 +117,9 @@ at::Tensor flip_dims(const at::Tensor& x, const std::vector<std::int64_t>& dims)
 
 namespace {
 
-class EnsureChannelFirst final : public Transform {
+class EnsureChannelFirst final : public TransformWith<EnsureChannelFirstOptions> {
  public:
-  explicit EnsureChannelFirst(EnsureChannelFirstOptions o) : o_(std::move(o)) { require_keys(o_.keys, "EnsureChannelFirst"); }
-  std::string name() const override { return "EnsureChannelFirst"; }
-  nlohmann::json config() const override { return fields_json(o_); }
+  explicit EnsureChannelFirst(EnsureChannelFirstOptions o) : TransformWith("EnsureChannelFirst", std::move(o)) {}
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
@@ -135,21 +133,15 @@ class EnsureChannelFirst final : public Transform {
       }
     }
   }
-
- private:
-  EnsureChannelFirstOptions o_;
 };
 
 class Spacing;
 
-class Orientation final : public Transform {
+class Orientation final : public TransformWith<OrientationOptions> {
  public:
-  explicit Orientation(OrientationOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "Orientation");
+  explicit Orientation(OrientationOptions o) : TransformWith("Orientation", std::move(o)) {
     orientation_plan({2, 2, 2}, Affine(), o_.axcodes);  // validates the codes now
   }
-  std::string name() const override { return "Orientation"; }
-  nlohmann::json config() const override { return fields_json(o_); }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) orient(s.volume(key), key, o_.axcodes);
   }
@@ -166,18 +158,14 @@ class Orientation final : public Transform {
     v.affine = plan.affine;
   }
   bool apply_with_next(const Transform& next, Sample& s) const override;
-
- private:
-  OrientationOptions o_;
 };
 
 /// An axis of at least this many voxels that Spacing maps to one voxel is an error.
 constexpr std::int64_t kCollapseVoxels = 8;
 
-class Spacing final : public Transform {
+class Spacing final : public TransformWith<SpacingOptions> {
  public:
-  explicit Spacing(SpacingOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "Spacing");
+  explicit Spacing(SpacingOptions o) : TransformWith("Spacing", std::move(o)) {
     if (o_.mode.empty()) o_.mode.assign(o_.keys.size(), Interp::bilinear);
     if (o_.mode.size() != o_.keys.size()) {
       throw ValueError(str("Spacing: argument mode: ", o_.mode.size(), " modes for ", o_.keys.size(), " keys"));
@@ -186,7 +174,6 @@ class Spacing final : public Transform {
       if (!(p > 0)) throw ValueError(str("Spacing: argument pixdim: ", p, " is not a positive spacing"));
     }
   }
-  std::string name() const override { return "Spacing"; }
   nlohmann::json config() const override {
     nlohmann::json c = fields_json(o_);
     c["diagonal"] = false;  // MONAI's fixed choices here, kept in the key of earlier caches
@@ -248,9 +235,6 @@ class Spacing final : public Transform {
     v.data = out;
     v.affine = g.affine;
   }
-
- private:
-  SpacingOptions o_;
 };
 
 // Orientation then Spacing: for the keys both transform, the one resampling reads the
@@ -339,19 +323,14 @@ bool foreground_box(const at::Tensor& data, double threshold, std::array<std::in
   return found;
 }
 
-class CropForeground final : public Transform {
+class CropForeground final : public TransformWith<CropForegroundOptions> {
  public:
-  explicit CropForeground(CropForegroundOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "CropForeground");
+  explicit CropForeground(CropForegroundOptions o) : TransformWith("CropForeground", std::move(o)) {
     if (o_.source_key.empty()) throw ValueError("CropForeground: argument source_key is required");
     for (int i = 0; i < 3; ++i) {
       if (o_.margin[i] < 0) throw ValueError(str("CropForeground: argument margin: ", o_.margin[i], " is negative"));
       if (o_.k_divisible[i] < 1) throw ValueError(str("CropForeground: argument k_divisible: ", o_.k_divisible[i], " < 1"));
     }
-  }
-  std::string name() const override { return "CropForeground"; }
-  nlohmann::json config() const override {
-    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     const Volume& src = s.volume(o_.source_key);
@@ -382,22 +361,14 @@ class CropForeground final : public Transform {
     }
     crop_or_pad(s, o_.keys, start, end, 0.0);
   }
-
- private:
-  CropForegroundOptions o_;
 };
 
-class ResizeWithPadOrCrop final : public Transform {
+class ResizeWithPadOrCrop final : public TransformWith<ResizeWithPadOrCropOptions> {
  public:
-  explicit ResizeWithPadOrCrop(ResizeWithPadOrCropOptions o) : o_(std::move(o)) {
-    require_keys(o_.keys, "ResizeWithPadOrCrop");
+  explicit ResizeWithPadOrCrop(ResizeWithPadOrCropOptions o) : TransformWith("ResizeWithPadOrCrop", std::move(o)) {
     for (auto v : o_.spatial_size) {
       if (v < 1) throw ValueError(str("ResizeWithPadOrCrop: argument spatial_size: ", v, " is not a positive size"));
     }
-  }
-  std::string name() const override { return "ResizeWithPadOrCrop"; }
-  nlohmann::json config() const override {
-    return fields_json(o_);
   }
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
@@ -412,16 +383,11 @@ class ResizeWithPadOrCrop final : public Transform {
       crop_or_pad(s, {key}, start, end, o_.value);
     }
   }
-
- private:
-  ResizeWithPadOrCropOptions o_;
 };
 
-class SpatialPad final : public Transform {
+class SpatialPad final : public TransformWith<SpatialPadOptions> {
  public:
-  explicit SpatialPad(SpatialPadOptions o) : o_(std::move(o)) { require_keys(o_.keys, "SpatialPad"); }
-  std::string name() const override { return "SpatialPad"; }
-  nlohmann::json config() const override { return fields_json(o_); }
+  explicit SpatialPad(SpatialPadOptions o) : TransformWith("SpatialPad", std::move(o)) {}
   void apply(Sample& s) const override {
     for (const auto& key : o_.keys) {
       const Shape3 n = spatial_shape(s.volume(key).data, key);
@@ -436,9 +402,6 @@ class SpatialPad final : public Transform {
       if (pad) crop_or_pad(s, {key}, start, end, o_.value);
     }
   }
-
- private:
-  SpatialPadOptions o_;
 };
 
 }  // namespace

@@ -174,6 +174,22 @@ std::vector<FieldDoc> key_table_of(Entry entry, const std::string& name) {
   throw Error(str(name, ": its entry reads no options (read_options), so it has no key table"));
 }
 
+/// A deterministic transform that runs on its options as read (a struct with fields(),
+/// declared once beside it): its name, the options (the keys checked), and config() as they
+/// are written back, every default filled in (the cache key's part; a transform whose key
+/// needs more overrides it). A transform names its arguments in its options struct alone.
+template <typename Options>
+class TransformWith : public Transform {
+ public:
+  TransformWith(std::string name, Options o) : name_(std::move(name)), o_(std::move(o)) { require_keys(o_.keys, name_); }
+  std::string name() const override { return name_; }
+  nlohmann::json config() const override { return fields_json(o_); }
+
+ protected:
+  std::string name_;
+  Options o_;
+};
+
 /// A table of transform entries (core/registry.hpp rows of `Ptr entry(Args&, json)`):
 /// lookups, key tables and making, written once for the deterministic and the random
 /// transforms. `kind` names them in messages ("transform", "random transform").
