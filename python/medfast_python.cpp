@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <map>
@@ -22,6 +23,7 @@
 
 #include "medfast/core/config.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/field_settings.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/rank_env.hpp"
 #include "medfast/core/settings.hpp"
@@ -94,19 +96,27 @@ ConfigSource config_from(const py::object& config) {
 // I/O options from keyword arguments (the io_* settings otherwise).
 
 io::IoOptions io_options(const py::kwargs& kw) {
-  io::IoOptions o = io::IoOptions::from(settings_copy());
+  // Each keyword argument sets its io_* setting for this call (the field's name, checks and
+  // messages: core/io_options.hpp); the rest keep the resolved settings.
+  Settings s = settings_copy();
+  const auto keys = setting_keys_of<io::IoOptions>();
   for (const auto& [k, v] : kw) {
     const std::string key = py::str(k);
-    if (key == "backend") o.set_backend(py::str(v));
-    else if (key == "block_size") o.set_block_size(py::isinstance<py::str>(v) ? parse_bytes(py::str(v)) : v.cast<std::uint64_t>());
-    else if (key == "queue_depth") o.set_queue_depth(v.cast<int>());
-    else if (key == "threads") o.set_threads(v.cast<int>());
-    else if (key == "direct") o.set_direct(v.cast<bool>());
-    else if (key == "alignment") o.set_alignment(v.cast<std::uint64_t>());
-    else throw ValueError(str("unknown I/O option '", key, "' (known: backend, block_size, queue_depth, threads, direct, alignment)"));
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      throw ValueError(str("unknown I/O option '", key, "' (known: ", join(keys), ")"));
+    }
+    const std::string text = py::isinstance<py::bool_>(v) ? (v.cast<bool>() ? "on" : "off") : std::string(py::str(v));
+    s.set(io::kIoSettingPrefix + key, text, SettingSource::flag, "keyword argument " + key);
   }
-  o.validate();
-  return o;
+  return io::IoOptions::from(s);
+}
+
+/// The I/O options' keyword arguments and their defaults (the io_* settings as resolved here).
+py::dict io_option_defaults() {
+  py::dict out;
+  const io::IoOptions o = io::IoOptions::from(settings_copy());
+  for_each_field(o, [&](const auto& f, const auto& value) { out[f.key] = value; });
+  return out;
 }
 
 // ---------------------------------------------------------------------------
@@ -452,6 +462,9 @@ void def_io(py::module_& m) {
       .def("sync", &FileHandle::sync)
       .def_property_readonly("size", &FileHandle::size)
       .def_property_readonly("backend", &FileHandle::backend);
+  mio.def("options", &io_option_defaults,
+          "The I/O keyword arguments every call here takes (backend, block_size, ...) with their values "
+          "from the io_* settings");
   mio.def(
       "load",
       [](const std::string& path, std::optional<at::Tensor> out, const std::string& device, const py::kwargs& kw) {

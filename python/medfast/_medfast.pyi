@@ -42,6 +42,9 @@ class io:
         def backend(self) -> str: ...
 
     @staticmethod
+    def options() -> Dict[str, Any]:
+        """The I/O keyword arguments (backend, block_size, ...) with their values from the io_* settings."""
+    @staticmethod
     def load(path: str, out: Optional[torch.Tensor] = None, device: str = "cpu", **io_options: Any) -> torch.Tensor:
         """The file's bytes: into `out` (a preallocated contiguous tensor), or a new uint8 tensor on `device`."""
     @staticmethod

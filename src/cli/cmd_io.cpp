@@ -10,11 +10,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/field_settings.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/io/file_handle.hpp"
@@ -25,27 +27,26 @@ namespace medfast::cli {
 
 namespace {
 
-// Engine flags of the io subcommands; each one sets the registry entry it names.
+/// The engine's options as flags, one per IoOptions field (--backend, --block-size, ...),
+/// each setting io_<key> for this command.
 struct EngineFlags {
-  std::string backend, block_size;
-  int queue_depth = 0, threads = 0;
-  std::string direct, cache_first;
+  std::map<std::string, std::string> given;  // field key -> text
   void add(CLI::App* app) {
-    app->add_option("--backend", backend, "posix | odirect | io_uring | cufile | auto (setting io_backend)");
-    app->add_option("--block-size", block_size, "bytes per request, e.g. 1M (setting io_block_size)");
-    app->add_option("--queue-depth", queue_depth, "io_uring requests in flight (setting io_queue_depth)");
-    app->add_option("--threads", threads, "posix/odirect worker threads (setting io_threads)");
-    app->add_option("--direct", direct, "on | off: O_DIRECT (setting io_direct)");
-    app->add_option("--cache-first", cache_first,
-                    "on | off: O_DIRECT reads take what the page cache holds first (setting io_cache_first)");
+    for (const auto& d : setting_defs_of<io::IoOptions>(io::kIoSettingPrefix)) {
+      const std::string key = d.name.substr(std::string(io::kIoSettingPrefix).size());
+      std::string help = d.description;
+      if (!d.choices.empty()) help += ": " + join(d.choices, " | ");
+      app->add_option(flag_of(key), given[key], str(help, " (setting ", d.name, ")"));
+    }
   }
   void apply(Settings& s) const {
-    if (!backend.empty()) s.set("io_backend", backend, SettingSource::flag, "--backend");
-    if (!block_size.empty()) s.set("io_block_size", block_size, SettingSource::flag, "--block-size");
-    if (queue_depth > 0) s.set("io_queue_depth", std::to_string(queue_depth), SettingSource::flag, "--queue-depth");
-    if (threads > 0) s.set("io_threads", std::to_string(threads), SettingSource::flag, "--threads");
-    if (!direct.empty()) s.set("io_direct", direct, SettingSource::flag, "--direct");
-    if (!cache_first.empty()) s.set("io_cache_first", cache_first, SettingSource::flag, "--cache-first");
+    for (const auto& [key, value] : given) {
+      if (!value.empty()) s.set(io::kIoSettingPrefix + key, value, SettingSource::flag, flag_of(key));
+    }
+  }
+  static std::string flag_of(std::string key) {
+    std::replace(key.begin(), key.end(), '_', '-');
+    return "--" + key;
   }
 };
 

@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/field_settings.hpp"
+#include "medfast/core/io_options.hpp"
 #include "medfast/core/units.hpp"
 
 namespace medfast {
@@ -53,7 +55,7 @@ SettingDef seconds(std::string name, double def, double max, std::string desc) {
 }
 
 std::vector<SettingDef> make_defs() {
-  return {
+  std::vector<SettingDef> defs = {
       integer("threads", kDefaultThreads, 0, kMaxThreads,
               "threads for libtorch intra-op work and medfast's pools (0: one per core)"),
       choice("log_level", "info", {"debug", "info", "warn", "error", "off"}, "least severe log record printed"),
@@ -65,17 +67,6 @@ std::vector<SettingDef> make_defs() {
             "compressed files up to this size are inflated in one buffer (libdeflate); larger ones are streamed"),
       bytes("max_volume_bytes", kDefaultMaxVolumeBytes,
             "largest decoded volume a header may announce; larger ones are refused before allocating"),
-      choice("io_backend", "auto", {"auto", "posix", "odirect", "io_uring", "cufile"},
-             "tensor file I/O backend (auto: io_uring if the kernel allows it, else posix)"),
-      bytes("io_block_size", kDefaultIoBlockSize, "bytes per I/O request"),
-      integer("io_queue_depth", kDefaultIoQueueDepth, 1, 4096, "io_uring requests kept in flight"),
-      integer("io_threads", kDefaultIoThreads, 0, kMaxThreads,
-              "posix and odirect backend worker threads (0: the threads setting)"),
-      choice("io_direct", "on", {"on", "off"}, "O_DIRECT (bypass the page cache) for odirect and io_uring"),
-      choice("io_cache_first", "on", {"on", "off"},
-             "O_DIRECT reads take what the page cache already holds from it first, without waiting, the rest "
-             "direct (a file read again comes from memory); off: every byte O_DIRECT"),
-      bytes("io_alignment", kDefaultIoAlignment, "O_DIRECT buffer/offset/length alignment"),
       choice("host_memory_reuse", "on", {"on", "off"},
              "train, eval and infer keep freed host memory for reuse (glibc: large blocks from the heap, never "
              "returned): no page faults for each forward's tensors; the resident size stays at its peak"),
@@ -102,6 +93,11 @@ std::vector<SettingDef> make_defs() {
              "before the first forward, check libtorch's convolution, matmul and attention against float64 "
              "once per device and dtype; a faulty backend (oneDNN, cuDNN) is switched off, else the run stops"),
   };
+  // The engine's options (io::IoOptions' fields), after max_volume_bytes as they always stood.
+  const auto at = std::find_if(defs.begin(), defs.end(), [](const SettingDef& d) { return d.name == "max_volume_bytes"; });
+  const auto io = setting_defs_of<io::IoOptions>(io::kIoSettingPrefix);
+  defs.insert(at + 1, io.begin(), io.end());
+  return defs;
 }
 
 std::string where(SettingSource source, const std::string& origin) {

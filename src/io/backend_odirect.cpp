@@ -124,13 +124,13 @@ class OdirectBackend final : public FileBackend {
 
   std::size_t read(char* out, std::size_t n, std::uint64_t off) override {
     if (!f_.direct) return buffered_->read(out, n, off);
-    return run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(),
+    return run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(),
                       [&](std::uint64_t o, std::size_t l) { return read_direct_range(f_, out + (o - off), l, o); });
   }
 
   void write(const char* in, std::size_t n, std::uint64_t off) override {
     if (!f_.direct) return buffered_->write(in, n, off);
-    run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
+    run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
       write_direct_range(f_, in + (o - off), l, o);
       return l;
     });

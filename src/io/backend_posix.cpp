@@ -12,12 +12,12 @@ class PosixBackend final : public FileBackend {
   explicit PosixBackend(OpenFile& f) : f_(f) {}
 
   std::size_t read(char* out, std::size_t n, std::uint64_t off) override {
-    return run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(),
+    return run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(),
                       [&](std::uint64_t o, std::size_t l) { return f_.file.read_at(out + (o - off), l, o); });
   }
 
   void write(const char* in, std::size_t n, std::uint64_t off) override {
-    run_pieces(shared_pool(f_.opt.threads), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
+    run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
       f_.file.write_at(in + (o - off), l, o);
       return l;
     });

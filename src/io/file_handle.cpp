@@ -47,63 +47,6 @@ Backend parse_backend(const std::string& name) {
   throw ValueError(str("I/O backend '", name, "' is not one of auto, ", registered_text(kBackends)));
 }
 
-IoOptions& IoOptions::set_backend(const std::string& v) {
-  if (v != "auto") parse_backend(v);
-  backend = v;
-  return *this;
-}
-namespace {
-
-/// Sets one field if the options stay valid (validate() names the field and the value);
-/// leaves them as they were otherwise.
-template <typename M>
-IoOptions& set_checked(IoOptions& options, M IoOptions::*member, M value) {
-  IoOptions next = options;
-  next.*member = value;
-  next.validate();
-  options = std::move(next);
-  return options;
-}
-
-}  // namespace
-
-IoOptions& IoOptions::set_block_size(std::uint64_t v) { return set_checked(*this, &IoOptions::block_size, v); }
-IoOptions& IoOptions::set_queue_depth(int v) { return set_checked(*this, &IoOptions::queue_depth, v); }
-IoOptions& IoOptions::set_threads(int v) { return set_checked(*this, &IoOptions::threads, v); }
-IoOptions& IoOptions::set_alignment(std::uint64_t v) { return set_checked(*this, &IoOptions::alignment, v); }
-
-void IoOptions::validate() const {
-  if (alignment != 512 && alignment != 1024 && alignment != 2048 && alignment != 4096) {
-    throw ValueError(str("IoOptions: alignment ", alignment, " must be 512, 1024, 2048 or 4096"));
-  }
-  if (block_size < alignment || block_size % alignment != 0 || block_size > (1ull << 30)) {
-    throw ValueError(str("IoOptions: block_size ", block_size, " must be a multiple of the alignment (", alignment,
-                         ") and at most 1 GiB"));
-  }
-  if (queue_depth < 1) throw ValueError(str("IoOptions: queue_depth ", queue_depth, " must be at least 1"));
-  if (threads < 1) throw ValueError(str("IoOptions: threads ", threads, " must be at least 1"));
-  if (backend != "auto") parse_backend(backend);
-}
-
-IoOptions IoOptions::from(const Settings& s) {
-  IoOptions o;
-  o.backend = s.get("io_backend");
-  o.block_size = s.get_bytes("io_block_size");
-  o.queue_depth = static_cast<int>(s.get_int("io_queue_depth"));
-  const auto t = s.get_int("io_threads");
-  o.threads = t > 0 ? static_cast<int>(t) : s.threads();
-  o.direct = s.get_bool("io_direct");
-  o.cache_first = s.get_bool("io_cache_first");
-  o.alignment = s.get_bytes("io_alignment");
-  try {
-    o.validate();
-  } catch (ValueError& e) {
-    e.add_context("settings io_*");
-    throw;
-  }
-  return o;
-}
-
 // ---------------------------------------------------------------------------
 // Probe
 // ---------------------------------------------------------------------------
@@ -250,7 +193,7 @@ struct FileHandle::Impl {
     if (got == n || (got < first && off + got >= f.file.size())) return got;
     // Cached, at least in part: every block takes what the cache holds of it and the rest
     // O_DIRECT, so that a page the kernel dropped costs its block, not the rest of the file.
-    return got + detail::run_pieces(detail::shared_pool(f.opt.threads), off + got, n - got, f.B(),
+    return got + detail::run_pieces(detail::shared_pool(f.opt.workers()), off + got, n - got, f.B(),
                                     [&](std::uint64_t o, std::size_t l) {
                                       char* at = out + (o - off);
                                       std::size_t c = f.file.read_cached(at, l, o);

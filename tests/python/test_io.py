@@ -35,6 +35,32 @@ def test_save_and_load_raw_bytes(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["raw.bin"], "no temporary file left behind"
 
 
+def test_every_io_option_is_a_keyword_argument(tmp_path):
+    # One per io_* setting (IoOptions' fields): each is taken by name with its own value,
+    # a changed one too, and a bad value or an unknown name is an error naming it.
+    options = medfast.io.options()
+    assert list(options) == ["backend", "block_size", "queue_depth", "threads", "direct", "cache_first",
+                             "alignment"]
+    assert options["backend"] == "auto" and options["block_size"] == 1 << 20 and options["direct"] is True
+    data = random_bytes(100000, 4)
+    path = str(tmp_path / "kw.bin")
+    medfast.io.save(data, path, **options)
+    assert torch.equal(medfast.io.load(path, **options), data)
+    changed = {"backend": "posix", "block_size": "64K", "queue_depth": 8, "threads": 2, "direct": False,
+               "cache_first": False, "alignment": 512}
+    assert set(changed) == set(options)
+    for key, value in changed.items():
+        assert torch.equal(medfast.io.load(path, **{key: value}), data), key
+        h = medfast.io.FileHandle(path, "r", **{key: value})
+        assert h.size == len(data)
+    with pytest.raises(ValueError, match="io_queue_depth.*keyword argument queue_depth.*1..4096"):
+        medfast.io.load(path, queue_depth=0)
+    with pytest.raises(ValueError, match="io_backend.*'nope'.*expected one of auto, posix, odirect, io_uring, cufile"):
+        medfast.io.load(path, backend="nope")
+    with pytest.raises(ValueError, match="unknown I/O option 'queue'.*queue_depth"):
+        medfast.io.load(path, queue=4)
+
+
 def test_file_handle_pread_pwrite_and_async(tmp_path):
     path = str(tmp_path / "h.bin")
     a, b = random_bytes(10000, 1), random_bytes(5000, 2)

@@ -25,7 +25,9 @@
 /// writing the options back with every default filled in (fields_json) and the key
 /// table of the docs (field_docs) all come from that list. Defaults stay where they
 /// are declared: the struct's member initialisers.
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -54,6 +56,10 @@ struct Field {
   const char* per_key = nullptr;  ///< one value per key of options.keys: one value stands for all; absent: this
   bool symmetric_range = false;  ///< a [lo, hi] pair where one number x stands for [-x, x] (MONAI's ranges)
   bool when_set = false;  ///< written back (fields_json) only where it is not its default
+  bool ranged = false;     ///< a whole number in [lo, hi]
+  std::int64_t lo = 0, hi = 0;
+  const char* names = nullptr;  ///< text that is one of these ("a,b,c")
+  bool byte_size = false;  ///< a size in bytes: as a setting, also "64K", "1M", "1G"
 
   /// The text is stored lowercase ("Batch" reads as "batch"), as MONAI compares names.
   constexpr Field lowercase() const {
@@ -100,6 +106,26 @@ struct Field {
   constexpr Field written_when_set() const {
     Field f = *this;
     f.when_set = true;
+    return f;
+  }
+  /// A whole number in [lo, hi]; anything else is an error naming the range.
+  constexpr Field range(std::int64_t low, std::int64_t high) const {
+    Field f = *this;
+    f.ranged = true;
+    f.lo = low;
+    f.hi = high;
+    return f;
+  }
+  /// Text that is one of `list` ("a,b,c"): anything else is an error listing them.
+  constexpr Field one_of(const char* list) const {
+    Field f = *this;
+    f.names = list;
+    return f;
+  }
+  /// A size in bytes (as a setting, flag or keyword argument also "64K", "1M", "1G").
+  constexpr Field bytes() const {
+    Field f = *this;
+    f.byte_size = true;
     return f;
   }
   /// The field belongs to these kinds only: a comma-separated list of their names.
@@ -167,6 +193,22 @@ template <typename E>
 E choice_or_fail(ConfigReader& r, const char* key, const std::string& text) {
   if (const auto v = parse_choice<E>(text)) return *v;
   r.fail(key, str("'", text, "' is not one of ", choice_list<E>()));
+}
+
+/// "a,b,c" as the list "a | b | c".
+inline std::string names_text(const char* list) {
+  std::string out;
+  for (const char* c = list; *c; ++c) out += *c == ',' ? std::string(" | ") : std::string(1, *c);
+  return out;
+}
+/// The names of "a,b,c", in order.
+inline std::vector<std::string> names_list(const char* list) {
+  std::vector<std::string> out(1);
+  for (const char* c = list; *c; ++c) {
+    if (*c == ',') out.emplace_back();
+    else out.back() += *c;
+  }
+  return out;
 }
 
 /// The help of a key table row: an enum's names follow its help line.
@@ -267,8 +309,19 @@ void read_plain_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   r.read(f.key, value);
   if constexpr (std::is_same_v<M, std::string>) {
     if (f.lower) value = lowercase(std::move(value));
+    if (f.names) {
+      const auto names = names_list(f.names);
+      if (std::find(names.begin(), names.end(), value) == names.end()) {
+        r.fail(f.key, str("'", value, "' is not one of ", names_text(f.names)));
+      }
+    }
   } else if (f.lower) {
     throw Error(str("options field ", f.key, ": lowercase() applies to text only"));
+  }
+  if constexpr (std::is_integral_v<M> && !std::is_same_v<M, bool>) {
+    if (f.ranged && (static_cast<std::int64_t>(value) < f.lo || static_cast<std::int64_t>(value) > f.hi)) {
+      r.fail(f.key, str(value, " is not a whole number in ", f.lo, "..", f.hi));
+    }
   }
 }
 
@@ -340,7 +393,9 @@ std::vector<FieldDoc> field_docs(const T& defaults = T{}, const std::string& kin
                                 f.required  ? std::string("null")
                                 : f.per_key ? nlohmann::json(std::string(f.per_key)).dump()  // for every key
                                             : as_json(defaults.*(f.member)).dump(),
-                                detail::help_of<std::decay_t<decltype(defaults.*(f.member))>>(f.help), f.kinds,
+                                detail::help_of<std::decay_t<decltype(defaults.*(f.member))>>(f.help) +
+                                    (f.names ? ": " + detail::names_text(f.names) : std::string()),
+                                f.kinds,
                                 f.required, f.when_set})
               : void()),
          ...);

@@ -28,15 +28,9 @@
 #include <memory>
 #include <string>
 
-#include "medfast/core/settings.hpp"
+#include "medfast/core/io_options.hpp"  // IoOptions, MEDFAST_IO_BACKENDS
 
 namespace medfast::io {
-
-/// The host backends, each in its own file src/io/backend_<name>.cpp (posix: pread/pwrite
-/// on the engine's workers; odirect: O_DIRECT pieces with bounce buffers; io_uring: one
-/// ring per request in flight; cufile: device memory through cuFile, host memory as
-/// posix). A new backend is its file and one entry here.
-#define MEDFAST_IO_BACKENDS(X) X(posix) X(odirect) X(io_uring) X(cufile)
 
 enum class Backend {
 #define MEDFAST_IO_BACKEND_ENUM(name) name,
@@ -46,35 +40,6 @@ enum class Backend {
 const char* backend_name(Backend backend);
 /// A backend's name ("posix", "odirect", ...); throws ValueError listing the names otherwise.
 Backend parse_backend(const std::string& name);
-
-/// Options of the engine; every field is also a setting (io_*).
-struct IoOptions {
-  std::string backend = "auto";  ///< auto | posix | odirect | io_uring | cufile
-  std::uint64_t block_size = kDefaultIoBlockSize;
-  int queue_depth = kDefaultIoQueueDepth;
-  int threads = 1;  ///< posix/odirect workers
-  bool direct = true;
-  /// O_DIRECT reads take what the page cache already holds from it first (without waiting:
-  /// os::File::read_cached), the rest direct: a file read again (a disk cache, a checkpoint
-  /// just written) comes from memory. false: every byte O_DIRECT.
-  bool cache_first = true;
-  std::uint64_t alignment = kDefaultIoAlignment;
-
-  IoOptions& set_backend(const std::string& v);
-  IoOptions& set_block_size(std::uint64_t v);
-  IoOptions& set_queue_depth(int v);
-  IoOptions& set_threads(int v);
-  IoOptions& set_direct(bool v) { direct = v; return *this; }
-  IoOptions& set_cache_first(bool v) {
-    cache_first = v;
-    return *this;
-  }
-  IoOptions& set_alignment(std::uint64_t v);
-  /// Throws ValueError naming the field (block_size must be a multiple of alignment...).
-  void validate() const;
-  /// From the resolved io_* settings (io_threads 0: the threads setting).
-  static IoOptions from(const Settings& settings);
-};
 
 /// What the run-time probe found; computed once per process.
 struct IoProbe {
