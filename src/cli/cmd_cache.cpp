@@ -40,7 +40,7 @@ struct BuildArgs {
 int run_build(const BuildArgs& a, Context& ctx) {
   const data::PipelineConfig cfg = open_pipeline(a.config, a.sets, ctx);
   if (cfg.smart() || !cache::on_disk(cfg.cache.store.kind)) {
-    throw ValueError(str(a.config, ": data.cache.kind is ", name_of(cfg.cache_options.kind),
+    throw ValueError(str(a.config, ": data.cache.kind is ", cfg.cache_options.kind,
                          "; cache build fills a persistent cache (disk or disk_device)"));
   }
   data::CachedDataset ds = data::make_cached_dataset(cfg);

@@ -101,14 +101,10 @@ namespace {
 // data.synth, read and checked (no effect): the options of the dataset it would write.
 SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, const Settings& settings) {
   ConfigReader r(spec, path + ": data.synth");
-  SynthOptions o;
-  int cases = o.cases;
-  std::string size;
-  std::array<double, 3> spacing = o.spacing, spacing_max = o.spacing_max;
-  std::string format = o.format, modality = o.modality;
-  r.read("cases", cases).read("size", size).read("spacing", spacing).read("spacing_max", spacing_max);
-  r.read("seed", o.seed).read("format", format).read("modality", modality);
+  SynthSectionOptions given;
+  read_fields(r, given);
   r.finish();
+  SynthOptions o;
   const auto checked = [&](const char* key, auto&& set) {
     try {
       set();
@@ -116,12 +112,13 @@ SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, con
       r.fail(key, e.what());
     }
   };
-  checked("cases", [&] { o.set_cases(cases); });
-  if (!size.empty()) checked("size", [&] { o.set_size(size); });
-  checked("spacing", [&] { o.set_spacing(spacing); });
-  checked("spacing_max", [&] { o.set_spacing_max(spacing_max); });
-  checked("modality", [&] { o.set_modality(modality); });
-  checked("format", [&] { o.set_format(format); });
+  checked("cases", [&] { o.set_cases(given.cases); });
+  if (!given.size.empty()) checked("size", [&] { o.set_size(given.size); });
+  checked("spacing", [&] { o.set_spacing(given.spacing); });
+  checked("spacing_max", [&] { o.set_spacing_max(given.spacing_max); });
+  checked("modality", [&] { o.set_modality(given.modality); });
+  checked("format", [&] { o.set_format(given.format); });
+  o.seed = given.seed;
   o.threads = settings.threads();
   o.gzip_level = static_cast<int>(settings.get_int("gzip_level"));
   return o;
@@ -243,7 +240,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   read_fields(cache_keys, cache);
   cache_keys.finish();
   c.cache_options = cache;
-  if (cache.kind == CacheKind::smart) {
+  if (c.smart()) {
     if (cache.cache_num < 1) cache_keys.fail("cache_num", "kind smart needs cache_num, a positive whole number");
     c.smart_options.cache_num = static_cast<std::size_t>(cache.cache_num);
     c.smart_options.replace_rate = cache.replace_rate;
@@ -254,7 +251,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
       throw fail("data.cache", e.what());
     }
   } else {
-    c.cache.store.set_kind(name_of(cache.kind));  // the other kinds are the stores' kinds
+    c.cache.store.set_kind(cache.kind);  // the other kinds are the stores' kinds
   }
   if (!cache.dir.empty()) c.cache.store.dir = resolve_path(base, cache.dir);
   c.cache.cache_rate = cache.cache_rate;

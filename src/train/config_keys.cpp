@@ -10,6 +10,7 @@ std::vector<KeyTable> run_config_keys() {
   std::vector<KeyTable> t;
   t.push_back({"data.loader", "", field_docs<data::LoaderOptions>()});
   t.push_back({"data.cache", "", field_docs<data::CacheSectionOptions>()});
+  t.push_back({"data.synth", "", field_docs<data::SynthSectionOptions>()});
   for (const auto& name : transforms::names()) t.push_back({"data.deterministic", name, transforms::argument_docs(name)});
   for (const auto& name : transforms::random_names()) {
     t.push_back({"data.random", name, transforms::random_argument_docs(name)});

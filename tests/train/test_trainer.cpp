@@ -236,7 +236,18 @@ TEST(TrainConfig, ReadingIsPureAndPrepareRunWritesTheDataset) {
   EXPECT_EQ(rc.settings.threads(), 1);  // a flag stays above the config's settings
   // A config with data.synth still reads as its data section requires (keys checked).
   c["data"]["synth"]["format"] = "tiff";
-  EXPECT_THROW(load_run_config(c, dir / "run.yaml", s), ConfigError);
+  const std::string tiff = test::error_of<ConfigError>([&] { load_run_config(c, dir / "run.yaml", s); });
+  EXPECT_NE(tiff.find("data.synth.format"), std::string::npos) << tiff;
+  EXPECT_NE(tiff.find("'tiff' is not one of nifti | dicom"), std::string::npos) << tiff;
+  c["data"]["synth"]["format"] = "nifti";
+  c["data"]["synth"]["cases"] = 0;
+  const std::string none = test::error_of<ConfigError>([&] { load_run_config(c, dir / "run.yaml", s); });
+  EXPECT_NE(none.find("data.synth.cases"), std::string::npos) << none;
+  // The cache kinds are the stores' kinds and smart, named as such.
+  c = tiny_config(dir);
+  c["data"]["cache"]["kind"] = "ssd";
+  const std::string kind = test::error_of<ConfigError>([&] { load_run_config(c, dir / "run.yaml", s); });
+  EXPECT_NE(kind.find("'ssd' is not one of memory | device | disk | disk_device | smart"), std::string::npos) << kind;
 }
 
 TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {

@@ -23,14 +23,20 @@
 
 namespace medfast::cache {
 
-/// The cache kinds (above); each is one row of make_store's table (store.cpp).
-enum class StoreKind { memory, device, disk, disk_device };
-constexpr std::array<Choice<StoreKind>, 4> choices(StoreKind) {
-  return {{{StoreKind::memory, "memory"},
-           {StoreKind::device, "device"},
-           {StoreKind::disk, "disk"},
-           {StoreKind::disk_device, "disk_device"}}};
+/// The cache kinds (above), listed once: each is a name here and a row of make_store's
+/// table (store.cpp); the enum, its names, data.cache.kind's choices and the docs follow.
+#define MEDFAST_CACHE_KINDS(X) X(memory) X(device) X(disk) X(disk_device)
+
+#define MEDFAST_CACHE_KIND_ENUM(name) name,
+enum class StoreKind { MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_ENUM) };
+#undef MEDFAST_CACHE_KIND_ENUM
+#define MEDFAST_CACHE_KIND_CHOICE(name) Choice<StoreKind>{StoreKind::name, #name},
+#define MEDFAST_CACHE_KIND_COUNT(name) +1
+constexpr std::array<Choice<StoreKind>, 0 MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_COUNT)> choices(StoreKind) {
+  return {{MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_CHOICE)}};
 }
+#undef MEDFAST_CACHE_KIND_CHOICE
+#undef MEDFAST_CACHE_KIND_COUNT
 /// Whether the kind keeps entry files in a folder (disk, disk_device).
 constexpr bool on_disk(StoreKind k) { return k == StoreKind::disk || k == StoreKind::disk_device; }
 

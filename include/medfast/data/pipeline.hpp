@@ -32,22 +32,19 @@
 #include "medfast/data/cached_dataset.hpp"
 #include "medfast/data/loader.hpp"
 #include "medfast/data/smart_cache.hpp"
+#include "medfast/data/synth.hpp"
 
 namespace medfast::data {
 
-/// data.cache.kind: a store kind (cache/store.hpp), or smart (a rotating memory cache).
-enum class CacheKind { memory, device, disk, disk_device, smart };
-constexpr std::array<Choice<CacheKind>, 5> choices(CacheKind) {
-  return {{{CacheKind::memory, "memory"},
-           {CacheKind::device, "device"},
-           {CacheKind::disk, "disk"},
-           {CacheKind::disk_device, "disk_device"},
-           {CacheKind::smart, "smart"}}};
-}
+#define MEDFAST_CACHE_KIND_LISTED(name) #name ","
+/// data.cache.kind's choices: the store kinds (cache/store.hpp), then smart (a rotating
+/// memory cache of the training items, smart_cache.hpp).
+inline constexpr const char* kCacheKindChoices = MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_LISTED) "smart";
+#undef MEDFAST_CACHE_KIND_LISTED
 
 /// data.cache as written (PipelineConfig::cache and smart_options are what it resolves to).
 struct CacheSectionOptions {
-  CacheKind kind = CacheKind::memory;
+  std::string kind = "memory";  ///< one of kCacheKindChoices
   std::string dir;              ///< disk kinds: the cache folder (relative: to the config's folder)
   double cache_rate = 1.0;
   bool content_hash = false;
@@ -56,12 +53,38 @@ struct CacheSectionOptions {
   static constexpr auto fields() {
     using O = CacheSectionOptions;
     return std::make_tuple(
-        field("kind", &O::kind, "where cached items are kept"),
+        field("kind", &O::kind, "where cached items are kept").one_of(kCacheKindChoices),
         field("dir", &O::dir, "disk kinds: the cache folder (relative: to the config's folder)"),
         field("cache_rate", &O::cache_rate, "share of the items cached, in 0..1 (MONAI's cache_rate)"),
         field("content_hash", &O::content_hash, "key entries by the files' contents, not their names, sizes and times"),
         field("cache_num", &O::cache_num, "smart: items resident at once"),
         field("replace_rate", &O::replace_rate, "smart: share of the resident items replaced per epoch"));
+  }
+};
+
+/// data.synth as written: the synthetic dataset prepare_dataset writes where data.dataset
+/// points when that list does not exist yet (the options of `data synth`).
+struct SynthSectionOptions {
+  int cases = kDefaultSynthCases;
+  std::string size;  ///< "": data synth's default sizes
+  std::array<double, 3> spacing = kDefaultSynthSpacing;
+  std::array<double, 3> spacing_max{0, 0, 0};
+  std::uint64_t seed = 0;
+  std::string format = "nifti";
+  std::string modality = "CT";
+  static constexpr auto fields() {
+    using O = SynthSectionOptions;
+    return std::make_tuple(
+        field("cases", &O::cases, "cases written").range(1, 100000),
+        field("size", &O::size,
+              "X,Y,Z voxels, each a size or a range lo-hi drawn per case (\"\": 512,512,40-100, as data synth)"),
+        field("spacing", &O::spacing, "voxel spacing in mm"),
+        field("spacing_max", &O::spacing_max,
+              "per axis, where above spacing, each case's spacing is drawn from [spacing, spacing_max] (0: spacing)"),
+        field("seed", &O::seed, "the same seed writes the same files"),
+        field("format", &O::format, "nifti: the MSD layout; dicom: CT series with a SEG and an RTSTRUCT per case")
+            .one_of("nifti,dicom"),
+        field("modality", &O::modality, "CT: Hounsfield units; MR: T1-like intensities (NIfTI only)").one_of("CT,MR"));
   }
 };
 
@@ -77,7 +100,7 @@ struct PipelineConfig {
   SmartCacheOptions smart_options;
   CacheSectionOptions cache_options;  ///< data.cache as written, defaults filled in
   /// data.cache.kind is smart (smart_options apply, not cache).
-  bool smart() const { return cache_options.kind == CacheKind::smart; }
+  bool smart() const { return cache_options.kind == "smart"; }
   /// The largest output a transform of its chains may allocate (the max_volume_bytes
   /// setting); the chains made below carry it.
   std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;
