@@ -49,7 +49,7 @@ class TorchDeviceIo final : public DeviceIo {
                         : at::zeros({n}, bytes_on);
     return std::make_unique<TensorBuffer>(std::move(t));
   }
-  std::string device_path(io::FileHandle& file) const override { return io::device_path(file); }
+  std::string device_path(io::FileHandle& file) const override { return file.device_path(); }
   std::string device_transfers() const override { return io::device_transfers(); }
 };
 

@@ -54,7 +54,9 @@ class IoUringBackend final : public FileBackend {
  public:
   explicit IoUringBackend(OpenFile& f) : f_(f) { f_.open_direct(); }
 
-  std::size_t read(char* out, std::size_t n, std::uint64_t off) override {
+  std::size_t read(const Memory& dst, std::uint64_t off) override {
+    char* out = dst.bytes();
+    const std::size_t n = dst.size;
     const std::uint64_t size = f_.file.size();
     if (off >= size) return 0;
     const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(n, size - off));
@@ -75,7 +77,9 @@ class IoUringBackend final : public FileBackend {
     return total;
   }
 
-  void write(const char* in, std::size_t n, std::uint64_t off) override {
+  void write(const Memory& src, std::uint64_t off) override {
+    const char* in = src.bytes();
+    const std::size_t n = src.size;
     const bool use_direct = f_.direct;
     auto ops = plan(const_cast<char*>(in), n, off, use_direct);
     if (use_direct) {

@@ -122,15 +122,17 @@ class OdirectBackend final : public FileBackend {
  public:
   explicit OdirectBackend(OpenFile& f) : f_(f), buffered_(make_posix_backend(f)) { f_.open_direct(); }
 
-  std::size_t read(char* out, std::size_t n, std::uint64_t off) override {
-    if (!f_.direct) return buffered_->read(out, n, off);
-    return run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(),
+  std::size_t read(const Memory& dst, std::uint64_t off) override {
+    if (!f_.direct) return buffered_->read(dst, off);
+    char* out = dst.bytes();
+    return run_pieces(shared_pool(f_.opt.workers()), off, dst.size, f_.B(),
                       [&](std::uint64_t o, std::size_t l) { return read_direct_range(f_, out + (o - off), l, o); });
   }
 
-  void write(const char* in, std::size_t n, std::uint64_t off) override {
-    if (!f_.direct) return buffered_->write(in, n, off);
-    run_pieces(shared_pool(f_.opt.workers()), off, n, f_.B(), [&](std::uint64_t o, std::size_t l) {
+  void write(const Memory& src, std::uint64_t off) override {
+    if (!f_.direct) return buffered_->write(src, off);
+    const char* in = src.bytes();
+    run_pieces(shared_pool(f_.opt.workers()), off, src.size, f_.B(), [&](std::uint64_t o, std::size_t l) {
       write_direct_range(f_, in + (o - off), l, o);
       return l;
     });

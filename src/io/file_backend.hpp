@@ -1,14 +1,15 @@
 #pragma once
 /// \file
-/// Internal to src/io: the interface every host backend of FileHandle implements, the
-/// open file they share, and the engine pieces they use (worker pools, piece splitting,
-/// O_DIRECT ranges). One file per backend, src/io/backend_<name>.cpp, defining
-/// detail::make_<name>_backend; the list of backends is MEDFAST_IO_BACKENDS in
-/// include/medfast/io/file_handle.hpp (a new backend: its file and one entry there).
+/// Internal to src/io: the interface every backend of FileHandle implements, the open
+/// file they share, and the engine pieces they use (worker pools, piece splitting,
+/// O_DIRECT ranges, the pinned bounce). One file per backend, src/io/backend_<name>.cpp,
+/// defining detail::make_<name>_backend; the list of backends is MEDFAST_IO_BACKENDS in
+/// include/medfast/core/io_options.hpp (a new backend: its file and one entry there).
 
 #include <algorithm>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "medfast/core/thread_pool.hpp"
 #include "medfast/io/file_handle.hpp"
+#include "medfast/io/memory.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::io::detail {
@@ -43,15 +45,23 @@ struct OpenFile {
   std::uint64_t B() const { return opt.block_size; }
 };
 
-/// How one backend moves a file's bytes to and from host memory. Calls may come from
-/// many threads at once (FileHandle is shared by the loader's workers and async calls).
+/// How one backend moves a file's bytes to and from memory: host memory always, device
+/// memory where reaches() says so (cuFile); device memory a backend does not reach is
+/// bounced through pinned host buffers by the engine (bounce_read/bounce_write below),
+/// never by the backend. Calls may come from many threads at once (FileHandle is shared
+/// by the loader's workers and async calls).
 class FileBackend {
  public:
   virtual ~FileBackend() = default;
-  /// Reads up to n > 0 bytes at `off`; fewer only at end of file.
-  virtual std::size_t read(char* dst, std::size_t n, std::uint64_t off) = 0;
-  /// Writes all n > 0 bytes at `off`, or throws OsError naming path, offset and size.
-  virtual void write(const char* src, std::size_t n, std::uint64_t off) = 0;
+  /// Reads up to dst.size > 0 bytes at `off`; fewer only at end of file.
+  virtual std::size_t read(const Memory& dst, std::uint64_t off) = 0;
+  /// Writes all src.size > 0 bytes at `off`, or throws OsError naming path, offset and size.
+  virtual void write(const Memory& src, std::uint64_t off) = 0;
+  /// Whether it moves device memory itself (read and write take it then); host memory
+  /// every backend moves.
+  virtual bool reaches_device() { return false; }
+  /// How it reaches device memory, for logs and `medfast io` ("" where it does not).
+  virtual std::string device_path() const { return ""; }
 };
 
 /// Makes a backend for an open file (opening what else it needs, e.g. the O_DIRECT descriptor).
@@ -59,6 +69,19 @@ using BackendFactory = std::unique_ptr<FileBackend> (*)(OpenFile& file);
 #define MEDFAST_IO_BACKEND_FACTORY(name) std::unique_ptr<FileBackend> make_##name##_backend(OpenFile& file);
 MEDFAST_IO_BACKENDS(MEDFAST_IO_BACKEND_FACTORY)
 #undef MEDFAST_IO_BACKEND_FACTORY
+
+/// How device memory can be reached on this machine, found once per process on the first
+/// device transfer (CPU-only runs never load libcufile) and logged once.
+struct DevicePath {
+  bool cufile = false;     ///< cuFile usable at all
+  bool gpudirect = false;  ///< ... and not in compatibility mode
+  std::string description;
+};
+const DevicePath& device_probe();
+
+/// A cufile backend for device memory only (io_backend auto with GPUDirect Storage: host
+/// memory stays with the host backend the probe chose).
+std::unique_ptr<FileBackend> make_cufile_device_backend(OpenFile& file);
 
 /// Whether the io_uring backend works here (a ring can be made); why not in `why`.
 bool io_uring_available(std::string& why);
@@ -118,5 +141,15 @@ std::size_t read_direct_range(const OpenFile& f, char* out, std::size_t n, std::
 /// except a last one reaching past the end of the file (its bytes go through f.file:
 /// no padding, so the file never needs cutting back). Returns off+n.
 std::uint64_t write_direct_range(OpenFile& f, const char* in, std::size_t n, std::uint64_t off);
+
+/// The pinned bounce, the engine's composition for device memory a backend cannot reach:
+/// `read_host` fills host memory (a backend's read, with the engine's page cache first),
+/// `write_host` writes it. Reads are double-buffered: while one buffer's copy to the
+/// device runs on the caller's stream, the next chunk is read into the other; `observe`
+/// sees each chunk's bytes in file order. Returns the bytes read (fewer at end of file).
+using HostRead = std::function<std::size_t(char* dst, std::size_t n, std::uint64_t off)>;
+using HostWrite = std::function<void(const char* src, std::size_t n, std::uint64_t off)>;
+std::size_t bounce_read(const HostRead& read_host, const Memory& dst, std::uint64_t off, const HostBytes& observe);
+void bounce_write(const HostWrite& write_host, const Memory& src, std::uint64_t off);
 
 }  // namespace medfast::io::detail

@@ -16,7 +16,6 @@
 #include "medfast/core/thread_pool.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/memory.hpp"
-#include "medfast/shim/cufile.hpp"
 
 #include "file_backend.hpp"
 
@@ -166,30 +165,26 @@ void OpenFile::open_direct() {
 // ---------------------------------------------------------------------------
 
 struct FileHandle::Impl {
-  detail::OpenFile f;  // declared first: outlives the backend that refers to it
+  detail::OpenFile f;  // declared first: outlives the backends that refer to it
   Backend backend = Backend::posix;
   std::unique_ptr<detail::FileBackend> engine;
-  std::once_flag cufile_once;
-  void* cufile = nullptr;
-  os::File cufile_file;  // the O_DIRECT descriptor registered with cuFile, if the file system allows it
-
-  ~Impl() {
-    if (cufile) shim::cufile()->handle_deregister(cufile);
-  }
+  /// Device memory under io_backend auto with GPUDirect: a device-only cufile backend.
+  std::once_flag device_once;
+  std::unique_ptr<detail::FileBackend> device_engine;
 
   std::atomic<std::uint64_t> from_page_cache{0};
 
-  std::size_t read(void* dst, std::size_t n, std::uint64_t off) {
+  /// Host memory: the backend, with what the page cache holds first (IoOptions::cache_first).
+  std::size_t read(char* out, std::size_t n, std::uint64_t off) {
     if (n == 0) return 0;
-    auto* out = static_cast<char*>(dst);
-    if (!f.direct || !f.opt.cache_first || !os::page_cache_reads()) return engine->read(out, n, off);
+    if (!f.direct || !f.opt.cache_first || !os::page_cache_reads()) return engine->read(Memory::host(out, n), off);
     // Cache first. The first block on the calling thread: a file that is not cached costs
     // one call and goes to the engine whole (io_uring's queue depth for a cold file).
     const auto first =
         static_cast<std::size_t>(std::min<std::uint64_t>(n, detail::align_down(off, f.B()) + f.B() - off));
     const std::size_t got = f.file.read_cached(out, first, off);
     from_page_cache.fetch_add(got, std::memory_order_relaxed);
-    if (got == 0) return engine->read(out, n, off);
+    if (got == 0) return engine->read(Memory::host(out, n), off);
     if (got == n || (got < first && off + got >= f.file.size())) return got;
     // Cached, at least in part: every block takes what the cache holds of it and the rest
     // O_DIRECT, so that a page the kernel dropped costs its block, not the rest of the file.
@@ -203,10 +198,39 @@ struct FileHandle::Impl {
                                     });
   }
 
-  void write(const void* src, std::size_t n, std::uint64_t off) {
+  /// The backend that reaches device memory itself, or null (the engine bounces it): the
+  /// handle's own (cufile by name), or under auto a cufile one where GPUDirect is there.
+  detail::FileBackend* device_backend() {
+    const detail::DevicePath& path = detail::device_probe();  // logged once, on the first device transfer
+    if (engine->reaches_device()) return engine.get();
+    if (f.opt.backend != "auto") return nullptr;
+    std::call_once(device_once, [&] {
+      if (path.gpudirect) device_engine = detail::make_cufile_device_backend(f);
+    });
+    return device_engine && device_engine->reaches_device() ? device_engine.get() : nullptr;
+  }
+
+  std::size_t pread(const Memory& dst, std::uint64_t off, const HostBytes& observe) {
+    if (dst.size == 0) return 0;
+    if (dst.on_host()) {
+      const std::size_t got = read(dst.bytes(), dst.size, off);
+      if (observe && got > 0) observe(dst.data, got);
+      return got;
+    }
+    if (!observe) {
+      if (detail::FileBackend* direct = device_backend()) return direct->read(dst, off);
+    }
+    return detail::bounce_read([this](char* p, std::size_t n, std::uint64_t o) { return read(p, n, o); }, dst, off,
+                               observe);
+  }
+
+  void pwrite(const Memory& src, std::uint64_t off) {
     if (f.mode == Mode::read) throw Error(str(f.path, ": write on a handle opened for reading"));
-    if (n == 0) return;
-    engine->write(static_cast<const char*>(src), n, off);
+    if (src.size == 0) return;
+    if (src.on_host()) return engine->write(src, off);
+    if (detail::FileBackend* direct = device_backend()) return direct->write(src, off);
+    detail::bounce_write(
+        [this](const char* p, std::size_t n, std::uint64_t o) { engine->write(Memory::host(p, n), o); }, src, off);
   }
 };
 
@@ -239,9 +263,11 @@ std::uint64_t FileHandle::page_cache_bytes() const {
   return impl_->from_page_cache.load(std::memory_order_relaxed);
 }
 
-std::size_t FileHandle::read(void* dst, std::size_t size, std::uint64_t offset) {
-  return impl_->read(dst, size, offset);
+std::size_t FileHandle::pread(const Memory& dst, std::uint64_t offset, const HostBytes& observe) {
+  return impl_->pread(dst, offset, observe);
 }
+
+void FileHandle::pwrite(const Memory& src, std::uint64_t offset) { impl_->pwrite(src, offset); }
 
 void FileHandle::read_exact(void* dst, std::size_t size, std::uint64_t offset) {
   const std::size_t got = read(dst, size, offset);
@@ -251,17 +277,13 @@ void FileHandle::read_exact(void* dst, std::size_t size, std::uint64_t offset) {
   }
 }
 
-void FileHandle::write(const void* src, std::size_t size, std::uint64_t offset) {
-  impl_->write(src, size, offset);
-}
-
 // The calls hold the Impl, not `this`: the handle may be moved or destroyed meanwhile.
 std::future<std::size_t> FileHandle::read_async(void* dst, std::size_t size, std::uint64_t offset) {
-  return detail::async_pool().submit([impl = impl_, dst, size, offset] { return impl->read(dst, size, offset); });
+  return detail::async_pool().submit([impl = impl_, dst, size, offset] { return impl->pread(Memory::host(dst, size), offset, {}); });
 }
 
 std::future<void> FileHandle::write_async(const void* src, std::size_t size, std::uint64_t offset) {
-  return detail::async_pool().submit([impl = impl_, src, size, offset] { impl->write(src, size, offset); });
+  return detail::async_pool().submit([impl = impl_, src, size, offset] { impl->pwrite(Memory::host(src, size), offset); });
 }
 
 void FileHandle::run_async(std::function<void(FileHandle&)> work) const {
@@ -275,24 +297,11 @@ void FileHandle::run_async(std::function<void(FileHandle&)> work) const {
 
 void FileHandle::sync() { impl_->f.file.sync(); }
 
-void* FileHandle::cufile_handle() {
-  std::call_once(impl_->cufile_once, [this] {
-    const shim::CuFileApi* api = shim::cufile();
-    if (!api) return;
-    // GPUDirect needs an O_DIRECT descriptor; compatibility mode takes any.
-    impl_->cufile_file = impl_->f.open_direct_file();
-    shim::CUfileDescr d{};
-    d.type = shim::kCuFileHandleTypeOpaqueFd;
-    d.handle.fd = impl_->cufile_file.is_open() ? impl_->cufile_file.fd() : impl_->f.file.fd();
-    shim::CUfileHandle h = nullptr;
-    const shim::CUfileError e = api->handle_register(&h, &d);
-    if (e.err == 0) {
-      impl_->cufile = h;
-    } else {
-      log::warn("io: cuFile refused ", impl_->f.path, " (cuFile error ", e.err, "); bouncing through host memory");
-    }
-  });
-  return impl_->cufile;
+std::string FileHandle::device_path() {
+  const detail::FileBackend* direct = impl_->device_backend();
+  return direct ? direct->device_path() : "bounce (pinned host buffers)";
 }
+
+std::string device_transfers() { return detail::device_probe().description; }
 
 }  // namespace medfast::io

@@ -14,21 +14,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
-#include <cstring>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/memory.hpp"
-#include "medfast/shim/cufile.hpp"
 
 namespace medfast::io {
 
 namespace {
-
-constexpr std::size_t kBounceChunk = 16u << 20;
 
 void check_tensor(const at::Tensor& t, const char* what) {
   MEDFAST_CHECK_T(ValueError, t.defined(), what, ": the tensor is undefined");
@@ -50,122 +46,55 @@ void wait(const c10::Event& e) {
   }
 }
 
-/// How device memory is reached, decided once per process on the first device
-/// transfer (so that CPU-only runs never load libcufile) and logged once.
-struct DevicePath {
-  bool cufile = false;       ///< cuFile usable at all
-  bool gpudirect = false;    ///< ... and not in compatibility mode
-  std::string description;
+/// The engine's access to one tensor's device (memory.hpp), with libtorch's ops: pinned
+/// buffers from its host allocator, copies on the stream current when it was made (the
+/// caller's), an event per bounce buffer. The copies are libtorch ops, so ROCm works the same.
+class TorchDevice final : public DeviceAccess {
+ public:
+  explicit TorchDevice(const at::Tensor& t)
+      : flat_(t.view({-1}).view(at::kByte)),
+        stream_(c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device())),
+        done_{c10::Event(t.device().type()), c10::Event(t.device().type())} {}
+
+  void wait_for_stream() override { stream_.synchronize(); }
+
+  std::shared_ptr<void> pinned(std::size_t size) override {
+    at::Tensor h = at::empty({static_cast<std::int64_t>(size)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+    pinned_.push_back(h);
+    return std::shared_ptr<void>(h.data_ptr(), [h](void*) mutable { h.reset(); });
+  }
+
+  void copy_to_device(void* dst, const void* src, std::size_t size, int slot) override {
+    device_view(dst, size).copy_(host_view(src, size), /*non_blocking=*/true);
+    done_[slot].record(stream_);
+  }
+
+  void copy_to_host(void* dst, const void* src, std::size_t size) override {
+    host_view(dst, size).copy_(device_view(src, size));  // synchronous
+  }
+
+  void wait(int slot) override { io::wait(done_[slot]); }
+
+ private:
+  // The tensors behind the engine's pointers: copies of views of the pinned tensors
+  // themselves are what let libtorch order the host allocator's reuse after them.
+  at::Tensor device_view(const void* p, std::size_t size) const {
+    const auto at = static_cast<const char*>(p) - static_cast<const char*>(flat_.data_ptr());
+    return flat_.narrow(0, at, static_cast<std::int64_t>(size));
+  }
+  at::Tensor host_view(const void* p, std::size_t size) const {
+    for (const at::Tensor& h : pinned_) {
+      const auto at = static_cast<const char*>(p) - static_cast<const char*>(h.data_ptr());
+      if (at >= 0 && at + static_cast<std::int64_t>(size) <= h.numel()) return h.narrow(0, at, static_cast<std::int64_t>(size));
+    }
+    throw Error("tensor I/O: a bounce copy named host memory that is not one of its pinned buffers");
+  }
+
+  at::Tensor flat_;
+  c10::Stream stream_;
+  c10::Event done_[2];
+  std::vector<at::Tensor> pinned_;
 };
-const DevicePath& device_probe() {
-  static const DevicePath p = [] {
-    DevicePath d;
-    std::string why;
-    const shim::CuFileApi* api = shim::cufile(&why);
-    d.cufile = api != nullptr;
-    d.gpudirect = api && !api->compat_mode;
-    d.description = shim::cufile_description();
-    log::info("io: device transfers: ",
-              d.gpudirect ? "cuFile (GPUDirect Storage)"
-                          : str("pinned host buffers, double-buffered (", d.description,
-                                d.cufile ? "; io_backend=cufile uses it anyway" : "", ")"));
-    return d;
-  }();
-  return p;
-}
-
-/// cuFile for this handle: with GPUDirect under io_backend auto or cufile, and in
-/// compatibility mode only when cufile was asked for by name (medfast's own
-/// bounce is as fast there and keeps the host backend's threads and queue depth).
-bool use_cufile(FileHandle& f) {
-  const bool forced = f.options().backend == "cufile";
-  if (!forced && f.options().backend != "auto") return false;
-  const DevicePath& d = device_probe();
-  if (!(d.gpudirect || (forced && d.cufile))) return false;
-  return f.cufile_handle() != nullptr;
-}
-
-/// The caching allocator may hand out memory that kernels queued on the current
-/// stream still use (freed by an earlier owner), and a fresh tensor may still be
-/// being computed: cuFile moves bytes outside any stream, so the stream must be
-/// idle before it starts.
-void wait_for_stream(const at::Tensor& t) {
-  c10::impl::VirtualGuardImpl guard(t.device().type());
-  guard.getStream(t.device()).synchronize();
-}
-
-// Device transfers through two pinned host buffers, double-buffered. `observe`
-// sees each chunk's host bytes in file order (for checksums).
-std::size_t bounce_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
-  const std::size_t total = tensor_bytes(dst);
-  const at::Tensor flat = dst.view({-1}).view(at::kByte);
-  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
-  const std::size_t chunk = std::min(total, kBounceChunk);
-  at::Tensor host[2] = {at::empty({static_cast<std::int64_t>(chunk)}, pinned),
-                        at::empty({static_cast<std::int64_t>(chunk)}, pinned)};
-  c10::impl::VirtualGuardImpl guard(dst.device().type());
-  const c10::Stream stream = guard.getStream(dst.device());
-  c10::Event done[2] = {c10::Event(dst.device().type()), c10::Event(dst.device().type())};
-  std::size_t pos = 0;
-  for (int i = 0; pos < total; ++i) {
-    const int b = i % 2;
-    if (i >= 2) wait(done[b]);  // the copy out of this buffer has finished
-    const std::size_t len = std::min(chunk, total - pos);
-    const std::size_t got = f.read(host[b].data_ptr(), len, offset + pos);
-    if (got > 0) {
-      if (observe) observe(host[b].data_ptr(), got);
-      flat.narrow(0, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(got))
-          .copy_(host[b].narrow(0, 0, static_cast<std::int64_t>(got)), /*non_blocking=*/true);
-      done[b].record(stream);
-    }
-    pos += got;
-    if (got < len) break;  // end of file
-  }
-  for (auto& e : done) wait(e);
-  return pos;
-}
-
-void bounce_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
-  const std::size_t total = tensor_bytes(src);
-  const at::Tensor flat = src.view({-1}).view(at::kByte);
-  const auto pinned = at::TensorOptions().dtype(at::kByte).pinned_memory(true);
-  const std::size_t chunk = std::min(total, kBounceChunk);
-  for (std::size_t pos = 0; pos < total; pos += chunk) {
-    const std::size_t len = std::min(chunk, total - pos);
-    at::Tensor host = at::empty({static_cast<std::int64_t>(len)}, pinned);
-    host.copy_(flat.narrow(0, static_cast<std::int64_t>(pos), static_cast<std::int64_t>(len)));  // synchronous
-    f.write(host.data_ptr(), len, offset + pos);
-  }
-}
-
-/// cuFileRead / cuFileWrite of a whole tensor, continued after short transfers: the bytes
-/// moved (a read stops at end of file; a write that moves nothing is an error).
-std::size_t cufile_transfer(FileHandle& f, const at::Tensor& t, std::uint64_t offset, bool write) {
-  const shim::CuFileApi* api = shim::cufile();
-  const std::size_t total = tensor_bytes(t);
-  std::size_t pos = 0;
-  while (pos < total) {
-    const auto at = static_cast<off_t>(offset + pos);
-    const ssize_t n = write ? api->write(f.cufile_handle(), t.data_ptr(), total - pos, at, static_cast<off_t>(pos))
-                            : api->read(f.cufile_handle(), t.data_ptr(), total - pos, at, static_cast<off_t>(pos));
-    if (n < 0 || (write && n == 0)) {
-      throw OsError(str(write ? "cuFileWrite of " : "cuFileRead of ", total, " bytes at offset ", offset,
-                        write ? " to " : " from ", f.path(), " failed at offset ", offset + pos, " (", n, ")"),
-                    EIO);
-    }
-    if (n == 0) break;
-    pos += static_cast<std::size_t>(n);
-  }
-  return pos;
-}
-
-std::size_t cufile_read(FileHandle& f, const at::Tensor& dst, std::uint64_t offset) {
-  return cufile_transfer(f, dst, offset, /*write=*/false);
-}
-
-void cufile_write(FileHandle& f, const at::Tensor& src, std::uint64_t offset) {
-  cufile_transfer(f, src, offset, /*write=*/true);
-}
 
 }  // namespace
 
@@ -179,30 +108,20 @@ at::Tensor empty_aligned(std::size_t bytes) {
 
 std::size_t read_into(FileHandle& file, const at::Tensor& dst, std::uint64_t offset, const HostBytes& observe) {
   check_tensor(dst, "read_into");
-  if (dst.is_cpu()) {
-    const std::size_t got = file.read(dst.data_ptr(), tensor_bytes(dst), offset);
-    if (observe && got > 0) observe(dst.data_ptr(), got);
-    return got;
-  }
+  if (dst.is_cpu()) return file.pread(Memory::host(dst.data_ptr(), tensor_bytes(dst)), offset, observe);
   // This thread talks to dst's GPU (cuFile needs its context current; the engine's
   // async calls run on its I/O workers, threads of their own).
   const c10::DeviceGuard on_device(dst.device());
-  if (!observe && use_cufile(file)) {
-    wait_for_stream(dst);
-    return cufile_read(file, dst, offset);
-  }
-  return bounce_read(file, dst, offset, observe);
+  TorchDevice device(dst);
+  return file.pread(Memory::on_device(dst.data_ptr(), tensor_bytes(dst), device), offset, observe);
 }
 
 void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset) {
   check_tensor(src, "write_from");
-  if (src.is_cpu()) return file.write(src.data_ptr(), tensor_bytes(src), offset);
+  if (src.is_cpu()) return file.pwrite(Memory::host(src.data_ptr(), tensor_bytes(src)), offset);
   const c10::DeviceGuard on_device(src.device());
-  if (use_cufile(file)) {
-    wait_for_stream(src);  // the tensor's producers have finished
-    return cufile_write(file, src, offset);
-  }
-  bounce_write(file, src, offset);
+  TorchDevice device(src);
+  file.pwrite(Memory::on_device(src.data_ptr(), tensor_bytes(src), device), offset);
 }
 
 namespace {
@@ -249,13 +168,6 @@ std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std:
   });
   return result;
 }
-
-std::string device_path(FileHandle& file) {
-  return use_cufile(file) ? (device_probe().gpudirect ? "cufile" : "cufile (compatibility mode)")
-                          : "bounce (pinned host buffers)";
-}
-
-std::string device_transfers() { return device_probe().description; }
 
 at::Device resolve_device(const std::string& name, const std::function<int()>& current) {
   if (name == "auto") {  // a GPU where one is usable (train::choose_device says why)

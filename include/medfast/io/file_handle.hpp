@@ -1,9 +1,18 @@
 #pragma once
 /// \file
-/// The tensor file engine's host-memory half: one FileHandle whose backend
-/// (posix, odirect, io_uring; cufile for device memory, see tensor_io.hpp) is
-/// chosen at run time, probed once, logged once, and forceable with
-/// MEDFAST_IO_BACKEND.
+/// The tensor file engine: one FileHandle whose backend (posix, odirect,
+/// io_uring, cufile) is chosen at run time, probed once, logged once, and
+/// forceable with MEDFAST_IO_BACKEND; one read and one write (pread, pwrite) for
+/// host and device memory (memory.hpp), as kvikio's FileHandle has.
+///
+/// Device memory goes through cuFile (GPUDirect Storage, loaded with dlopen on
+/// the first device transfer) when the nvidia-fs driver is loaded and io_backend
+/// is auto or cufile (cufile: also in compatibility mode); otherwise the engine
+/// bounces it through two pinned host buffers over the host backend: while one
+/// is copied to the device on the caller's stream, the next chunk is read into
+/// the other. cuFile moves bytes outside any stream, so the caller's stream is
+/// waited for first (the memory may come from work still queued, or be still
+/// being computed).
 ///
 /// O_DIRECT protocol: the kernel moves data only between block-aligned file
 /// offsets and block-aligned buffers, in block-aligned lengths. A request at
@@ -29,6 +38,7 @@
 #include <string>
 
 #include "medfast/core/io_options.hpp"  // IoOptions, MEDFAST_IO_BACKENDS
+#include "medfast/io/memory.hpp"
 
 namespace medfast::io {
 
@@ -50,6 +60,9 @@ const IoProbe& probe();
 
 /// The backend `options` select for host memory (auto resolves through the probe).
 Backend select_backend(const IoOptions& options);
+
+/// What cuFile offers on this machine, in one line (loads it on first use).
+std::string device_transfers();
 
 /// One open file and the backend that moves its bytes.
 class FileHandle {
@@ -74,12 +87,19 @@ class FileHandle {
   /// The bytes this handle's O_DIRECT reads took from the page cache (IoOptions::cache_first).
   std::uint64_t page_cache_bytes() const;
 
-  /// Reads up to `size` bytes at `offset` into host memory; fewer only at end of file.
-  std::size_t read(void* dst, std::size_t size, std::uint64_t offset);
+  /// Reads up to dst.size bytes at `offset` into host or device memory; fewer only at end
+  /// of file. With `observe`, every byte passes through host memory and is shown to it in
+  /// file order (device memory then takes the pinned bounce, not cuFile): checksums
+  /// without a second pass.
+  std::size_t pread(const Memory& dst, std::uint64_t offset, const HostBytes& observe = {});
+  /// Writes all of src (host or device memory) at `offset`, or throws OsError naming path,
+  /// offset and size.
+  void pwrite(const Memory& src, std::uint64_t offset);
+  /// pread and pwrite of host memory.
+  std::size_t read(void* dst, std::size_t size, std::uint64_t offset) { return pread(Memory::host(dst, size), offset); }
   /// Reads exactly `size` bytes or throws FormatError naming path, offset and size.
   void read_exact(void* dst, std::size_t size, std::uint64_t offset);
-  /// Writes all bytes or throws OsError naming path, offset and size.
-  void write(const void* src, std::size_t size, std::uint64_t offset);
+  void write(const void* src, std::size_t size, std::uint64_t offset) { pwrite(Memory::host(src, size), offset); }
   /// Asynchronous forms, run on the engine's I/O workers (a fixed pool, not a thread per
   /// call); the memory must stay valid until the future is ready. The file stays open
   /// until the call is done, even if this handle is moved from or destroyed meanwhile.
@@ -92,9 +112,9 @@ class FileHandle {
   void run_async(std::function<void(FileHandle&)> work) const;
   /// fsync.
   void sync();
-  /// The file registered with cuFile (GPUDirect Storage), registering it on
-  /// first use; null if cuFile is unavailable or refuses this file.
-  void* cufile_handle();
+  /// How device memory is reached for this file: "cufile", "cufile (compatibility
+  /// mode)" or "bounce (pinned host buffers)" (loads cuFile where that decides it).
+  std::string device_path();
 
  private:
   struct Impl;

@@ -1,20 +1,14 @@
 #pragma once
 /// \file
-/// Tensors in and out of files through the engine (file_handle.hpp).
-///
-/// CPU tensors (pageable or pinned) are read and written in place. CUDA
-/// tensors go through cuFile (GPUDirect Storage, loaded with dlopen on the
-/// first device transfer) when the nvidia-fs driver is loaded and io_backend is
-/// auto or cufile; otherwise bytes bounce through two pinned host buffers: while
-/// one is copied to the device asynchronously on the current stream, the next
-/// chunk is read into the other (an event per buffer orders reuse, no
-/// device-wide sync). The copies are libtorch ops, so ROCm works the same.
-///
-/// cuFile moves bytes outside any CUDA stream, so before it reads into a tensor
-/// (whose memory the caching allocator may have taken from work still queued)
-/// or writes one out (which may still be being computed), the tensor's current
-/// stream is synchronised. Every device transfer makes the tensor's GPU current
-/// on the calling thread (cuFile needs its context there).
+/// Tensors in and out of files through the engine (file_handle.hpp): a tensor is
+/// its memory (memory.hpp), host for CPU tensors (pageable or pinned, read and
+/// written in place), device for CUDA ones, whose DeviceAccess is libtorch's
+/// (pinned buffers from its host allocator, copies on the caller's current
+/// stream, an event per bounce buffer: no device-wide sync; ROCm works the same).
+/// Every device transfer makes the tensor's GPU current on the calling thread
+/// (cuFile needs its context there). The device helpers at the end
+/// (resolve_device, the allocator's and the driver's free bytes) are libtorch's
+/// view of the devices the engine moves to.
 
 #include <ATen/core/Tensor.h>
 
@@ -36,9 +30,6 @@ inline std::size_t tensor_bytes(const at::Tensor& t) {
   return static_cast<std::size_t>(t.numel()) * t.element_size();
 }
 
-/// Sees bytes read, in file order, while they are in host memory.
-using HostBytes = std::function<void(const void* data, std::size_t size)>;
-
 /// Reads dst.nbytes() bytes at `offset` into a contiguous tensor (CPU or
 /// CUDA); returns the bytes read (fewer only at end of file). With `observe`,
 /// every byte passes through host memory and is shown to it (a CUDA tensor then
@@ -50,13 +41,6 @@ void write_from(FileHandle& file, const at::Tensor& src, std::uint64_t offset = 
 
 std::future<std::size_t> read_into_async(FileHandle& file, const at::Tensor& dst, std::uint64_t offset = 0);
 std::future<void> write_from_async(FileHandle& file, const at::Tensor& src, std::uint64_t offset = 0);
-
-/// How device memory is reached for `file`: "cufile", "cufile (compatibility
-/// mode)" or "bounce (pinned host buffers)".
-std::string device_path(FileHandle& file);
-
-/// What cuFile offers on this machine, in one line (loads it on first use).
-std::string device_transfers();
 
 /// A device name made definite: "cuda" (no index) becomes the calling thread's current
 /// CUDA device, as torch means it (`current`, for tests: what the current device is).
