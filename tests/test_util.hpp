@@ -11,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "medfast/core/error.hpp"
 #include "medfast/version.hpp"
@@ -80,18 +82,42 @@ inline const char* spleen_chain_json() {
   {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])";
 }
 
-/// The message of the E that f throws, or a note saying what happened instead (which then
-/// contains none of the fragments a test looks for).
-template <typename E, typename F>
-std::string error_of(F&& f) {
+/// Runs f and hands the E it throws to `check`, for a test that looks at more of the error
+/// than its message (an OsError's errno_value()). Where f throws nothing, or an exception
+/// other than an E, the test fails and `check` is not called.
+template <typename E, typename F, typename C>
+void with_error(F&& f, C&& check) {
   try {
     f();
   } catch (const E& e) {
-    return e.what();
+    check(e);
+    return;
   } catch (const std::exception& e) {
-    return std::string("(not the exception expected) ") + e.what();
+    ADD_FAILURE() << "an exception other than the one expected: " << e.what();
+    return;
   }
-  return "(no exception)";
+  ADD_FAILURE() << "no exception where one was expected";
+}
+
+/// The message of the E that f throws. Where f throws nothing, or an exception other than
+/// an E, the test fails and the result is a note that contains none of the fragments a test
+/// looks for.
+template <typename E, typename F>
+std::string error_of(F&& f) {
+  std::string message = "(no exception, or not the one expected)";
+  with_error<E>(std::forward<F>(f), [&](const E& e) { message = e.what(); });
+  return message;
+}
+
+/// Whether `text` contains every one of `fragments`; a failure names the missing ones and
+/// shows the text. Use: EXPECT_TRUE(test::contains_all(m, {"item 1", "missing.nii.gz"})).
+inline ::testing::AssertionResult contains_all(const std::string& text, const std::vector<std::string>& fragments) {
+  std::string missing;
+  for (const std::string& f : fragments) {
+    if (text.find(f) == std::string::npos) missing += (missing.empty() ? "'" : ", '") + f + "'";
+  }
+  if (missing.empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "missing " << missing << " in: " << text;
 }
 
 /// The message of the ValueError f throws, or a note saying what happened instead.

@@ -31,12 +31,7 @@ TEST(ThreadPoolTest, ResultsAndErrorsComeBackThroughTheFutures) {
   }
   for (int i = 0; i < 200; ++i) {
     if (i % 50 == 7) {
-      try {
-        results[i].get();
-        FAIL() << "task " << i << " should have thrown";
-      } catch (const std::runtime_error& e) {
-        EXPECT_EQ(std::string(e.what()), "task " + std::to_string(i));
-      }
+      EXPECT_EQ(test::error_of<std::runtime_error>([&] { results[i].get(); }), "task " + std::to_string(i));
     } else {
       EXPECT_EQ(results[i].get(), i * i);
     }

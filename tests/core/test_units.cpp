@@ -5,6 +5,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/random.hpp"
 #include "medfast/core/units.hpp"
+#include "test_util.hpp"
 
 namespace medfast {
 namespace {
@@ -29,12 +30,8 @@ TEST(Units, FormatBytes) {
 
 TEST(Units, ParseNumbersNameWhatWasParsed) {
   EXPECT_EQ(parse_int("-12", "x"), -12);
-  try {
-    parse_int("12a", "--cases");
-    FAIL();
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("--cases"), std::string::npos);
-  }
+  const std::string m = test::value_error_of([] { parse_int("12a", "--cases"); });
+  EXPECT_NE(m.find("--cases"), std::string::npos) << m;
   EXPECT_DOUBLE_EQ(parse_double("0.25", "x"), 0.25);
   EXPECT_THROW(parse_double("nan", "x"), ValueError);
 }

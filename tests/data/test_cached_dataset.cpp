@@ -24,17 +24,23 @@ namespace {
 
 const char* const kChain = test::spleen_chain_json();
 
+// Writes a synthetic MSD dataset of `cases` cases, of the size SynthOptions::set_size reads
+// from `size`, to out_dir.
+void write_dataset(const std::string& out_dir, int cases, const std::string& size, std::uint64_t seed = 0) {
+  SynthOptions o;
+  o.out_dir = out_dir;
+  o.cases = cases;
+  o.set_size(size);
+  o.seed = seed;
+  synthesize_dataset(o);
+}
+
 // A small synthetic MSD dataset, written once for the suite.
 class CachedDatasetTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir;
-    SynthOptions o;
-    o.out_dir = dir_->path() + "/ds";
-    o.cases = 5;
-    o.set_size("64,56,10-14");
-    o.seed = 3;
-    synthesize_dataset(o);
+    write_dataset(dir_->path() + "/ds", 5, "64,56,10-14", 3);
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string dataset_json() { return dir_->path() + "/ds/dataset.json"; }
@@ -86,13 +92,7 @@ TEST_F(CachedDatasetTest, BadListsNameFileAndField) {
   test::TempDir t;
   auto expect = [&](const std::string& name, const std::string& text, const std::string& part) {
     test::write_file(t / name, text);
-    try {
-      load_dataset(t / name);
-      ADD_FAILURE() << name;
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-    }
+    EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { load_dataset(t / name); }), {name, part}));
   };
   expect("a.json", R"({"validation": []})", "no section 'training'");
   expect("b.json", R"({"training": [{"image": "x", "fold": "one"}]})", "fold");
@@ -155,11 +155,7 @@ TEST_F(CachedDatasetTest, CacheRateAndRanksPartitionTheItems) {
 TEST_F(CachedDatasetTest, KeyChangesWithChainArgumentsAndInputFiles) {
   // A private copy of the dataset whose files we touch.
   test::TempDir t;
-  SynthOptions o;
-  o.out_dir = t / "ds";
-  o.cases = 2;
-  o.set_size("40,40,8");
-  synthesize_dataset(o);
+  write_dataset(t / "ds", 2, "40,40,8");
   const Dataset d = load_dataset(t / "ds/dataset.json");
   const std::string k0 = CachedDataset(d, chain(), config("memory")).key(0);
   EXPECT_EQ(CachedDataset(d, chain(), config("memory")).key(0), k0);
@@ -220,14 +216,7 @@ TEST_F(CachedDatasetTest, ErrorsNameTheItemAndItsFiles) {
   Dataset d = load_dataset(dataset_json());
   d.items[1].files["image"] = tmp / "missing.nii.gz";
   CachedDataset ds(d, chain(), config("memory"));
-  try {
-    ds.fill();
-    FAIL();
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("item 1"), std::string::npos) << m;
-    EXPECT_NE(m.find("missing.nii.gz"), std::string::npos) << m;
-  }
+  EXPECT_TRUE(test::contains_all(test::error_of<Error>([&] { ds.fill(); }), {"item 1", "missing.nii.gz"}));
 }
 
 TEST_F(CachedDatasetTest, SmartCacheSlidesItsWindowLikeMonai) {
@@ -334,12 +323,8 @@ TEST_F(CachedDatasetTest, SmartCacheReportsAFailedReplacementAtUpdate) {
   d.items[3].files["image"] = tmp / "gone.nii.gz";
   SmartCacheDataset smart(d, chain(), SmartCacheOptions{2, 1.0, 1});
   smart.start();  // items 0, 1; items 2 and 3 are prepared in the background
-  try {
-    smart.update();
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("item 3"), std::string::npos) << e.what();
-  }
+  const std::string m = test::error_of<Error>([&] { smart.update(); });
+  EXPECT_NE(m.find("item 3"), std::string::npos) << m;
   // Destroying with work in flight is clean.
   SmartCacheDataset other(load_dataset(dataset_json()), chain(), SmartCacheOptions{2, 1.0, 1});
   other.start();
@@ -516,11 +501,7 @@ TEST_F(CacheCli, PruneWithAnotherDatasetsConfigIsRefusedPreviewedOrForced) {
 
 TEST_F(CacheCli, KilledBuildLeavesOnlyValidEntriesAndResumes) {
   test::TempDir big;
-  SynthOptions o;
-  o.out_dir = big / "ds";
-  o.cases = 10;
-  o.set_size("160,160,24-32");
-  synthesize_dataset(o);
+  write_dataset(big / "ds", 10, "160,160,24-32");
   const std::string cfg = write_config(big / "ds/dataset.json", tmp / "k");
   const std::string pidfile = tmp / "pid";
   test::run("(" + test::medfast_binary() + " --threads 1 cache build --config " + cfg +

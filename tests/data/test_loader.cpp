@@ -11,6 +11,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/data/loader.hpp"
+#include "test_util.hpp"
 
 namespace medfast::data {
 namespace {
@@ -144,15 +145,11 @@ TEST(Loader, WorkerErrorsSurfaceWithTheItemsFiles) {
   };
   Loader l(9, bad, chain(), opts(3, 2, 2));
   l.start(0);
-  try {
+  const std::string m = test::error_of<Error>([&] {
     while (l.next()) {
     }
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("case_6.nii.gz"), std::string::npos) << m;
-    EXPECT_NE(m.find("RandCropByPosNegLabel"), std::string::npos) << m;
-  }
+  });
+  EXPECT_TRUE(test::contains_all(m, {"case_6.nii.gz", "RandCropByPosNegLabel"}));
   // The loader is usable again after an error.
   Loader ok(9, item, chain(), opts(2, 2, 2));
   EXPECT_EQ(epoch(ok, 0).size(), 5u);

@@ -63,34 +63,25 @@ TEST(Gzip, StopsWhereTheCallerNeedsAndAcceptsZeroPadding) {
   EXPECT_EQ(gunzip_into(gz.data(), gz.size(), all.data(), all.size(), "mem"), data.size());
 }
 
+// The message of the FormatError that decompressing gz, named case.nii.gz, into out_size
+// bytes throws (a test failure where it throws none).
+std::string gunzip_error(const std::vector<std::uint8_t>& gz, std::size_t out_size) {
+  std::vector<std::uint8_t> out(out_size);
+  return test::error_of<FormatError>([&] { gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "case.nii.gz"); });
+}
+
 TEST(Gzip, TruncatedStreamIsReportedWithName) {
   const auto data = sample(200000);
   auto gz = gzip_compress(data.data(), data.size(), 6);
   gz.resize(gz.size() / 2);
-  std::vector<std::uint8_t> out(data.size());
-  try {
-    gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "case.nii.gz");
-    FAIL();
-  } catch (const FormatError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("case.nii.gz"), std::string::npos) << m;
-    EXPECT_NE(m.find("truncated"), std::string::npos) << m;
-  }
+  EXPECT_TRUE(test::contains_all(gunzip_error(gz, data.size()), {"case.nii.gz", "truncated"}));
 }
 
 TEST(Gzip, CorruptStreamIsReportedWithOffset) {
   const auto data = sample(200000);
   auto gz = gzip_compress(data.data(), data.size(), 6);
   for (std::size_t i = 100; i < 140; ++i) gz[i] ^= 0x5a;
-  std::vector<std::uint8_t> out(data.size());
-  try {
-    gunzip_into(gz.data(), gz.size(), out.data(), out.size(), "case.nii.gz");
-    FAIL();
-  } catch (const FormatError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("case.nii.gz"), std::string::npos) << m;
-    EXPECT_NE(m.find("corrupt"), std::string::npos) << m;
-  }
+  EXPECT_TRUE(test::contains_all(gunzip_error(gz, data.size()), {"case.nii.gz", "corrupt"}));
 }
 
 TEST(Gzip, CrcMismatchIsCorruption) {
@@ -111,13 +102,8 @@ std::vector<std::uint8_t> flipped_stored_member(const std::vector<std::uint8_t>&
 }
 
 void expect_damage_reported(const std::function<void()>& f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << what << ": damaged data accepted";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("case.gz"), std::string::npos) << what << ": " << e.what();
-    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << what << ": " << e.what();
-  }
+  SCOPED_TRACE(what);
+  EXPECT_TRUE(test::contains_all(test::error_of<FormatError>(f), {"case.gz", "corrupt"}));
 }
 
 TEST(Gzip, FlippedBytesMidStreamAreCaughtByTheCrcOnEveryPath) {

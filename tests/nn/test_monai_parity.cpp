@@ -265,14 +265,7 @@ TEST(Pretrained, DataParallelPrefixIsStripped) {
                 "module. prefix");
 }
 
-std::string format_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const FormatError& e) {
-    return e.what();
-  }
-  return "(no FormatError)";
-}
+std::string format_error(const std::function<void()>& f) { return test::error_of<FormatError>(f); }
 
 TEST(Pretrained, MismatchesNameTheFileAndTheKeyAndChangeNothing) {
   test::TempDir dir;

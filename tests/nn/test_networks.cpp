@@ -30,20 +30,18 @@ nlohmann::json reference() {
 
 TEST(Networks, UNetParameterCountsEqualMonai) {
   const auto ref = reference();
-  UNetOptions a;  // UNet(3, 1, 2, (16..256), (2,2,2,2), num_res_units=2, norm=BATCH)
-  a.num_res_units = 2;
-  a.norm = UNetNorm::batch;
-  EXPECT_EQ(count_parameters(*UNet(a)),
-            ref["UNet(spatial_dims=3,in_channels=1,out_channels=2,channels=(16,32,64,128,256),strides=(2,2,2,2),"
-                "num_res_units=2,norm=BATCH)"]
-                .get<std::int64_t>());
-  UNetOptions b;  // num_res_units=0, norm=INSTANCE
-  b.num_res_units = 0;
-  b.norm = UNetNorm::instance;
-  EXPECT_EQ(count_parameters(*UNet(b)),
-            ref["UNet(spatial_dims=3,in_channels=1,out_channels=2,channels=(16,32,64,128,256),strides=(2,2,2,2),"
-                "num_res_units=0,norm=INSTANCE)"]
-                .get<std::int64_t>());
+  // UNet(3, 1, 2, (16..256), (2,2,2,2)) with the residual units and norm given.
+  const auto expect_count = [&](int num_res_units, UNetNorm norm, const std::string& monai_args) {
+    UNetOptions o;
+    o.num_res_units = num_res_units;
+    o.norm = norm;
+    const std::string key =
+        "UNet(spatial_dims=3,in_channels=1,out_channels=2,channels=(16,32,64,128,256),strides=(2,2,2,2)," + monai_args +
+        ")";
+    EXPECT_EQ(count_parameters(*UNet(o)), ref[key].get<std::int64_t>()) << key;
+  };
+  expect_count(2, UNetNorm::batch, "num_res_units=2,norm=BATCH");
+  expect_count(0, UNetNorm::instance, "num_res_units=0,norm=INSTANCE");
 }
 
 TEST(Networks, UNetForwardKeepsTheSpatialShape) {
@@ -85,15 +83,9 @@ const char* const kSwinV2 =
     "SwinUNETR(img_size=(96,96,96),in_channels=1,out_channels=2,feature_size=48,depths=(2,2,2,2),num_heads=(3,6,12,24),"
     "use_v2=True)";
 
-/// Runs f and returns the ValueError's message ("" when nothing was thrown).
-template <typename F>
-std::string value_error(F&& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  return "";
+/// The message of the ValueError that reading the network arguments `json` throws.
+std::string parse_error(const char* json) {
+  return test::value_error_of([&] { parse_network(nlohmann::json::parse(json)); });
 }
 
 bool has_name(const torch::nn::Module& m, const std::string& name) {
@@ -149,7 +141,7 @@ TEST(Networks, SegResNetForwardKeepsTheSpatialShape) {
   net->eval();
   EXPECT_EQ(net->forward(torch::rand({2, 2, 16, 24, 8})).sizes(), (torch::IntArrayRef{2, 3, 16, 24, 8}));
   // 8 = 2^(4 levels - 1) must divide every spatial size.
-  EXPECT_NE(value_error([&] {
+  EXPECT_NE(test::value_error_of([&] {
               net->forward(torch::rand({1, 2, 16, 20, 8}));
             }).find("divisible by 8"),
             std::string::npos);
@@ -159,7 +151,7 @@ TEST(Networks, SegResNetRejectsBadArguments) {
   auto bad = [](auto edit) {
     SegResNetOptions o;
     edit(o);
-    return value_error([&] { SegResNet{o}; });
+    return test::value_error_of([&] { SegResNet{o}; });
   };
   EXPECT_NE(bad([](auto& o) { o.blocks_up = {1, 1}; }).find("blocks_up"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.blocks_down = {}; }).find("blocks_down"), std::string::npos);
@@ -167,17 +159,14 @@ TEST(Networks, SegResNetRejectsBadArguments) {
   EXPECT_NE(bad([](auto& o) { o.dropout_prob = 1.0; }).find("dropout_prob"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.spatial_dims = 2; }).find("spatial_dims"), std::string::npos);
   // Names outside a closed set stop at the reader, which lists the names.
-  const auto bad_name = [](const char* args) {
-    return value_error([&] { parse_network(nlohmann::json::parse(args)); });
-  };
-  EXPECT_NE(bad_name(R"({"name": "SegResNet", "norm": "layer"})").find("model: argument norm: 'layer' is not one of group | batch | instance"),
+  EXPECT_NE(parse_error(R"({"name": "SegResNet", "norm": "layer"})").find("model: argument norm: 'layer' is not one of group | batch | instance"),
             std::string::npos);
-  EXPECT_NE(bad_name(R"({"name": "SegResNet", "upsample_mode": "pixelshuffle"})")
+  EXPECT_NE(parse_error(R"({"name": "SegResNet", "upsample_mode": "pixelshuffle"})")
                 .find("model: argument upsample_mode: 'pixelshuffle' is not one of nontrainable | deconv"),
             std::string::npos);
-  EXPECT_NE(bad_name(R"({"name": "SegResNet", "act": "gelu"})").find("model: argument act: 'gelu' is not one of relu | leakyrelu"),
+  EXPECT_NE(parse_error(R"({"name": "SegResNet", "act": "gelu"})").find("model: argument act: 'gelu' is not one of relu | leakyrelu"),
             std::string::npos);
-  EXPECT_NE(bad_name(R"({"name": "UNet", "norm": "group"})").find("model: argument norm: 'group' is not one of instance | batch | none"),
+  EXPECT_NE(parse_error(R"({"name": "UNet", "norm": "group"})").find("model: argument norm: 'group' is not one of instance | batch | none"),
             std::string::npos);
 }
 
@@ -200,7 +189,7 @@ TEST(Networks, DynUNetShapesDeepSupervisionAndInitialWeights) {
   net->eval();
   EXPECT_EQ(net->forward(x).sizes().vec(), (std::vector<std::int64_t>{2, 3, 16, 12, 8}));
   // Sizes the strides do not divide are named with the divisor.
-  const std::string odd = value_error([&] { net->forward(torch::randn({1, 1, 16, 12, 7})); });
+  const std::string odd = test::value_error_of([&] { net->forward(torch::randn({1, 1, 16, 12, 7})); });
   EXPECT_NE(odd.find("divisible"), std::string::npos) << odd;
   EXPECT_NE(odd.find("2 along axis 2"), std::string::npos) << odd;  // z strides 1, 1, 2
   // MONAI's initial weights: Kaiming normal (a = 0.01) convolutions, zero biases.
@@ -250,7 +239,7 @@ TEST(Networks, DynUNetRejectsBadArguments) {
   auto bad = [](auto edit) {
     DynUNetOptions o;
     edit(o);
-    return value_error([&] { DynUNet{o}; });
+    return test::value_error_of([&] { DynUNet{o}; });
   };
   EXPECT_NE(bad([](auto& o) { o.kernel_size = nlohmann::json::parse("[3, 3]"); o.strides = nlohmann::json::parse("[1, 2]"); })
                 .find("at least 3"),
@@ -268,7 +257,7 @@ TEST(Networks, DynUNetRejectsBadArguments) {
   EXPECT_NE(bad([](auto& o) { o.filters = {8, 16}; }).find("filters has 2"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.deep_supervision = true; o.deep_supr_num = 4; }).find("deep_supr_num 4"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.dropout = 1.5; }).find("dropout"), std::string::npos);
-  const std::string norm = value_error([] { parse_network(nlohmann::json::parse(R"({"name": "DynUNet", "norm_name": "group"})")); });
+  const std::string norm = parse_error(R"({"name": "DynUNet", "norm_name": "group"})");
   EXPECT_NE(norm.find("norm_name: 'group' is not one of instance | batch"), std::string::npos) << norm;
 }
 
@@ -352,7 +341,7 @@ TEST(Networks, SwinUNETRRejectsBadArguments) {
   auto bad = [](auto edit) {
     SwinUNETROptions o;
     edit(o);
-    return value_error([&] { SwinUNETR{o}; });
+    return test::value_error_of([&] { SwinUNETR{o}; });
   };
   EXPECT_NE(bad([](auto& o) { o.img_size = {96, 96, 80}; }).find("img_size entry 80"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.img_size = {96, 96}; }).find("img_size"), std::string::npos);
@@ -360,17 +349,17 @@ TEST(Networks, SwinUNETRRejectsBadArguments) {
   EXPECT_NE(bad([](auto& o) { o.depths = {2, 2, 2}; }).find("depths"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.num_heads = {3, 6, 12, 25}; }).find("num_heads"), std::string::npos);
   EXPECT_NE(bad([](auto& o) { o.attn_drop_rate = 1.5; }).find("attn_drop_rate"), std::string::npos);
-  EXPECT_NE(value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "norm_name": "group"})")); })
+  EXPECT_NE(parse_error(R"({"name": "SwinUNETR", "norm_name": "group"})")
                 .find("model: argument norm_name: 'group' is not one of instance | batch"),
             std::string::npos);
-  EXPECT_NE(value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "downsample": "pool"})")); })
+  EXPECT_NE(parse_error(R"({"name": "SwinUNETR", "downsample": "pool"})")
                 .find("model: argument downsample: 'pool' is not one of merging | mergingv2"),
             std::string::npos);
   SwinUNETROptions o;
   o.img_size = {32, 32, 32};
   o.feature_size = 12;
   SwinUNETR net(o);
-  EXPECT_NE(value_error([&] {
+  EXPECT_NE(test::value_error_of([&] {
               net->forward(torch::rand({1, 1, 32, 48, 32}));
             }).find("divisible by 32"),
             std::string::npos);
@@ -467,7 +456,7 @@ TEST(Networks, FactoryBuildsSegResNetAndSwinUNETRByName) {
 
 TEST(Networks, FactoryRejectsUnknownAndBadArguments) {
   auto msg = [](const char* text) {
-    return value_error([&] { make_network(nlohmann::json::parse(text), "cfg.yaml: model"); });
+    return test::value_error_of([&] { make_network(nlohmann::json::parse(text), "cfg.yaml: model"); });
   };
   EXPECT_NE(msg(R"({"name": "SegResNet", "filters": 8})").find("unknown argument 'filters'"), std::string::npos);
   EXPECT_NE(msg(R"({"name": "SwinUNETR", "window_size": 7})").find("unknown argument 'window_size'"),
@@ -535,11 +524,9 @@ TEST(Networks, EachNetworkTakesMonaisArgumentNames) {
                 .arguments["downsample"],
             "mergingv2");
   // img_size: one whole number stands for three; anything else must be a list.
-  const std::string half =
-      value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 96.5})")); });
+  const std::string half = parse_error(R"({"name": "SwinUNETR", "img_size": 96.5})");
   EXPECT_NE(half.find("img_size: expected a list of whole numbers"), std::string::npos) << half;
-  const std::string whole_float =
-      value_error([] { parse_network(nlohmann::json::parse(R"({"name": "SwinUNETR", "img_size": 96.0})")); });
+  const std::string whole_float = parse_error(R"({"name": "SwinUNETR", "img_size": 96.0})");
   EXPECT_NE(whole_float.find("img_size: expected a list"), std::string::npos) << whole_float;
 }
 
@@ -559,7 +546,8 @@ TEST(Networks, ArgumentsAreWrittenBackWholeFromOneDeclaration) {
   EXPECT_EQ(count_parameters(*unet.build().ptr()), count_parameters(*make_network(nlohmann::json::parse(
                                                                          R"({"name": "UNet", "norm": "batch"})"))
                                                                          .ptr()));
-  const std::string unknown = value_error([] { parse_network(nlohmann::json::parse(R"({"name": "VNet"})"), "m"); });
+  const std::string unknown =
+      test::value_error_of([] { parse_network(nlohmann::json::parse(R"({"name": "VNet"})"), "m"); });
   EXPECT_NE(unknown.find("unknown network 'VNet' (expected UNet, SegResNet, SwinUNETR or DynUNet)"), std::string::npos)
       << unknown;
 }

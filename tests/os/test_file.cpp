@@ -39,26 +39,16 @@ TEST(OsFile, TruncatedReadNamesPathOffsetAndSize) {
   test::write_file(dir / "short", pattern(100));
   File f = File::open(dir / "short", File::Mode::read);
   std::string buf(64, '\0');
-  try {
-    f.read_exact(buf.data(), 64, 80);
-    FAIL();
-  } catch (const FormatError& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(dir / "short"), std::string::npos) << m;
-    EXPECT_NE(m.find("offset 80"), std::string::npos) << m;
-    EXPECT_NE(m.find("64 bytes"), std::string::npos) << m;
-  }
+  const std::string m = test::error_of<FormatError>([&] { f.read_exact(buf.data(), 64, 80); });
+  EXPECT_TRUE(test::contains_all(m, {dir / "short", "offset 80", "64 bytes"}));
 }
 
 TEST(OsFile, MissingFileIsAnOsErrorWithThePath) {
-  try {
-    File::open("/nonexistent/medfast/file.nii", File::Mode::read);
-    FAIL();
-  } catch (const OsError& e) {
+  const std::string path = "/nonexistent/medfast/file.nii";
+  test::with_error<OsError>([&] { File::open(path, File::Mode::read); }, [&](const OsError& e) {
     EXPECT_EQ(e.errno_value(), ENOENT);
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/medfast/file.nii"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos);
-  }
+    EXPECT_TRUE(test::contains_all(e.what(), {path, std::strerror(ENOENT)}));
+  });
 }
 
 TEST(OsFile, EintrAndShortReadsAreRetried) {
@@ -92,17 +82,11 @@ TEST(OsFile, InjectedEioNamesPathOffsetSizeAndStrerror) {
     return r;
   });
   std::string buf(8192, '\0');
-  try {
-    f.read_exact(buf.data(), 8192, 0);
-    FAIL();
-  } catch (const OsError& e) {
-    const std::string m = e.what();
+  test::with_error<OsError>([&] { f.read_exact(buf.data(), 8192, 0); }, [&](const OsError& e) {
     EXPECT_EQ(e.errno_value(), EIO);
-    EXPECT_NE(m.find(dir / "f"), std::string::npos) << m;
-    EXPECT_NE(m.find("8192 bytes at offset 0"), std::string::npos) << m;
-    EXPECT_NE(m.find("failed at offset 4096"), std::string::npos) << m;
-    EXPECT_NE(m.find(std::strerror(EIO)), std::string::npos) << m;
-  }
+    EXPECT_TRUE(test::contains_all(
+        e.what(), {dir / "f", "8192 bytes at offset 0", "failed at offset 4096", std::strerror(EIO)}));
+  });
 }
 
 TEST(OsFile, EnospcDuringAtomicWriteKeepsTheOldFileAndLeavesNoTemp) {
@@ -119,14 +103,15 @@ TEST(OsFile, EnospcDuringAtomicWriteKeepsTheOldFileAndLeavesNoTemp) {
     AtomicWriter w(target);
     temp = w.temp_path();
     const auto data = pattern(5000);
-    try {
-      w.append(data.data(), 1000);
-      w.append(data.data() + 1000, 4000);
-      FAIL();
-    } catch (const OsError& e) {
-      EXPECT_EQ(e.errno_value(), ENOSPC);
-      EXPECT_NE(std::string(e.what()).find("offset 1000"), std::string::npos) << e.what();
-    }
+    test::with_error<OsError>(
+        [&] {
+          w.append(data.data(), 1000);
+          w.append(data.data() + 1000, 4000);
+        },
+        [](const OsError& e) {
+          EXPECT_EQ(e.errno_value(), ENOSPC);
+          EXPECT_NE(std::string(e.what()).find("offset 1000"), std::string::npos) << e.what();
+        });
   }
   EXPECT_EQ(test::read_file(target), "old contents");
   EXPECT_FALSE(exists(temp));

@@ -77,32 +77,19 @@ TEST(Report, GpuCurvesWhenLogged) {
 TEST(Report, BadRunFoldersAreNamed) {
   test::TempDir dir;
   os::make_directories(dir / "empty");
-  try {
-    read_run(dir / "empty");
-    FAIL() << "a folder without metrics.jsonl accepted";
-  } catch (const OsError& e) {
-    EXPECT_NE(std::string(e.what()).find("metrics.jsonl"), std::string::npos) << e.what();
-  }
+  const std::string empty = test::error_of<OsError>([&] { read_run(dir / "empty"); });
+  EXPECT_NE(empty.find("metrics.jsonl"), std::string::npos) << empty;
   os::make_directories(dir / "bad");
   test::write_file(dir / "bad/metrics.jsonl", epoch_line(1, 1, "0.2") + "{\"epoch\": 2, \"loss\": \n");
-  try {
-    read_run(dir / "bad");
-    FAIL() << "a damaged metrics.jsonl accepted";
-  } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find(dir / "bad/metrics.jsonl"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { read_run(dir / "bad"); }),
+                                 {dir / "bad/metrics.jsonl", "line 2"}));
   // Records of the wrong types (not as medfast train writes them) are named by file and line.
   for (const std::string& record : {std::string("{\"epoch\": null}"), std::string("{\"epoch\": 1, \"times\": 5}"),
                                     std::string("{\"epoch\": 1, \"times\": {\"forward\": \"slow\"}}")}) {
     test::write_file(dir / "bad/metrics.jsonl", epoch_line(1, 1, "0.2") + record + "\n");
-    try {
-      render_report({read_run(dir / "bad")});
-      ADD_FAILURE() << record << " accepted";
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find(dir / "bad/metrics.jsonl"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(record);
+    EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { render_report({read_run(dir / "bad")}); }),
+                                   {dir / "bad/metrics.jsonl", "line 2"}));
   }
   EXPECT_THROW(render_report({}), ValueError);
 }

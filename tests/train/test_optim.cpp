@@ -388,28 +388,13 @@ TEST(OptimNovograd, StateHasScalarSecondMomentAndRoundTrips) {
 
 TEST(OptimNovograd, RejectsBadArguments) {
   auto p = torch::ones({2}, torch::requires_grad());
-  try {
-    Novograd({p}, NovogradOptions(0.1).betas({0.9, 1.0}));
-    FAIL() << "no exception";
-  } catch (const ValueError& e) {
-    EXPECT_STREQ(e.what(), "Novograd: betas[1] must be in [0, 1) (got 1)");
-  }
+  EXPECT_EQ(test::value_error_of([&] { Novograd({p}, NovogradOptions(0.1).betas({0.9, 1.0})); }),
+            "Novograd: betas[1] must be in [0, 1) (got 1)");
   EXPECT_THROW(Novograd({p}, NovogradOptions(-1)), ValueError);
 }
 
 // ---------------------------------------------------------------------------
 // Options
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("not a ValueError: ") + e.what();
-  }
-  return "no exception";
-}
 
 OptimizerOptions opt_json(const char* text) { return OptimizerOptions::from_json(nlohmann::json::parse(text)); }
 
@@ -475,7 +460,7 @@ TEST(OptimConfig, WrittenBackWholeFromItsFieldListPerKind) {
 
 TEST(OptimConfig, ErrorsByMessage) {
   auto err = [](const char* text, const std::string& where = "optimizer") {
-    return error_of([&] { OptimizerOptions::from_json(nlohmann::json::parse(text), where); });
+    return test::value_error_of([&] { OptimizerOptions::from_json(nlohmann::json::parse(text), where); });
   };
   EXPECT_EQ(err(R"({"name": "Adamax"})"), "optimizer.name: unknown optimizer 'Adamax' (expected SGD, Adam, AdamW, Novograd)");
   EXPECT_EQ(err(R"({"lr": 0.1})"), "optimizer: expected a mapping with a 'name' (SGD, Adam, AdamW, Novograd)");
@@ -502,9 +487,9 @@ TEST(OptimConfig, ErrorsByMessage) {
 
   OptimizerOptions bad;
   bad.name = "LBFGS";
-  EXPECT_EQ(error_of([&] { bad.validate(); }),
+  EXPECT_EQ(test::value_error_of([&] { bad.validate(); }),
             "optimizer name: unknown optimizer 'LBFGS' (expected SGD, Adam, AdamW, Novograd)");
-  EXPECT_EQ(error_of([&] { make_optimizer({torch::ones({1})}, bad); }),
+  EXPECT_EQ(test::value_error_of([&] { make_optimizer({torch::ones({1})}, bad); }),
             "optimizer name: unknown optimizer 'LBFGS' (expected SGD, Adam, AdamW, Novograd)");
 }
 
@@ -538,7 +523,7 @@ TEST(OptimConfig, SetLearningRateReachesEveryGroup) {
     EXPECT_DOUBLE_EQ(learning_rate(*opt), 0.025);
   }
   auto opt = make_optimizer({torch::ones({2})}, OptimizerOptions{});
-  EXPECT_EQ(error_of([&] { set_learning_rate(*opt, -1); }), "set_learning_rate: lr must be >= 0 (got -1)");
+  EXPECT_EQ(test::value_error_of([&] { set_learning_rate(*opt, -1); }), "set_learning_rate: lr must be >= 0 (got -1)");
 }
 
 // ---------------------------------------------------------------------------
@@ -587,7 +572,7 @@ TEST(ScheduleConfig, ConstantAndShapes) {
 }
 
 TEST(ScheduleConfig, ErrorsByMessage) {
-  auto err = [](const nlohmann::json& j) { return error_of([&] { ScheduleOptions::from_json(j); }); };
+  auto err = [](const nlohmann::json& j) { return test::value_error_of([&] { ScheduleOptions::from_json(j); }); };
   using nlohmann::json;
   EXPECT_EQ(err(json::parse(R"({"name": "cosine"})")),
             "schedule.name: unknown schedule 'cosine' (expected constant, warmup_cosine, poly)");
@@ -607,10 +592,11 @@ TEST(ScheduleConfig, ErrorsByMessage) {
   ScheduleOptions wc;
   wc.name = "warmup_cosine";
   wc.warmup_epochs = 10;
-  EXPECT_EQ(error_of([&] { scheduled_lr(wc, 0.1, 0, 10); }),
+  EXPECT_EQ(test::value_error_of([&] { scheduled_lr(wc, 0.1, 0, 10); }),
             "warmup_cosine: warmup_epochs (10) must be below the number of epochs (10)");
-  EXPECT_EQ(error_of([&] { scheduled_lr(wc, 0.1, -1, 100); }), "scheduled_lr: epoch must be >= 0 (got -1)");
-  EXPECT_EQ(error_of([&] { scheduled_lr(ScheduleOptions{}, 0.1, 0, 0); }), "scheduled_lr: max_epochs must be >= 1 (got 0)");
+  EXPECT_EQ(test::value_error_of([&] { scheduled_lr(wc, 0.1, -1, 100); }), "scheduled_lr: epoch must be >= 0 (got -1)");
+  EXPECT_EQ(test::value_error_of([&] { scheduled_lr(ScheduleOptions{}, 0.1, 0, 0); }),
+            "scheduled_lr: max_epochs must be >= 1 (got 0)");
 }
 
 }  // namespace

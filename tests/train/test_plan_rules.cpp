@@ -201,12 +201,8 @@ TEST(PlanRules, AComputeBudgetShrinksThePatchAndCapsTheBatch) {
   EXPECT_GT(voxels(narrow.topology.patch), voxels(p.topology.patch));
   // Nothing fits: the message names the compute budget, not memory.
   m.compute_budget = 1;
-  try {
-    plan_patch(spacing, median, 1e12, m);
-    ADD_FAILURE() << "no ValueError";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("no patch fits the compute budget"), std::string::npos) << e.what();
-  }
+  const std::string e = test::value_error_of([&] { plan_patch(spacing, median, 1e12, m); });
+  EXPECT_NE(e.find("no patch fits the compute budget"), std::string::npos) << e;
 }
 
 // One case's fingerprint: the crop to the nonzero region of any channel, its share of the
@@ -244,20 +240,13 @@ TEST(PlanFingerprint, CropsToNonzeroAndSamplesTheForeground) {
   EXPECT_TRUE(none.samples[0].empty());
   EXPECT_EQ(none.foreground_voxels, 0);
   // Bad input names the case.
-  const auto message = [](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const ValueError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no ValueError)");
-  };
-  EXPECT_NE(message([&] { case_fingerprint(image, at::zeros({20, 16, 9}), {1, 1, 1}, 1, 1, "case 9"); }).find("case 9: the label's shape"),
-            std::string::npos);
-  EXPECT_NE(message([&] { case_fingerprint(image, label, {1, 0, 1}, 1, 1, "case 9"); }).find("case 9: spacing 0 along axis 1"),
-            std::string::npos);
-  EXPECT_NE(message([&] { case_fingerprint(image[0], label, {1, 1, 1}, 1, 1, "case 9"); }).find("case 9: expected an image"),
-            std::string::npos);
+  const std::string shape =
+      test::value_error_of([&] { case_fingerprint(image, at::zeros({20, 16, 9}), {1, 1, 1}, 1, 1, "case 9"); });
+  EXPECT_NE(shape.find("case 9: the label's shape"), std::string::npos) << shape;
+  const std::string spacing = test::value_error_of([&] { case_fingerprint(image, label, {1, 0, 1}, 1, 1, "case 9"); });
+  EXPECT_NE(spacing.find("case 9: spacing 0 along axis 1"), std::string::npos) << spacing;
+  const std::string rank = test::value_error_of([&] { case_fingerprint(image[0], label, {1, 1, 1}, 1, 1, "case 9"); });
+  EXPECT_NE(rank.find("case 9: expected an image"), std::string::npos) << rank;
 }
 
 }  // namespace

@@ -124,12 +124,8 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   EXPECT_EQ(c["model"]["channels"], nlohmann::json({2, 4}));
   EXPECT_EQ(c["train"]["device"], "cpu");
   EXPECT_EQ(c["new"]["section"]["key"], true);
-  try {
-    apply_override(c, "train.epochs");
-    FAIL() << "no '=' accepted";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("expected key=value"), std::string::npos) << e.what();
-  }
+  const std::string m = test::value_error_of([&] { apply_override(c, "train.epochs"); });
+  EXPECT_NE(m.find("expected key=value"), std::string::npos) << m;
   EXPECT_THROW(apply_override(c, "train.epochs.x=1"), ValueError);  // epochs is not a mapping
 }
 
@@ -137,13 +133,8 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
   test::TempDir dir;
   Settings s = one_thread();
   auto expect_error = [&](nlohmann::json c, const std::string& want) {
-    try {
-      load_run_config(std::move(c), dir / "run.yaml", s);
-      FAIL() << "accepted; expected an error mentioning " << want;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("run.yaml"), std::string::npos) << e.what();
-    }
+    const std::string m = test::error_of<Error>([&] { load_run_config(std::move(c), dir / "run.yaml", s); });
+    EXPECT_TRUE(test::contains_all(m, {want, "run.yaml"}));
   };
   nlohmann::json c = tiny_config(dir);
   c["trian"] = nlohmann::json::object();
@@ -189,22 +180,16 @@ TEST(TrainConfig, ErrorsNameTheConfigAndTheKey) {
            {"channels", {4, -8, 16}}, {"out_channels", 0}, {"in_channels", 0}, {"strides", {2, 0}}}) {
     c = tiny_config(dir);
     c["model"][key] = value;
-    try {
-      Trainer(c, dir / "run.yaml", s).run(false);
-      ADD_FAILURE() << "model." << key << " " << value.dump() << " accepted";
-    } catch (const ValueError& e) {
-      EXPECT_NE(std::string(e.what()).find("argument " + key), std::string::npos) << e.what();
-    }
+    const std::string m = test::value_error_of([&] { Trainer(c, dir / "run.yaml", s).run(false); });
+    EXPECT_NE(m.find("argument " + key), std::string::npos) << "model." << key << " " << value.dump() << ": " << m;
   }
   c = tiny_config(dir);
   c["model"]["chanels"] = {4, 8};
-  try {
+  const std::string m = test::error_of<Error>([&] {
     Trainer t(c, dir / "run.yaml", s);
     t.run(false);
-    FAIL() << "unknown model argument accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("chanels"), std::string::npos) << e.what();
-  }
+  });
+  EXPECT_NE(m.find("chanels"), std::string::npos) << m;
 }
 
 // Reading a run config is pure; writing data.synth's dataset is the explicit step before
@@ -344,12 +329,8 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   // Resuming with another model is refused, naming the section.
   nlohmann::json c = b;
   c["model"]["channels"] = {4, 8, 32};
-  try {
-    Trainer(c, "", one_thread()).run(true);
-    FAIL() << "resumed with another model";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
-  }
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(true); });
+  EXPECT_NE(m.find("model"), std::string::npos) << m;
 }
 
 // train.memory_format channels_last on the CPU (where auto picks contiguous): the network,
@@ -663,13 +644,8 @@ TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   c["train"]["epochs"] = 1;
   Trainer(c, "", one_thread()).run(false);
   const std::string before = test::read_file(dir / "run/last.ckpt");
-  try {
-    Trainer(c, "", one_thread()).run(false);
-    FAIL() << "a fresh run overwrote " << dir / "run";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("--resume"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
-  }
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_TRUE(test::contains_all(m, {"--resume", "--overwrite"}));
   EXPECT_EQ(test::read_file(dir / "run/last.ckpt"), before);  // untouched
   EXPECT_THROW(Trainer(c, "", one_thread()).run(true, {}, true), ValueError);  // both flags
   const TrainResult r = Trainer(c, "", one_thread()).run(false, {}, /*overwrite=*/true);
@@ -736,22 +712,14 @@ TEST(Trainer, ReportsBadKeysAndWindowsBeforeTraining) {
   test::TempDir dir;
   nlohmann::json c = tiny_config(dir);
   c["validation"]["sliding_window"]["roi_size"] = {15, 15, 7};  // UNet with strides 2, 2 needs multiples of 4
-  try {
-    Trainer(c, "", one_thread()).run(false);
-    FAIL() << "a roi_size the network cannot take was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("validation window"), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find("frame #"), std::string::npos) << "a C++ backtrace in: " << e.what();
-  }
+  const std::string window = test::error_of<Error>([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_NE(window.find("validation window"), std::string::npos) << window;
+  EXPECT_EQ(window.find("frame #"), std::string::npos) << "a C++ backtrace in: " << window;
   EXPECT_FALSE(os::exists(dir / "run/last.ckpt"));
   c = tiny_config(dir);
   c["train"]["image_key"] = "img";
-  try {
-    Trainer(c, "", one_thread()).run(false);
-    FAIL() << "image_key img accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("train.image_key 'img'"), std::string::npos) << e.what();
-  }
+  const std::string key = test::error_of<Error>([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_NE(key.find("train.image_key 'img'"), std::string::npos) << key;
 }
 
 TEST(Checkpoint, DamageIsDetectedAndNamed) {
@@ -769,13 +737,8 @@ TEST(Checkpoint, DamageIsDetectedAndNamed) {
   }
   auto expect_error = [&](const std::string& file, const std::string& want) {
     nn::UNet n(o);
-    try {
-      load_checkpoint(file, *n, nullptr);
-      FAIL() << "loaded " << file;
-    } catch (const FormatError& e) {
-      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
-    }
+    const std::string m = test::error_of<FormatError>([&] { load_checkpoint(file, *n, nullptr); });
+    EXPECT_TRUE(test::contains_all(m, {want, file}));
   };
   std::string bytes = test::read_file(path);
   std::string flipped = bytes;
@@ -1032,12 +995,9 @@ TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
   // The second of three is not a NIfTI file.
   test::write_file(dir / "broken.nii", "not a nifti");
   const std::vector<std::string> mixed{inputs[0], dir / "broken.nii", inputs[2]};
-  try {
-    infer(dir / "run/last.ckpt", mixed, dir / "mixed", InferOptions{}, one_thread());
-    ADD_FAILURE() << "no error for broken.nii";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("broken.nii"), std::string::npos) << e.what();
-  }
+  const std::string m =
+      test::error_of<Error>([&] { infer(dir / "run/last.ckpt", mixed, dir / "mixed", InferOptions{}, one_thread()); });
+  EXPECT_NE(m.find("broken.nii"), std::string::npos) << m;
   const auto file_name = [](const std::string& path) { return path.substr(path.rfind('/') + 1); };
   const Volume first = read_nifti(dir / ("mixed/" + file_name(all[0].output)));
   EXPECT_TRUE(at::equal(first.data, read_nifti(all[0].output).data));
@@ -1087,12 +1047,10 @@ TEST(Trainer, InferTakesDicomSeries) {
   EXPECT_TRUE(at::equal(read_nifti(all[0].output).data, got.data));
 
   const auto refused = [&](const std::vector<std::string>& inputs, const std::vector<std::string>& fragments) {
-    try {
-      infer(ckpt, inputs, dir / "refused", InferOptions{}, one_thread());
-      ADD_FAILURE() << "no error for " << inputs.front();
-    } catch (const ValueError& e) {
-      for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
-    }
+    SCOPED_TRACE(inputs.front());
+    const std::string m =
+        test::value_error_of([&] { infer(ckpt, inputs, dir / "refused", InferOptions{}, one_thread()); });
+    EXPECT_TRUE(test::contains_all(m, fragments));
     EXPECT_FALSE(os::exists(dir / "refused")) << "written before the inputs were checked";
   };
   refused({series, dir / "dcm/case_001/CT"},
@@ -1887,12 +1845,8 @@ TEST(TrainerProfile, WritesATraceOfTheActiveStepsAndItsSummary) {
 
   nlohmann::json bad = tiny_config(dir);
   bad["train"]["profile"] = {{"wait", 1}, {"active", 0}};
-  try {
-    Trainer(bad, "", one_thread()).run(false);
-    FAIL() << "active 0 accepted";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("train.profile"), std::string::npos) << e.what();
-  }
+  const std::string m = test::value_error_of([&] { Trainer(bad, "", one_thread()).run(false); });
+  EXPECT_NE(m.find("train.profile"), std::string::npos) << m;
   EXPECT_THROW(ProfileOptions::parse("1,1,x,1", "--profile"), ValueError);
   EXPECT_THROW(ProfileOptions::parse("1,1,3", "--profile"), ValueError);
   EXPECT_EQ(ProfileOptions::parse("0,2,5,3", "--profile").active, 5);
