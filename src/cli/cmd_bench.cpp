@@ -33,9 +33,7 @@ namespace medfast::cli {
 
 namespace {
 
-struct LoaderArgs {
-  std::string config;
-  std::vector<std::string> sets;
+struct LoaderArgs : DataConfigArgs {
   int epochs = 3;
   int batch_size = 0;
   bool json = false;
@@ -395,8 +393,7 @@ Command register_bench(CLI::App& root) {
   auto la = std::make_shared<LoaderArgs>();
   auto* loader = bench->add_subcommand(
       "loader", "Fill the cache of CFG, then time epochs of its random chain (loader threads: --threads)");
-  loader->add_option("--config", la->config, "Run config with a data section")->required();
-  loader->add_option("--set", la->sets, kDataSetHelp);
+  la->DataConfigArgs::add(loader);
   loader->add_option("--epochs", la->epochs, "Epochs to time")->capture_default_str();
   loader->add_option("--batch-size", la->batch_size, "Items per batch (default: data.loader.batch_size)");
   loader->add_flag("--json", la->json, "Print JSON");

@@ -31,9 +31,7 @@ data::PipelineConfig open_pipeline(const std::string& config, const std::vector<
 
 namespace {
 
-struct BuildArgs {
-  std::string config;
-  std::vector<std::string> sets;
+struct BuildArgs : DataConfigArgs {
   bool json = false;
 };
 
@@ -79,8 +77,7 @@ Command register_cache(CLI::App& root) {
   cache->require_subcommand(1);
   auto ba = std::make_shared<BuildArgs>();
   auto* build = cache->add_subcommand("build", "Run the deterministic chain of CFG over its dataset into the disk cache");
-  build->add_option("--config", ba->config, "Run config (YAML/JSON) with a data section")->required();
-  build->add_option("--set", ba->sets, kDataSetHelp);
+  ba->add(build);
   build->add_flag("--json", ba->json, "Print JSON");
   const CacheDirCommand dir = register_cache_dir(cache, [](const std::string& config, Context& ctx) {
     const data::PipelineConfig cfg = open_pipeline(config, {}, ctx);

@@ -127,11 +127,26 @@ nlohmann::json engine_json(const io::FileHandle& f, const io::IoOptions& o) {
           {"threads", o.threads}};
 }
 
-struct LoadArgs {
-  std::string file, device = "cpu";
+/// What `io load` and `io store` share: the memory's device, the timed loops, the check
+/// against a plain read, JSON, and the engine's flags.
+struct TransferArgs {
+  std::string device = "cpu";
   int loops = 3;
-  bool validate = false, json = false, drop_cache = false;
+  bool validate = false, json = false;
   EngineFlags engine;
+  /// `verb`: "loads" or "stores"; `check`: what --validate does.
+  void add(CLI::App* app, const char* verb, const char* check) {
+    app->add_option("--device", device, "cpu | cuda[:N]")->capture_default_str();
+    app->add_option("--loop", loops, str("Number of timed ", verb))->capture_default_str();
+    app->add_flag("--validate", validate, check);
+    app->add_flag("--json", json, "Print JSON");
+    engine.add(app);
+  }
+};
+
+struct LoadArgs : TransferArgs {
+  std::string file;
+  bool drop_cache = false;
 };
 
 struct LoadResult {
@@ -200,12 +215,9 @@ int report(const char* what, const std::string& target, const LoadResult& r, con
   return 0;
 }
 
-struct StoreArgs {
-  std::string dir, device = "cpu";
+struct StoreArgs : TransferArgs {
+  std::string dir;
   double mb = 1024;
-  int loops = 3;
-  bool validate = false, json = false;
-  EngineFlags engine;
 };
 
 int run_store(const StoreArgs& a, Context& ctx, const DeviceIo* dev) {
@@ -316,22 +328,14 @@ IoCommand register_io(CLI::App& root, const DeviceIo* device) {
   auto la = std::make_shared<LoadArgs>();
   auto* load_cmd = io->add_subcommand("load", "Read a file into host or CUDA memory, timing each loop");
   load_cmd->add_option("--file", la->file, "File to read")->required();
-  load_cmd->add_option("--device", la->device, "cpu | cuda[:N]")->capture_default_str();
-  load_cmd->add_option("--loop", la->loops, "Number of timed loads")->capture_default_str();
-  load_cmd->add_flag("--validate", la->validate, "Compare the bytes with a plain read");
   load_cmd->add_flag("--drop-cache", la->drop_cache, "Drop the file from the page cache before each loop (cold reads)");
-  load_cmd->add_flag("--json", la->json, "Print JSON");
-  la->engine.add(load_cmd);
+  la->add(load_cmd, "loads", "Compare the bytes with a plain read");
 
   auto sa = std::make_shared<StoreArgs>();
   auto* store_cmd = io->add_subcommand("store", "Write host or CUDA memory to a file in DIR (removed afterwards), timing each loop");
   store_cmd->add_option("--dir", sa->dir, "Folder to write in")->required();
   store_cmd->add_option("--mb-size", sa->mb, "MiB to write")->capture_default_str();
-  store_cmd->add_option("--device", sa->device, "cpu | cuda[:N]")->capture_default_str();
-  store_cmd->add_option("--loop", sa->loops, "Number of timed stores")->capture_default_str();
-  store_cmd->add_flag("--validate", sa->validate, "Read the file back with a plain read and compare");
-  store_cmd->add_flag("--json", sa->json, "Print JSON");
-  sa->engine.add(store_cmd);
+  sa->add(store_cmd, "stores", "Read the file back with a plain read and compare");
 
   auto ba = std::make_shared<BenchArgs>();
   auto* bench_cmd = io->add_subcommand("bench", "Sweep backends, block sizes and queue depths on FILE");

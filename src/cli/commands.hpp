@@ -30,9 +30,16 @@ struct Context {
 /// as train's) applied in order, and the command's settings.
 data::PipelineConfig open_pipeline(const std::string& config, const std::vector<std::string>& sets, const Context& ctx);
 
-/// The help of --set on commands that read a run config's data section.
-inline constexpr const char* kDataSetHelp =
-    "Override a config value: key.path=value (repeatable), e.g. data.validation.num=1";
+/// The arguments of commands that read a run config's data section (cache build, bench
+/// loader): --config (required) and --set, read by open_pipeline.
+struct DataConfigArgs {
+  std::string config;
+  std::vector<std::string> sets;
+  void add(CLI::App* app) {
+    app->add_option("--config", config, "Run config (YAML/JSON) with a data section")->required();
+    app->add_option("--set", sets, "Override a config value: key.path=value (repeatable), e.g. data.validation.num=1");
+  }
+};
 
 /// A registered subcommand: run it if `app->parsed()`.
 struct Command {

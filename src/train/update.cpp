@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <map>
 #include <utility>
 
@@ -50,15 +51,12 @@ namespace {
 /// multi-tensor copy), put back after it (one `where` per tensor).
 class PutBackIfSkipped {
  public:
-  explicit PutBackIfSkipped(const at::Tensor& skip) {
-    if (skip.defined()) skip_ = skip.reshape({}).gt(0);  // 0-dim: broadcasts to every shape, 0-dim ones too
-  }
-  /// Tensors the update is about to write.
-  void keep(const std::vector<at::Tensor>& tensors) {
-    if (!skip_.defined() || tensors.empty()) return;
-    std::vector<at::Tensor> old = at::_foreach_mul(tensors, 1.0);  // copies (x * 1 is x, -0 and NaN too)
-    written_.insert(written_.end(), tensors.begin(), tensors.end());
-    old_.insert(old_.end(), old.begin(), old.end());
+  /// `skip`, and the lists of tensors the update is about to write.
+  PutBackIfSkipped(const at::Tensor& skip, std::initializer_list<const std::vector<at::Tensor>*> written) {
+    if (!skip.defined()) return;
+    skip_ = skip.reshape({}).gt(0);  // 0-dim: broadcasts to every shape, 0-dim ones too
+    for (const auto* list : written) written_.insert(written_.end(), list->begin(), list->end());
+    if (!written_.empty()) old_ = at::_foreach_mul(written_, 1.0);  // copies (x * 1 is x, -0 and NaN too)
   }
   void put_back() {
     for (std::size_t i = 0; i < written_.size(); ++i) written_[i].copy_(at::where(skip_, old_[i], written_[i]));
@@ -225,9 +223,7 @@ void ParameterUpdate::sgd(Group& g, const at::Tensor& skip) {
   }
   if (preferred_ == UpdateKernel::fused && fused_sgd(g, skip, existing, fresh)) return;
   last_ = UpdateKernel::foreach;
-  PutBackIfSkipped put_back(skip);
-  put_back.keep(g.params);
-  put_back.keep(bufs);
+  PutBackIfSkipped put_back(skip, {&g.params, &bufs});
   std::vector<at::Tensor> d = o.weight_decay() != 0 ? at::_foreach_add(g.grads, g.params, o.weight_decay()) : g.grads;
   if (o.momentum() != 0) {
     if (!existing.empty()) {
@@ -351,11 +347,7 @@ void ParameterUpdate::adam(Group& g, const at::Tensor& skip, bool decoupled) {
   }
   if (preferred_ == UpdateKernel::fused && fused_adam(g, skip, decoupled)) return;
   last_ = UpdateKernel::foreach;
-  PutBackIfSkipped put_back(skip);
-  put_back.keep(g.params);
-  put_back.keep(m);
-  put_back.keep(v);
-  put_back.keep(vmax);
+  PutBackIfSkipped put_back(skip, {&g.params, &m, &v, &vmax});
   std::vector<at::Tensor> grads = g.grads;
   if (decoupled) {
     at::_foreach_mul_(g.params, 1 - lr * wd);
@@ -458,11 +450,7 @@ void ParameterUpdate::novograd(Group& g, const at::Tensor& skip) {
     if (o.amsgrad()) sqmax.push_back(s->max_exp_avg_sq());
   }
   last_ = UpdateKernel::foreach;
-  PutBackIfSkipped put_back(skip);
-  put_back.keep(g.params);
-  put_back.keep(m);
-  put_back.keep(sq);
-  put_back.keep(sqmax);
+  PutBackIfSkipped put_back(skip, {&g.params, &m, &sq, &sqmax});
   // v = ||g||^2, the first nonzero one taken as is (a `where` on the device, as step()).
   const at::Tensor norm = at::stack(at::_foreach_norm(g.grads)).to(at::kFloat).square();
   const at::Tensor prev = at::stack(sq);
