@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "commands.hpp"
-#include "medfast/io/trace_file.hpp"
+#include "medfast/profile/trace_file.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/profile/report.hpp"
 
@@ -20,7 +20,7 @@ struct SummarizeArgs {
 int run_summarize(const SummarizeArgs& a) {
   nlohmann::json all = nlohmann::json::array();
   for (std::size_t i = 0; i < a.files.size(); ++i) {
-    const io::TraceSummary s = io::summarize_trace(a.files[i]);
+    const profile::TraceSummary s = profile::summarize_trace(a.files[i]);
     if (a.json) {
       all.push_back(s.to_json());
     } else {

@@ -6,6 +6,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/parallel.hpp"
 #include "medfast/image/gzip.hpp"
+#include "medfast/io/file_handle.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast {
@@ -14,7 +15,8 @@ NiftiReadOptions NiftiReadOptions::from(const Settings& s) {
   return NiftiReadOptions()
       .set_max_volume_bytes(s.get_bytes("max_volume_bytes"))
       .set_gzip_buffer_limit(s.get_bytes("gzip_buffer_limit"))
-      .set_threads(s.threads());
+      .set_threads(s.threads())
+      .set_io(io::IoOptions::from(s));
 }
 
 namespace nifti {
@@ -198,10 +200,18 @@ RawImage read_raw(const std::string& path, const NiftiReadOptions& options) {
   check_plain_size(img.header, path, size);
   const std::size_t bytes = img.header.data_bytes();
   img.storage = os::Buffer::allocate(bytes);
+  auto* dst = static_cast<char*>(img.storage.data());
+  if (bytes >= kEngineReadBytes) {
+    io::IoOptions engine = options.io;
+    if (engine.threads == 0) engine.threads = options.threads;
+    io::FileHandle::open(path, io::FileHandle::Mode::read, engine)
+        .read_exact(dst, bytes, static_cast<std::uint64_t>(img.header.vox_offset));
+    finish(img);
+    return img;
+  }
   // Several threads reading disjoint ranges also fault in the fresh pages in
   // parallel, which is most of the cost of a warm read.
   const std::size_t chunks = (bytes + kParallelChunk - 1) / kParallelChunk;
-  auto* dst = static_cast<char*>(img.storage.data());
   parallel_for(chunks, options.threads, [&](std::size_t i) {
     const std::size_t off = i * kParallelChunk;
     const std::size_t n = std::min(kParallelChunk, bytes - off);

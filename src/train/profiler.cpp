@@ -7,7 +7,7 @@
 
 #include "medfast/core/error.hpp"
 #include "medfast/core/trace.hpp"
-#include "medfast/io/trace_file.hpp"
+#include "medfast/profile/trace_file.hpp"
 #include "medfast/os/file.hpp"
 #include "detail.hpp"
 
@@ -185,10 +185,10 @@ void StepProfiler::write(long step) {
   info["schedule"] = {{"wait", o_.wait}, {"warmup", o_.warmup}, {"active", o_.active}, {"repeat", o_.repeat}};
   os::make_directories(dir_);
   const std::string trace_path = base + "-trace.json.gz";
-  io::write_chrome_trace(trace_path, events, trace::threads(), info);
+  profile::write_chrome_trace(trace_path, events, trace::threads(), info);
   std::string text = str("medfast trace of ", active_steps_, " steps: ", trace_path, "\n\n");
   try {
-    text += io::summarize_trace(trace_path).to_text();
+    text += profile::summarize_trace(trace_path).to_text();
   } catch (const Error& e) {
     text += str("(no step summary: ", e.what(), ")\n");
   }

@@ -1,5 +1,5 @@
 // core/trace.hpp: ranges recorded from every thread only while tracing is on,
-// key averages with self time, and io/trace_file.hpp's writer and summariser on
+// key averages with self time, and profile/trace_file.hpp's writer and summariser on
 // traces whose figures are known exactly.
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/trace.hpp"
 #include "medfast/image/gzip.hpp"
-#include "medfast/io/trace_file.hpp"
+#include "medfast/profile/trace_file.hpp"
 #include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
@@ -108,15 +108,15 @@ TEST(TraceFile, WritesGzipChromeTraceAndSummarisesMedfastSteps) {
     }
   }
   const std::string path = dir / "7-trace.json.gz";
-  io::write_chrome_trace(path, events, {{1, "main"}, {2, "loader 0"}}, {{"run_dir", "x"}});
-  const nlohmann::json j = io::read_trace_json(path);
+  profile::write_chrome_trace(path, events, {{1, "main"}, {2, "loader 0"}}, {{"run_dir", "x"}});
+  const nlohmann::json j = profile::read_trace_json(path);
   ASSERT_TRUE(j.contains("traceEvents"));
   EXPECT_EQ(j["otherData"]["run_dir"], "x");
   int names = 0;
   for (const auto& e : j["traceEvents"]) names += e["ph"] == "M" && e["name"] == "thread_name";
   EXPECT_EQ(names, 2);
 
-  const io::TraceSummary s = io::summarize_trace(path);
+  const profile::TraceSummary s = profile::summarize_trace(path);
   EXPECT_EQ(s.producer, "medfast");
   EXPECT_EQ(s.steps, 6u);
   EXPECT_EQ(s.stats.at("first_load").count, 2u);
@@ -143,7 +143,7 @@ TEST(TraceFile, BadTracesAreFormatErrorsNamingTheFile) {
       w.append(text.data(), text.size());
       w.commit();
     }
-    EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { io::summarize_trace(path); }), {path, what}));
+    EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { profile::summarize_trace(path); }), {path, what}));
   };
   expect("garbage.json", "{not json", "not a JSON trace");
   expect("object.json", "{\"events\": []}", "not a Chrome trace");
@@ -157,7 +157,7 @@ TEST(TraceFile, BadTracesAreFormatErrorsNamingTheFile) {
     w.append(packed.data(), packed.size() - 6);  // cut short
     w.commit();
   }
-  EXPECT_THROW(io::summarize_trace(gz), FormatError);
+  EXPECT_THROW(profile::summarize_trace(gz), FormatError);
 }
 
 // Traces written by python3-torch's profiler (torch 1.13 here: the legacy profiler's
@@ -169,7 +169,7 @@ TEST(TraceFile, SummarisesTorchProfilerTraces) {
     const auto r = test::run(str(MEDFAST_TEST_PYTHON, " ", MEDFAST_TEST_SOURCE_DIR, "/tests/golden/make_torch_trace.py ",
                                  path, user ? " --user-ranges" : "", " --epochs 2 --steps-per-epoch 3"));
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    const io::TraceSummary s = io::summarize_trace(path);
+    const profile::TraceSummary s = profile::summarize_trace(path);
     EXPECT_EQ(s.producer, "torch.profiler");
     EXPECT_EQ(s.steps, 6u) << r.out;
     // The first step's load and the second epoch's first load; the other four steps' loads.
@@ -182,7 +182,7 @@ TEST(TraceFile, SummarisesTorchProfilerTraces) {
     EXPECT_LE(s.stats.at("forward").mean + s.stats.at("backward").mean, s.stats.at("step").mean);
     if (user) {
       // forward is the user range itself: the same durations the trace holds for it.
-      const nlohmann::json j = io::read_trace_json(path);
+      const nlohmann::json j = profile::read_trace_json(path);
       const nlohmann::json& ev = j.is_array() ? j : j["traceEvents"];
       std::vector<double> fwd;
       for (const auto& e : ev) {

@@ -3,11 +3,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "medfast/core/error.hpp"
 #include "medfast/image/nifti.hpp"
+#include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
@@ -68,6 +72,36 @@ TEST(NiftiRoundTrip, MedfastWritesWhatNibabelAndMedfastReadBack) {
     const bool scaled = original.meta.scl_slope != 0 && !(original.meta.scl_slope == 1 && original.meta.scl_inter == 0);
     EXPECT_EQ(back.meta.disk_datatype, scaled ? nifti::DT_FLOAT64 : original.meta.disk_datatype);
   }
+}
+
+// Uncompressed voxel blocks of nifti::kEngineReadBytes and more come through the tensor
+// file engine, with its io_* options (here posix in pieces of 64 KiB, seen by the OS layer's
+// hook): the same values as written; a failing read names the file.
+TEST(NiftiRoundTrip, LargeUncompressedVoxelsComeThroughTheEngine) {
+  test::TempDir dir;
+  Volume v;
+  v.data = at::arange(0, 160 * 160 * 200, at::kInt).reshape({160, 160, 200}).remainder(30011).to(at::kShort);
+  ASSERT_GE(static_cast<std::size_t>(v.data.numel()) * 2, nifti::kEngineReadBytes);
+  const std::string path = dir / "big.nii";
+  write_nifti(path, v);
+  const auto options =
+      NiftiReadOptions().set_threads(2).set_io(io::IoOptions().set_backend("posix").set_block_size(64u << 10));
+  std::atomic<int> pieces{0};
+  {
+    os::testing::ScopedHook count([&](os::Op op, const std::string& p, std::uint64_t, std::size_t size) {
+      if (op == os::Op::read && p == path && size <= (64u << 10)) ++pieces;
+      return os::testing::HookResult{};
+    });
+    EXPECT_TRUE(at::equal(read_nifti(path, options).data, v.data));
+  }
+  EXPECT_GT(pieces.load(), 100);  // 10 MB in pieces of 64 KiB: the engine's
+  EXPECT_TRUE(at::equal(read_nifti(path).data, v.data));  // the default engine (auto)
+  os::testing::ScopedHook fail([&](os::Op op, const std::string& p, std::uint64_t offset, std::size_t) {
+    os::testing::HookResult r;
+    if (op == os::Op::read && p == path && offset >= (4u << 20)) r.error = EIO;
+    return r;
+  });
+  EXPECT_NE(test::error_of<OsError>([&] { read_nifti(path, options); }).find(path), std::string::npos);
 }
 
 TEST(NiftiRoundTrip, UnsignedTypesAreRestoredOnlyWhenValuesFit) {

@@ -21,7 +21,7 @@
 #include "medfast/data/synth.hpp"
 #include "medfast/image/image_file.hpp"
 #include "medfast/image/nifti.hpp"
-#include "medfast/io/trace_file.hpp"
+#include "medfast/profile/trace_file.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/nn/pretrained.hpp"
 #include "medfast/nn/unet.hpp"
@@ -1802,7 +1802,7 @@ TEST(TrainerProfile, WritesATraceOfTheActiveStepsAndItsSummary) {
   ASSERT_TRUE(os::exists(trace)) << os::list_directory(dir / "run").size();
   EXPECT_EQ(os::list_directory(dir / "run/profiler"),
             (std::vector<std::string>{"4-trace.json.gz", "4-trace_summary.txt"}));
-  const nlohmann::json j = io::read_trace_json(trace);
+  const nlohmann::json j = profile::read_trace_json(trace);
   std::map<std::string, std::set<int>> tids;  // range name -> threads
   std::map<int, std::string> thread_names;
   std::vector<nlohmann::json> forwards, ops;
@@ -1836,7 +1836,7 @@ TEST(TrainerProfile, WritesATraceOfTheActiveStepsAndItsSummary) {
     }
   }
   EXPECT_GT(inside, 5);
-  const io::TraceSummary s = io::summarize_trace(trace);
+  const profile::TraceSummary s = profile::summarize_trace(trace);
   EXPECT_EQ(s.steps, 2u);
   EXPECT_EQ(s.stats.at("forward").count, 2u);
   const std::string summary = test::read_file(dir / "run/profiler/4-trace_summary.txt");

@@ -49,12 +49,16 @@ const char* name_of(E value) {
   return "";
 }
 
+namespace detail {
+/// Whether `text` names `name`, case-insensitively (as MONAI compares its names).
+bool same_name(std::string_view text, const char* name);
+}  // namespace detail
+
 /// The value named `text` (case-insensitive), or nullopt.
 template <typename E>
 std::optional<E> parse_choice(std::string_view text) {
-  const std::string wanted = lowercase(std::string(text));
   for (const auto& c : choices(E{})) {
-    if (lowercase(c.name) == wanted) return c.value;
+    if (detail::same_name(text, c.name)) return c.value;
   }
   return std::nullopt;
 }

@@ -21,35 +21,27 @@ namespace medfast {
 
 namespace detail {
 
+/// A setting of each kind a field can be, named `name` (field_settings.cpp).
+SettingDef flag_setting(const std::string& name, const char* help, bool default_value);
+/// `bytes`: a size ("64K", "1M"); else a whole number in [lo, hi].
+SettingDef whole_setting(const std::string& name, const char* help, std::int64_t default_value, bool bytes,
+                         std::int64_t lo, std::int64_t hi);
+/// `names` ("a,b,c", or null: any text).
+SettingDef text_setting(const std::string& name, const char* help, const std::string& default_value,
+                        const char* names);
+
 template <typename T, typename M>
 SettingDef setting_def_of(const Field<T, M>& f, const M& default_value, const std::string& prefix) {
-  SettingDef d;
-  d.name = prefix + f.key;
-  d.description = f.help;
   if constexpr (std::is_same_v<M, bool>) {
-    d.kind = SettingKind::choice;
-    d.choices = {"on", "off"};
-    d.default_value = default_value ? "on" : "off";
+    return flag_setting(prefix + f.key, f.help, default_value);
   } else if constexpr (std::is_integral_v<M>) {
-    d.default_value = std::to_string(default_value);
-    if (f.byte_size) {
-      d.kind = SettingKind::bytes;
-    } else {
-      if (!f.ranged) throw Error(str("options field ", f.key, ": a whole-number setting needs range() or bytes()"));
-      d.kind = SettingKind::integer;
-      d.min = f.lo;
-      d.max = f.hi;
-    }
+    if (!f.byte_size && !f.ranged) throw Error(str("options field ", f.key, ": a whole-number setting needs range() or bytes()"));
+    return whole_setting(prefix + f.key, f.help, static_cast<std::int64_t>(default_value), f.byte_size, f.lo, f.hi);
   } else if constexpr (std::is_same_v<M, std::string>) {
-    d.default_value = default_value;
-    if (f.names) {
-      d.kind = SettingKind::choice;
-      d.choices = names_list(f.names);
-    }
+    return text_setting(prefix + f.key, f.help, default_value, f.names);
   } else {
     static_assert(std::is_same_v<M, bool>, "a setting field is a flag, a whole number or text");
   }
-  return d;
 }
 
 }  // namespace detail

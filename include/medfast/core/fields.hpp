@@ -196,20 +196,9 @@ E choice_or_fail(ConfigReader& r, const char* key, const std::string& text) {
 }
 
 /// "a,b,c" as the list "a | b | c".
-inline std::string names_text(const char* list) {
-  std::string out;
-  for (const char* c = list; *c; ++c) out += *c == ',' ? std::string(" | ") : std::string(1, *c);
-  return out;
-}
+std::string names_text(const char* list);
 /// The names of "a,b,c", in order.
-inline std::vector<std::string> names_list(const char* list) {
-  std::vector<std::string> out(1);
-  for (const char* c = list; *c; ++c) {
-    if (*c == ',') out.emplace_back();
-    else out.back() += *c;
-  }
-  return out;
-}
+std::vector<std::string> names_list(const char* list);
 
 /// The help of a key table row: an enum's names follow its help line.
 template <typename M>

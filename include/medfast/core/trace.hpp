@@ -2,7 +2,7 @@
 /// \file
 /// medfast's own trace ranges (forward, backward, data wait, cache reads, each
 /// random transform, ...), recorded from every thread while tracing is on and
-/// written as a Chrome trace (io/trace_file.hpp). Tracing is off unless a
+/// written as a Chrome trace (profile/trace_file.hpp). Tracing is off unless a
 /// profiler turns it on (train.profile); a Range then costs one relaxed atomic
 /// load, nothing else.
 ///

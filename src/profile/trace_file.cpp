@@ -1,4 +1,4 @@
-#include "medfast/io/trace_file.hpp"
+#include "medfast/profile/trace_file.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "medfast/image/gzip.hpp"
 #include "medfast/os/file.hpp"
 
-namespace medfast::io {
+namespace medfast::profile {
 
 namespace {
 
@@ -277,4 +277,4 @@ TraceSummary summarize_trace(const std::string& path) {
   return s;
 }
 
-}  // namespace medfast::io
+}  // namespace medfast::profile

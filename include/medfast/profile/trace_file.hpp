@@ -12,7 +12,7 @@
 
 #include "medfast/core/trace.hpp"
 
-namespace medfast::io {
+namespace medfast::profile {
 
 /// Writes `events` (and the threads' names) to `path`, gzip-compressed when it ends
 /// in .gz, atomically. `other` goes to the trace's "otherData" (run, machine, step).
@@ -54,4 +54,4 @@ struct TraceSummary {
 /// a file that is not a trace or has no steps.
 TraceSummary summarize_trace(const std::string& path);
 
-}  // namespace medfast::io
+}  // namespace medfast::profile
