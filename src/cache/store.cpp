@@ -199,6 +199,10 @@ class DiskStore final : public Store {
   std::set<std::string> verified_;  // device entries whose checksums this process has checked
 };
 
+}  // namespace
+
+namespace detail {
+
 at::Device cuda_device(const StoreOptions& o) {
   if (!at::hasCUDA()) {
     throw ValueError(str("cache kind ", name_of(o.kind), " keeps samples in GPU memory, but no CUDA device is available "
@@ -207,31 +211,32 @@ at::Device cuda_device(const StoreOptions& o) {
   return io::resolve_device(o.device);  // "cuda": this thread's GPU, not the fill threads' GPU 0
 }
 
-// The kinds' table: a new kind is its enum name (store.hpp) and its row here.
-struct StoreRow {
-  StoreKind kind;
-  std::unique_ptr<Store> (*make)(const StoreOptions&);
-};
-constexpr StoreRow kStores[] = {
-    {StoreKind::memory,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>(o.kind); }},
-    {StoreKind::device,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<MemoryStore>(o.kind, cuda_device(o)); }},
-    {StoreKind::disk,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> { return std::make_unique<DiskStore>(o.kind, o.dir, o.io, "cpu"); }},
-    {StoreKind::disk_device,
-     [](const StoreOptions& o) -> std::unique_ptr<Store> {
-       return std::make_unique<DiskStore>(o.kind, o.dir, o.io, cuda_device(o).str());
-     }},
-};
-static_assert(std::size(kStores) == std::tuple_size_v<decltype(choices(StoreKind{}))>, "a row per cache kind");
+std::unique_ptr<Store> make_memory_store(const StoreOptions& o) { return std::make_unique<MemoryStore>(o.kind); }
+std::unique_ptr<Store> make_device_store(const StoreOptions& o) {
+  return std::make_unique<MemoryStore>(o.kind, cuda_device(o));
+}
+std::unique_ptr<Store> make_disk_store(const StoreOptions& o) {
+  return std::make_unique<DiskStore>(o.kind, o.dir, o.io, "cpu");
+}
+std::unique_ptr<Store> make_disk_device_store(const StoreOptions& o) {
+  return std::make_unique<DiskStore>(o.kind, o.dir, o.io, cuda_device(o).str());
+}
 
+}  // namespace detail
+
+namespace {
+// The kinds' table, made from MEDFAST_CACHE_KINDS as the enum is: row i is StoreKind i.
+using StoreFactory = std::unique_ptr<Store> (*)(const StoreOptions&);
+constexpr StoreFactory kStores[] = {
+#define MEDFAST_CACHE_KIND_ROW(name, disk) &detail::make_##name##_store,
+    MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_ROW)
+#undef MEDFAST_CACHE_KIND_ROW
+};
 }  // namespace
 
 std::unique_ptr<Store> make_store(const StoreOptions& o) {
-  for (const StoreRow& row : kStores) {
-    if (row.kind == o.kind) return row.make(o);
-  }
+  const auto row = static_cast<std::size_t>(o.kind);
+  if (row < std::size(kStores)) return kStores[row](o);
   throw ValueError(str("cache kind ", static_cast<int>(o.kind), " is not one of ", choice_list<StoreKind>()));
 }
 

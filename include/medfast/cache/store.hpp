@@ -18,27 +18,37 @@
 #include <set>
 #include <string>
 
+#include <c10/core/Device.h>
+
 #include "medfast/cache/entry.hpp"
 #include "medfast/core/choices.hpp"
 
 namespace medfast::cache {
 
-/// The cache kinds (above), listed once: each is a name here and a row of make_store's
-/// table (store.cpp); the enum, its names, data.cache.kind's choices and the docs follow.
-#define MEDFAST_CACHE_KINDS(X) X(memory) X(device) X(disk) X(disk_device)
+/// The cache kinds (above), listed once: the name, and whether the kind keeps entry files
+/// in a folder. A kind is its entry here and its factory detail::make_<name>_store (in
+/// store.cpp, or a file of its own): the enum, its names, on_disk, data.cache.kind's
+/// choices, the docs and make_store's table follow.
+#define MEDFAST_CACHE_KINDS(X) X(memory, false) X(device, false) X(disk, true) X(disk_device, true)
 
-#define MEDFAST_CACHE_KIND_ENUM(name) name,
+#define MEDFAST_CACHE_KIND_ENUM(name, disk) name,
 enum class StoreKind { MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_ENUM) };
 #undef MEDFAST_CACHE_KIND_ENUM
-#define MEDFAST_CACHE_KIND_CHOICE(name) Choice<StoreKind>{StoreKind::name, #name},
-#define MEDFAST_CACHE_KIND_COUNT(name) +1
+#define MEDFAST_CACHE_KIND_CHOICE(name, disk) Choice<StoreKind>{StoreKind::name, #name},
+#define MEDFAST_CACHE_KIND_COUNT(name, disk) +1
 constexpr std::array<Choice<StoreKind>, 0 MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_COUNT)> choices(StoreKind) {
   return {{MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_CHOICE)}};
 }
 #undef MEDFAST_CACHE_KIND_CHOICE
 #undef MEDFAST_CACHE_KIND_COUNT
 /// Whether the kind keeps entry files in a folder (disk, disk_device).
-constexpr bool on_disk(StoreKind k) { return k == StoreKind::disk || k == StoreKind::disk_device; }
+constexpr bool on_disk(StoreKind k) {
+#define MEDFAST_CACHE_KIND_ON_DISK(name, disk) \
+  if (k == StoreKind::name) return disk;
+  MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_ON_DISK)
+#undef MEDFAST_CACHE_KIND_ON_DISK
+  return false;
+}
 
 struct StoreOptions {
   StoreKind kind = StoreKind::memory;
@@ -77,6 +87,15 @@ class Store {
 
 /// Builds a store; throws ValueError naming the kind (unknown, no CUDA, no dir).
 std::unique_ptr<Store> make_store(const StoreOptions& options);
+
+namespace detail {
+/// Each kind's factory (MEDFAST_CACHE_KINDS).
+#define MEDFAST_CACHE_KIND_FACTORY(name, disk) std::unique_ptr<Store> make_##name##_store(const StoreOptions& options);
+MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_FACTORY)
+#undef MEDFAST_CACHE_KIND_FACTORY
+/// The GPU a device kind keeps its samples on; ValueError naming the kind where there is no CUDA.
+at::Device cuda_device(const StoreOptions& options);
+}  // namespace detail
 
 /// The entry path of `key` in a disk store at `dir`.
 std::string entry_path(const std::string& dir, const std::string& key);

@@ -36,7 +36,7 @@
 
 namespace medfast::data {
 
-#define MEDFAST_CACHE_KIND_LISTED(name) #name ","
+#define MEDFAST_CACHE_KIND_LISTED(name, disk) #name ","
 /// data.cache.kind's choices: the store kinds (cache/store.hpp), then smart (a rotating
 /// memory cache of the training items, smart_cache.hpp).
 inline constexpr const char* kCacheKindChoices = MEDFAST_CACHE_KINDS(MEDFAST_CACHE_KIND_LISTED) "smart";
