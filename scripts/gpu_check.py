@@ -812,10 +812,36 @@ class Throughput:
                 self.note("medfast bf16, the step as one CUDA graph", f"failed: {str(e)[:300]}")
             det = self.medfast_run("tp-fp16-deterministic", "fp16", True, 2)
             self.note("medfast fp16 deterministic (cudnn.benchmark off)", describe(det))
+        try:
+            self.note("I/O engine (issue 45: host and device memory through one read)", self.engine())
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+            self.note("I/O engine (issue 45: host and device memory through one read)", f"failed: {str(e)[:300]}")
         self.judge(fp16, bf16, twins, loader, dyn, infer)
         self.c.results["_throughput"] = {"detail": self.detail, "twins": twins, "loader": loader, "dynunet": dyn,
                                          "inference": infer, "judged": self.judged}
         return self.figures
+
+    def engine(self):
+        """io load and io store of device memory (cuda; the CPU in rehearsal), 256 MiB, each
+        validated against a plain read: under auto (cuFile where GPUDirect is there, else the
+        pinned bounce) and with cufile by name; the path each took is in the figure."""
+        device = "cpu" if self.rehearsal else "cuda"
+        raw = os.path.join(self.c.work, "engine.bin")
+        with open(raw, "wb") as o:
+            o.write(os.urandom(256 << 20))
+        said = []
+        for backend in ("auto", "cufile"):
+            j = json.loads(self.c.medfast("io", "load", "--file", raw, "--device", device, "--loop", "3", "--validate",
+                                          "--backend", backend, "--json"))
+            if not j.get("validated"):
+                raise RuntimeError(f"io load --backend {backend}: the bytes were not validated")
+            said.append(f"load {backend} {j.get('median_gbps', 0):.2f} GB/s via {j.get('device_path', 'host memory')}")
+        j = json.loads(self.c.medfast("io", "store", "--dir", self.c.work, "--mb-size", "256", "--device", device,
+                                      "--loop", "2", "--validate", "--json"))
+        if not j.get("validated"):
+            raise RuntimeError("io store: the bytes were not validated")
+        said.append(f"store {j.get('median_gbps', 0):.2f} GB/s, validated")
+        return "; ".join(said)
 
     def judge(self, fp16, bf16, twins, loader, dyn, infer=None):
         """The issue's done-when, figure by figure ("met", "not met", or why it cannot be said)."""
