@@ -146,7 +146,7 @@ os::File OpenFile::open_direct_file() const {
     if (e.errno_value() != EINVAL) throw;
     static std::once_flag once;
     std::call_once(once, [&] {
-      log::warn("io: the file system of ", path, " refuses O_DIRECT; using buffered I/O there");
+      log::info("io: the file system of ", path, " refuses O_DIRECT; using buffered I/O there");
     });
     return os::File();
   }
