@@ -99,7 +99,7 @@ io::IoOptions io_options(const py::kwargs& kw) {
   // Each keyword argument sets its io_* setting for this call (the field's name, checks and
   // messages: core/io_options.hpp); the rest keep the resolved settings.
   Settings s = settings_copy();
-  const auto keys = setting_keys_of<io::IoOptions>();
+  const auto keys = field_keys<io::IoOptions>();
   for (const auto& [k, v] : kw) {
     const std::string key = py::str(k);
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {

@@ -46,7 +46,7 @@ struct OpenFile {
 };
 
 /// How one backend moves a file's bytes to and from memory: host memory always, device
-/// memory where reaches() says so (cuFile); device memory a backend does not reach is
+/// memory where reaches_device() says so (cuFile); device memory a backend does not reach is
 /// bounced through pinned host buffers by the engine (bounce_read/bounce_write below),
 /// never by the backend. Calls may come from many threads at once (FileHandle is shared
 /// by the loader's workers and async calls).

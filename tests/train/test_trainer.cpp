@@ -67,6 +67,15 @@ nlohmann::json tiny_config(const test::TempDir& dir) {
   return c;
 }
 
+/// tiny_config trained for one epoch (its run in dir/run): what eval, infer and the run
+/// folder tests start from. The config, as trained.
+nlohmann::json trained_one_epoch(const test::TempDir& dir) {
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  Trainer(c, "", one_thread()).run(false);
+  return c;
+}
+
 /// tiny_config without its dataset (data.synth not run yet).
 nlohmann::json unprepared_tiny_config(const test::TempDir& dir) {
   nlohmann::json c = default_run_config();
@@ -436,9 +445,7 @@ TEST(Trainer, CudaGraphIsRefusedWhereACapturedStepCannotReplay) {
 // cannot take is named before any file is read, and nothing is written.
 TEST(Trainer, InferRemovesDeadWritersTemporariesAndChecksItsWindowFirst) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  const nlohmann::json c = trained_one_epoch(dir);
   const auto images = os::list_directory(dir / "data/imagesTr");
   ASSERT_FALSE(images.empty());
   const std::string input = dir / ("data/imagesTr/" + images[0]);
@@ -640,9 +647,7 @@ TEST(NonFiniteGuard, CountsBadStepsInARowPerPrecision) {
 
 TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  nlohmann::json c = trained_one_epoch(dir);
   const std::string before = test::read_file(dir / "run/last.ckpt");
   const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
   EXPECT_TRUE(test::contains_all(m, {"--resume", "--overwrite"}));
@@ -667,9 +672,7 @@ TEST(Trainer, RefusesToOverwriteAnEarlierRun) {
 // its first epoch leaves the old run's files as they were (its own are gone).
 TEST(Trainer, AnOverwriteThatFailsBeforeItsFirstCheckpointPutsTheOldRunBack) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  nlohmann::json c = trained_one_epoch(dir);
   std::map<std::string, std::string> before;
   for (const std::string& f : os::list_directory(dir / "run")) {
     if (os::stat(dir / ("run/" + f)).is_regular) before[f] = test::read_file(dir / ("run/" + f));
@@ -961,9 +964,7 @@ TEST(TrainCli, TestTimeFlipsInValidationEvalAndInfer) {
 // file in the middle stops there with its name, after the files before it were written whole.
 TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  const nlohmann::json c = trained_one_epoch(dir);
   const auto images = os::list_directory(dir / "data/imagesTr");
   ASSERT_GE(images.size(), 3u);
   std::vector<std::string> inputs;
@@ -1014,9 +1015,7 @@ TEST(Trainer, InferOverFilesReadsAheadAndWritesBehind) {
 // a SEG, a folder without images, a file of neither format.
 TEST(Trainer, InferTakesDicomSeries) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  const nlohmann::json c = trained_one_epoch(dir);
   SynthOptions so;
   so.out_dir = dir / "dcm";
   so.set_cases(2).set_format("dicom").set_size("40,40,12-14").set_spacing({2.0, 2.0, 3.0});
@@ -1067,9 +1066,7 @@ TEST(Trainer, InferTakesDicomSeries) {
 // A validation label with a class the model does not have is an error naming the label file.
 TEST(Trainer, EvalNamesTheLabelFileOfAClassOutOfRange) {
   test::TempDir dir;
-  nlohmann::json c = tiny_config(dir);
-  c["train"]["epochs"] = 1;
-  Trainer(c, "", one_thread()).run(false);
+  const nlohmann::json c = trained_one_epoch(dir);
   const auto list = nlohmann::json::parse(test::read_file(dir / "data/dataset.json"));
   const std::string label = dir / ("data/" + list["training"].back()["label"].get<std::string>());
   Volume v = read_nifti(label);

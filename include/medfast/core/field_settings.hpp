@@ -81,10 +81,4 @@ T options_from_settings(const Settings& s, const std::string& prefix) {
   return o;
 }
 
-/// T's field keys, in declaration order (the flags and keyword arguments that set them).
-template <typename T>
-std::vector<std::string> setting_keys_of() {
-  return field_keys<T>();
-}
-
 }  // namespace medfast
