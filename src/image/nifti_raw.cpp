@@ -206,17 +206,16 @@ RawImage read_raw(const std::string& path, const NiftiReadOptions& options) {
     if (engine.threads == 0) engine.threads = options.threads;
     io::FileHandle::open(path, io::FileHandle::Mode::read, engine)
         .read_exact(dst, bytes, static_cast<std::uint64_t>(img.header.vox_offset));
-    finish(img);
-    return img;
+  } else {
+    // Several threads reading disjoint ranges also fault in the fresh pages in
+    // parallel, which is most of the cost of a warm read.
+    const std::size_t chunks = (bytes + kParallelChunk - 1) / kParallelChunk;
+    parallel_for(chunks, options.threads, [&](std::size_t i) {
+      const std::size_t off = i * kParallelChunk;
+      const std::size_t n = std::min(kParallelChunk, bytes - off);
+      file.read_exact(dst + off, n, static_cast<std::uint64_t>(img.header.vox_offset) + off);
+    });
   }
-  // Several threads reading disjoint ranges also fault in the fresh pages in
-  // parallel, which is most of the cost of a warm read.
-  const std::size_t chunks = (bytes + kParallelChunk - 1) / kParallelChunk;
-  parallel_for(chunks, options.threads, [&](std::size_t i) {
-    const std::size_t off = i * kParallelChunk;
-    const std::size_t n = std::min(kParallelChunk, bytes - off);
-    file.read_exact(dst + off, n, static_cast<std::uint64_t>(img.header.vox_offset) + off);
-  });
   finish(img);
   return img;
 }

@@ -12,20 +12,19 @@ std::size_t bounce_read(const HostRead& read_host, const Memory& dst, std::uint6
   std::shared_ptr<void> host[2] = {device.pinned(chunk), dst.size > chunk ? device.pinned(chunk) : nullptr};
   bool queued[2] = {false, false};
   // No copy may still read a buffer when it is reused or freed (also after an error).
+  const auto settle = [&](int b) {
+    if (queued[b]) device.wait(b);
+    queued[b] = false;
+  };
   const auto drain = [&] {
-    for (int b = 0; b < 2; ++b) {
-      if (queued[b]) device.wait(b);
-      queued[b] = false;
-    }
+    settle(0);
+    settle(1);
   };
   std::size_t pos = 0;
   try {
     for (int i = 0; pos < dst.size; ++i) {
       const int b = i % 2;
-      if (queued[b]) {
-        device.wait(b);  // the copy out of this buffer has finished
-        queued[b] = false;
-      }
+      settle(b);  // the copy out of this buffer has finished
       char* at = static_cast<char*>(host[b].get());
       const std::size_t len = std::min(chunk, dst.size - pos);
       const std::size_t got = read_host(at, len, off + pos);
