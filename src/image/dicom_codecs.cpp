@@ -19,6 +19,7 @@
 #include <jpeglib.h>
 #endif
 
+#include "medfast/core/endian.hpp"
 #include "medfast/core/error.hpp"
 
 namespace medfast::dicom::codecs {
@@ -88,11 +89,6 @@ void store(const FrameSpec& spec, const Samples& s, char* out) {
 // RLE Lossless (PS3.5 Annex G): a 64-byte header (segment count, 15 offsets), then one
 // PackBits segment per byte plane, most significant byte first.
 // ---------------------------------------------------------------------------
-
-std::uint32_t le32(const unsigned char* p) {
-  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
-         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
-}
 
 void decode_rle(const FrameSpec& spec, const unsigned char* data, std::size_t size, char* out) {
   if (spec.bits_allocated % 8 != 0) fail(spec, str("RLE with Bits Allocated ", spec.bits_allocated, " is not read"));

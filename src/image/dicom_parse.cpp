@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 
+#include "medfast/core/endian.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
@@ -198,11 +199,8 @@ class Parser {
  private:
   static constexpr std::size_t kUndefined = 0xffffffffu;
 
-  std::uint16_t u16(std::size_t at) const { return static_cast<std::uint16_t>(p_[at] | (p_[at + 1] << 8)); }
-  std::uint32_t u32(std::size_t at) const {
-    return static_cast<std::uint32_t>(p_[at]) | (static_cast<std::uint32_t>(p_[at + 1]) << 8) |
-           (static_cast<std::uint32_t>(p_[at + 2]) << 16) | (static_cast<std::uint32_t>(p_[at + 3]) << 24);
-  }
+  std::uint16_t u16(std::size_t at) const { return le16(p_ + at); }
+  std::uint32_t u32(std::size_t at) const { return le32(p_ + at); }
   [[noreturn]] void fail(std::size_t at, const std::string& what) const {
     throw FormatError(str(file_, ": not a sound DICOM file: ", what, " at byte ", at));
   }

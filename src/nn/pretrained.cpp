@@ -14,6 +14,7 @@
 #include <variant>
 #include <vector>
 
+#include "medfast/core/endian.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/os/file.hpp"
 
@@ -308,13 +309,6 @@ ValuePtr Unpickler::reduce(const ValuePtr& callable, const ValuePtr& args) {
 }
 
 namespace {
-
-std::uint32_t le32(const unsigned char* p) {
-  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
-         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
-}
-std::uint16_t le16(const unsigned char* p) { return static_cast<std::uint16_t>(p[0] | p[1] << 8); }
-std::uint64_t le64(const unsigned char* p) { return le32(p) | static_cast<std::uint64_t>(le32(p + 4)) << 32; }
 
 /// Every stored record of a zip archive checked against the CRC-32 its central directory
 /// gives: libtorch's reader (miniz, built without its CRC checks) hands damaged bytes on as
