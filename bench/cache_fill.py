@@ -167,7 +167,7 @@ def medfast_memory_fill(medfast, tmp, dataset, threads):
     json.dump({"data": {"dataset": dataset, "deterministic": CHAIN, "random": [], "cache": {"kind": "memory"},
                         "loader": {"batch_size": 1}}}, open(cfg, "w"))
     out = subprocess.run([medfast, "--threads", str(threads), "bench", "loader", "--json", "--epochs", "1",
-                          "--config", cfg], check=True, capture_output=True, text=True).stdout
+                          "--repeats", "1", "--min-seconds", "0", "--no-check", "--config", cfg], check=True, capture_output=True, text=True).stdout
     r = json.loads(out)
     assert r["epochs"][0]["samples"] == r["items"], r  # every item came out of the filled cache
     return r["fill_seconds"]

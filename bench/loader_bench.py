@@ -2,17 +2,21 @@
 """Random chain + loader throughput: medfast against MONAI, measured in the same run (issues 5, 11).
 
 Usage: /usr/bin/python3 bench/loader_bench.py [--build build] [--cases 8] [--size 512,512,40-100]
-           [--threads 2] [--epochs 5 (heavy: 4)] [--rounds 3] [--chain spleen|heavy]
-           [--monai ../shared/peers/monai-1.3.2]
+           [--threads 2] [--figures 3] [--min-seconds 1] [--rounds 3] [--chain spleen|heavy]
+           [--monai ../shared/peers/monai-1.3.2] [--no-check]
 
-Writes spleen-like volumes (`medfast data synth`), then --rounds rounds; each round runs,
-in turn, --epochs epochs of each contender over the same files with the same threads:
+Writes spleen-like volumes (`medfast data synth`), then --rounds rounds; each round measures,
+in turn, --figures figures of each contender over the same files with the same threads. A
+figure is whole epochs, added until they take --min-seconds of epoch time (an epoch of 8
+items is 0.03 s for medfast), timed as samples/s; only the samples are counted on the clock:
+each side checks its batches in an untimed epoch first (below).
   - medfast: `medfast --threads T bench loader` (fills a memory cache with the
-    deterministic chain, then times epochs of the random chain; prefetch 4);
+    deterministic chain, checks every batch of one epoch off the clock, then times figures
+    of epochs of the random chain; prefetch 4);
   - MONAI 1.3, as its fast-training tutorial: CacheDataset(cache_rate=1, num_workers=T) of
     the same chains (monai_peer.transforms) + ThreadDataLoader(num_workers=0),
     torch.set_num_threads(T). The cache is filled once, before the rounds.
-Figures are samples/s per epoch, the median over all rounds' epochs.
+The median over all rounds' figures is reported with its min and max.
 
 --chain spleen (default): the spleen deterministic chain (cache_fill.CHAIN), then
 RandCropByPosNegLabel 96^3 x4 pos=1 neg=1 from the cached fg/bg indices, RandFlip per axis
@@ -25,13 +29,15 @@ RandZoom(0.8-1.2, p=1) (image bilinear, label nearest) + ResizeWithPadOrCrop(200
 batch size 1. MONAI runs it twice, with Compose and with Compose(lazy=True) (one fused
 resampling; per-key modes passed as `overrides`, without which MONAI 1.3.2 resamples the
 label bilinearly), and the faster counts. Also measured: scipy, image only. Each medfast
-process's first epoch also faults in its batch memory (2 x 37 MB per sample in flight), a
-one-off cost of a run that weighs on an 8-sample epoch: it is printed on its own line, and
-the median runs over every epoch (4 per round, so the first ones are in it).
+process's first epoch faults in its batch memory (2 x 37 MB per sample in flight): that
+epoch is the untimed checked one now.
 
-Verified: medfast's epochs each deliver cases x samples-per-item samples, and one extra
-untimed epoch written with --save-batches has every batch at the expected shape with labels
-in {0, 1}; every MONAI epoch is checked the same way (the check's time is not counted).
+Verified, off the clock: medfast's checked epoch (every batch's shapes, dtypes, finite
+values, crops that differ) and one extra untimed epoch written with --save-batches, whose
+batches must have the expected shape with labels in {0, 1}; each MONAI loader's first epoch
+checked the same way, untimed. On the clock, both sides count samples: every timed epoch
+must deliver cases x samples-per-item. --no-check runs medfast's bench without its checked
+pass (the figure with the checks on must equal it within the spread: they are off the clock).
 Without the MONAI peer the MONAI rows are skipped (with a message) and medfast still runs.
 """
 import argparse
@@ -114,10 +120,10 @@ def read_mft(path, payload=False):
     return meta["dtype"], tuple(meta["shape"]), data.reshape(meta["shape"])
 
 
-def medfast_loader(medfast, cfg, threads, epochs, save=None):
-    cmd = [medfast, "--threads", str(threads), "bench", "loader", "--config", cfg, "--epochs", str(epochs), "--json"]
+def medfast_loader(medfast, cfg, threads, args, save=None):
+    cmd = [medfast, "--threads", str(threads), "bench", "loader", "--config", cfg, "--json"] + list(args)
     if save:
-        cmd += ["--save-batches", save]
+        cmd += ["--save-batches", save, "--repeats", "1", "--min-seconds", "0"]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
@@ -128,8 +134,8 @@ def check_labels(label, where):
 
 def verify_medfast(medfast, cfg, threads, folder, samples, shape):
     """One untimed epoch written with --save-batches: every batch's shape, labels in {0, 1}, the sample count."""
-    r = medfast_loader(medfast, cfg, threads, 1, save=folder)
-    assert r["epochs"][0]["samples"] == samples, r
+    r = medfast_loader(medfast, cfg, threads, [], save=folder)
+    assert r["samples_per_epoch"] == samples, r
     n = 0
     for name in sorted(f for f in os.listdir(folder) if f.endswith("_image.mft")):
         _, s_image, _ = read_mft(os.path.join(folder, name))
@@ -144,12 +150,14 @@ def verify_medfast(medfast, cfg, threads, folder, samples, shape):
         sys.exit(f"verification failed: medfast's saved epoch has {n} samples, not {samples}")
 
 
-def medfast_rates(medfast, cfg, threads, epochs, samples):
-    r = medfast_loader(medfast, cfg, threads, epochs)
+def medfast_rates(medfast, cfg, a, samples):
+    """One medfast process: its figures' samples/s (each >= --min-seconds of epochs)."""
+    args = ["--repeats", str(a.figures), "--min-seconds", str(a.min_seconds)] + (["--no-check"] if a.no_check else [])
+    r = medfast_loader(medfast, cfg, a.threads, args)
     for e in r["epochs"]:
         if e["samples"] != samples:
             sys.exit(f"verification failed: a medfast epoch delivered {e['samples']} samples, not {samples}")
-    return r, [e["samples_per_second"] for e in r["epochs"]]
+    return r, [f["samples_per_second"] for f in r["figures"]]
 
 
 def monai_loader(monai, files, deterministic, random, threads, batch_size, lazy=False, overrides=None):
@@ -164,22 +172,32 @@ def monai_loader(monai, files, deterministic, random, threads, batch_size, lazy=
     return monai.data.ThreadDataLoader(ds, batch_size=batch_size, num_workers=0, shuffle=True)
 
 
-def monai_epoch(loader, samples, shape):
-    """samples/s of one epoch; every batch checked (shapes, labels in {0, 1}) off the clock."""
-    n, checking = 0, 0.0
-    t0 = time.perf_counter()
+def monai_check(loader, samples, shape):
+    """One untimed MONAI epoch, every batch checked (shapes, labels in {0, 1}, the sample count)."""
+    n = 0
     for batch in loader:
-        c0 = time.perf_counter()
         image, label = batch["image"], batch["label"]
         if tuple(image.shape[1:]) != shape or tuple(label.shape) != tuple(image.shape):
             sys.exit(f"verification failed: MONAI batch image {tuple(image.shape)}, label {tuple(label.shape)}; "
                      f"want (B,) + {shape}")
         check_labels(label, "MONAI batch")
         n += image.shape[0]
-        checking += time.perf_counter() - c0
-    seconds = time.perf_counter() - t0 - checking
     if n != samples:
         sys.exit(f"verification failed: a MONAI epoch delivered {n} samples, not {samples}")
+
+
+def monai_figure(loader, samples, min_seconds):
+    """samples/s of whole epochs until they take min_seconds; only samples are counted on the clock."""
+    n, seconds = 0, 0.0
+    while seconds < min_seconds or n == 0:
+        got = 0
+        t0 = time.perf_counter()
+        for batch in loader:
+            got += batch["image"].shape[0]
+        seconds += time.perf_counter() - t0
+        if got != samples:
+            sys.exit(f"verification failed: a MONAI epoch delivered {got} samples, not {samples}")
+        n += got
     return n / seconds
 
 
@@ -214,14 +232,16 @@ def verdict(name, ratio, target):
 
 
 def run_rounds(a, medfast, cfg, samples, monai_loaders, shape):
-    """--rounds rounds: medfast's epochs, then each MONAI loader's, in turn. Returns the per-epoch rates."""
+    """--rounds rounds: medfast's figures, then each MONAI loader's, in turn. Returns the figures' rates."""
+    for loader in monai_loaders.values():
+        monai_check(loader, samples, shape)
     m_rates, o_rates, first = [], {name: [] for name in monai_loaders}, None
     for _ in range(a.rounds):
-        r, rates = medfast_rates(medfast, cfg, a.threads, a.epochs, samples)
+        r, rates = medfast_rates(medfast, cfg, a, samples)
         first = first or r
         m_rates += rates
         for name, loader in monai_loaders.items():
-            o_rates[name] += [monai_epoch(loader, samples, shape) for _ in range(a.epochs)]
+            o_rates[name] += [monai_figure(loader, samples, a.min_seconds) for _ in range(a.figures)]
     return first, m_rates, o_rates
 
 
@@ -245,9 +265,10 @@ def spleen(a, monai):
         print(f"dataset: {a.cases} spleen-like volumes {a.size}; medfast memory cache filled in "
               f"{r['fill_seconds']:.1f} s; batch size {r['batch_size']} items x {r['samples_per_item']} crops; "
               f"medfast {r['threads']} loader threads, MONAI {a.threads} torch threads + ThreadDataLoader's producer "
-              f"thread; medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.epochs} epochs")
-        print(f"verified: every epoch of {'medfast and MONAI' if o_rates else 'medfast'} delivered {samples} samples "
-              f"of 96^3 (image and label), labels in {{0, 1}}")
+              f"thread; medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.figures} "
+              f"figures of >= {a.min_seconds} s each")
+        print(f"verified off the clock: medfast {r['verified']}; a checked epoch of each loader delivered {samples} "
+              f"samples of 96^3 (image and label), labels in {{0, 1}}; every timed epoch counted {samples} samples")
         print_rates(m_rates, o_rates, 1)
         table([("medfast loader", m_rates)] + list(o_rates.items()) +
               [("numpy random chain, 1 thread (10 s, 2 volumes)", [py_rate])], 1)
@@ -261,7 +282,7 @@ def spleen(a, monai):
 def print_rates(m_rates, o_rates, digits):
     """Every epoch's samples/s, medfast's then each MONAI loader's."""
     for name, rates in [("medfast", m_rates)] + list(o_rates.items()):
-        print(f"{name} samples/s per epoch: {', '.join(f'{x:.{digits}f}' for x in rates)}")
+        print(f"{name} samples/s per figure: {', '.join(f'{x:.{digits}f}' for x in rates)}")
 
 
 def scipy_heavy(im, rng):
@@ -311,15 +332,13 @@ def heavy(a, monai):
         print(f"dataset: {a.cases} spleen-like volumes {a.size}; memory cache of the Spacing(1.5, 1.5, 2) output "
               f"(medfast filled it in {r['fill_seconds']:.1f} s); batch size 1; medfast {r['threads']} loader threads, "
               f"MONAI {a.threads} torch threads + ThreadDataLoader's producer thread; "
-              f"medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.epochs} epochs")
+              f"medfast peak RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB; {a.rounds} rounds x {a.figures} figures of "
+              f">= {a.min_seconds} s each")
         print("chain: RandRotate(0.1, 0.1, 0.3, p=1) + RandZoom(0.8-1.2, p=1) on image (bilinear) and label (nearest), "
               "ResizeWithPadOrCrop(200, 210, 220); medfast composes them into one resampling per key")
-        print(f"verified: every epoch of {'medfast and MONAI' if o_rates else 'medfast'} delivered {a.cases} samples "
-              f"of 200x210x220 (image and label), labels in {{0, 1}}")
+        print(f"verified off the clock: medfast {r['verified']}; a checked epoch of each loader delivered {a.cases} "
+              f"samples of 200x210x220 (image and label), labels in {{0, 1}}; every timed epoch counted {a.cases}")
         print_rates(m_rates, o_rates, 2)
-        firsts = m_rates[::a.epochs]
-        print(f"medfast first epoch of each round: {', '.join(f'{x:.2f}' for x in firsts)} samples/s; "
-              f"the later epochs' median: {statistics.median([x for i, x in enumerate(m_rates) if i % a.epochs]) if a.epochs > 1 else float('nan'):.2f}")
         table([("medfast loader", m_rates)] + list(o_rates.items()) +
               [("scipy, image only, two resamplings (1 sample)", [py_rate])], 2)
         med = statistics.median(m_rates)
@@ -336,13 +355,13 @@ def main():
     ap.add_argument("--cases", type=int, default=8)
     ap.add_argument("--size", default="512,512,40-100")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per contender per round (spleen 5, heavy 4)")
+    ap.add_argument("--figures", type=int, default=3, help="figures per contender per round")
+    ap.add_argument("--min-seconds", type=float, default=1.0, help="epoch time per figure, at least")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-check", action="store_true", help="medfast's bench without its checked pass")
     ap.add_argument("--chain", choices=["spleen", "heavy"], default="spleen")
     monai_peer.add_argument(ap)
     a = ap.parse_args()
-    if a.epochs is None:
-        a.epochs = 5 if a.chain == "spleen" else 4
     monai = monai_peer.load(a.monai)
     return heavy(a, monai) if a.chain == "heavy" else spleen(a, monai)
 

@@ -1,5 +1,6 @@
-// medfast bench loader: fill the cache, then time epochs of the random chain alone (on the host or
-// a GPU, every batch checked). medfast bench step: a network's training step on random data.
+// medfast bench loader: fill the cache, check every batch of a first epoch off the clock, then time
+// epochs of the random chain alone (on the host or a GPU). medfast bench step: a network's training
+// step on random data.
 
 #include <chrono>
 #include <cstdio>
@@ -34,7 +35,11 @@ namespace medfast::cli {
 namespace {
 
 struct LoaderArgs : DataConfigArgs {
-  int epochs = 3;
+  int epochs = 1;             ///< at least this many epochs per timed figure
+  double min_seconds = 1.0;   ///< and at least this much epoch time
+  int repeats = 5;            ///< figures; the median is reported with the min and max
+  int check_epochs = 1;       ///< epochs checked batch by batch, off the clock, before the timed ones
+  bool no_check = false;
   int batch_size = 0;
   bool json = false;
   std::string save_batches;  ///< write every batch's tensors here (MFTENSOR files)
@@ -97,12 +102,37 @@ struct BatchCheck {
   }
 };
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
 void synchronize(const at::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.has_index() ? device.index() : -1);
 }
 
+/// One timed epoch: the clock starts with the epoch and stops once the device holds its last batch.
+struct TimedEpoch {
+  std::size_t samples = 0, batches = 0;
+  double seconds = 0;
+};
+
+/// Bytes a batch delivers per sample, over every key (metadata only: nothing is read).
+double bytes_per_sample(const data::Batch& b) {
+  std::size_t bytes = 0;
+  for (const auto& [key, t] : b.tensors) bytes += t.numel() * t.element_size();
+  return b.samples() > 0 ? static_cast<double>(bytes) / static_cast<double>(b.samples()) : 0.0;
+}
+
 int run_loader(const LoaderArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.epochs >= 1, "bench loader: --epochs ", a.epochs, " must be at least 1");
+  MEDFAST_CHECK_T(ValueError, a.repeats >= 1, "bench loader: --repeats ", a.repeats, " must be at least 1");
+  MEDFAST_CHECK_T(ValueError, a.min_seconds >= 0 && a.min_seconds <= 3600, "bench loader: --min-seconds ",
+                  a.min_seconds, " must be between 0 and 3600");
+  MEDFAST_CHECK_T(ValueError, a.check_epochs >= 1, "bench loader: --check-epochs ", a.check_epochs,
+                  " must be at least 1 (--no-check turns the check off)");
+  MEDFAST_CHECK_T(ValueError, !(a.no_check && !a.save_batches.empty()), "bench loader: --save-batches writes the "
+                  "checked pass's batches; it cannot go with --no-check");
   data::PipelineConfig cfg = open_pipeline(a.config, a.sets, ctx);
   if (a.batch_size > 0) cfg.loader.batch_size = a.batch_size;
   if (!a.device.empty()) {
@@ -139,63 +169,129 @@ int run_loader(const LoaderArgs& a, Context& ctx) {
   }
   const double fill_seconds = since(t0);
   data::Loader loader(items, source, chain, cfg.loader);
+  const std::size_t want_samples = (cfg.loader.drop_last ? loader.batches_per_epoch() * cfg.loader.batch_size : items) *
+                                   chain.samples_per_item();
+  std::vector<std::string> problems;
+  auto count_check = [&](std::uint64_t e, std::size_t samples) {
+    if (samples != want_samples && !cfg.smart()) {
+      problems.push_back(str("epoch ", e, ": ", samples, " samples, expected ", want_samples));
+    }
+  };
+  double sample_bytes = 0;  // what a sample weighs, from the first batch seen
+  std::uint64_t epoch = 0;  // the loader's epoch, hence its seeds: the checked pass's first, then the timed ones
+  auto end_epoch = [&] {
+    ++epoch;
+    if (smart) smart->update();
+  };
+
+  // The checked pass, off the clock: every batch of --check-epochs epochs checked (shapes,
+  // dtypes, devices; finite values and crops that differ, read on the device), and written
+  // out with --save-batches. What is timed after it is the loader alone.
+  const auto tc = std::chrono::steady_clock::now();
   BatchCheck check;
   check.device = device;
   check.batch_samples = static_cast<std::size_t>(cfg.loader.batch_size) * chain.samples_per_item();
-  const std::size_t want_samples = (cfg.loader.drop_last ? loader.batches_per_epoch() * cfg.loader.batch_size : items) *
-                                   chain.samples_per_item();
-  nlohmann::json epochs = nlohmann::json::array();
-  for (int e = 0; e < a.epochs; ++e) {
-    synchronize(device);
-    const auto te = std::chrono::steady_clock::now();
-    loader.start(static_cast<std::uint64_t>(e));
+  // With --no-check, one epoch unchecked stands in for it, so that both time the same warm loader
+  // (a process's first epoch also faults in its batch memory).
+  for (int k = 0; k < (a.no_check ? 1 : a.check_epochs); ++k) {
+    loader.start(epoch);
     std::size_t samples = 0, batches = 0;
     while (auto b = loader.next()) {
       samples += b->samples();
-      check.check(*b, batches);
+      if (sample_bytes == 0) sample_bytes = bytes_per_sample(*b);
+      if (!a.no_check) check.check(*b, batches);
       if (!a.save_batches.empty()) {
         for (const auto& [key, t] : b->tensors) {
-          io::save_tensor(t, str(a.save_batches, "/epoch", e, "_batch", batches, "_", key, ".mft"), {},
+          io::save_tensor(t, str(a.save_batches, "/epoch", epoch, "_batch", batches, "_", key, ".mft"), {},
                           /*durable=*/false);
         }
       }
       ++batches;
     }
-    synchronize(device);  // the clock stops when the device has the epoch's batches
-    const double s = since(te);
-    check.finish(e);
-    if (samples != want_samples && !cfg.smart()) {
-      check.problems.push_back(str("epoch ", e, ": ", samples, " samples, expected ", want_samples));
+    synchronize(device);
+    if (!a.no_check) check.finish(static_cast<int>(epoch));
+    count_check(epoch, samples);
+    end_epoch();
+  }
+  const double check_seconds = since(tc);
+  problems.insert(problems.begin(), check.problems.begin(), check.problems.end());
+  if (!problems.empty()) throw Error(str("bench loader: the batches failed their check: ", join(problems, "; ")));
+
+  // The timed figures: each at least --epochs epochs and --min-seconds of epoch time (an epoch
+  // of a small dataset takes milliseconds); the clock runs from an epoch's start until the
+  // device holds its last batch, and only counts samples meanwhile.
+  auto timed_epoch = [&] {
+    synchronize(device);
+    TimedEpoch t;
+    const auto te = std::chrono::steady_clock::now();
+    loader.start(epoch);
+    while (auto b = loader.next()) {
+      if (sample_bytes == 0) sample_bytes = bytes_per_sample(*b);
+      t.samples += b->samples();
+      ++t.batches;
     }
-    epochs.push_back({{"epoch", e}, {"samples", samples}, {"batches", batches}, {"seconds", s},
-                      {"samples_per_second", samples / s}});
-    if (smart) smart->update();
+    synchronize(device);
+    t.seconds = since(te);
+    count_check(epoch, t.samples);
+    return t;
+  };
+  nlohmann::json epochs = nlohmann::json::array(), figures = nlohmann::json::array();
+  std::vector<double> rates;
+  for (int r = 0; r < a.repeats; ++r) {
+    std::size_t samples = 0;
+    double seconds = 0;
+    int n = 0;
+    for (; n < a.epochs || seconds < a.min_seconds; ++n) {
+      const TimedEpoch t = timed_epoch();
+      epochs.push_back({{"epoch", epoch}, {"figure", r}, {"samples", t.samples}, {"batches", t.batches},
+                        {"seconds", t.seconds}, {"samples_per_second", t.samples / t.seconds}});
+      samples += t.samples;
+      seconds += t.seconds;
+      end_epoch();
+    }
+    rates.push_back(samples / seconds);
+    figures.push_back({{"epochs", n}, {"samples", samples}, {"seconds", seconds},
+                       {"samples_per_second", rates.back()}});
     if (!a.json) {
-      std::printf("epoch %d: %zu samples in %zu batches, %.2f s, %.1f samples/s\n", e, samples, batches, s,
-                  samples / s);
+      std::printf("figure %d: %d epochs, %zu samples in %.2f s, %.1f samples/s\n", r, n, samples, seconds, rates.back());
       std::fflush(stdout);
     }
   }
-  if (!check.problems.empty()) {
-    throw Error(str("bench loader: the batches failed their check: ", join(check.problems, "; ")));
-  }
+  if (!problems.empty()) throw Error(str("bench loader: the timed epochs failed their count: ", join(problems, "; ")));
+  const double med = median(rates);
+  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+  const std::string verified =
+      a.no_check ? std::string("samples per epoch only (--no-check; one unchecked epoch untimed first)")
+                 : str("shapes, dtypes, devices, finite values, crops that differ in ", a.check_epochs, " untimed epoch",
+                       a.check_epochs == 1 ? "" : "s", "; samples per epoch in every epoch");
   const nlohmann::json out = {{"config", a.config},
                               {"items", items},
                               {"device", device.str()},
                               {"channels_last", cfg.loader.channels_last},
                               {"fill_seconds", fill_seconds},
+                              {"check_seconds", check_seconds},
                               {"threads", cfg.loader.threads},
                               {"batch_size", cfg.loader.batch_size},
                               {"samples_per_item", chain.samples_per_item()},
-                              {"verified", "shapes, dtypes, devices, finite values, crops that differ, samples per epoch"},
+                              {"samples_per_epoch", want_samples},
+                              {"bytes_per_sample", sample_bytes},
+                              {"verified", verified},
+                              {"min_seconds", a.min_seconds},
+                              {"samples_per_second", med},
+                              {"samples_per_second_min", *lo},
+                              {"samples_per_second_max", *hi},
+                              {"figures", figures},
                               {"epochs", epochs},
                               {"peak_rss_bytes", os::peak_rss_bytes()}};
   if (a.json) {
     print_json(out.dump(2));
   } else {
-    std::printf("cache filled in %.2f s (%zu items); loader threads %d, batch size %d, batches on %s; peak RSS %s\n",
-                fill_seconds, items, cfg.loader.threads, cfg.loader.batch_size, device.str().c_str(),
-                format_bytes(os::peak_rss_bytes()).c_str());
+    std::printf("cache filled in %.2f s (%zu items); off the clock: %s (%.2f s)\n", fill_seconds, items,
+                verified.c_str(), check_seconds);
+    std::printf("%.1f samples/s, the median of %d figures (%.1f-%.1f), each >= %d epochs and >= %.2f s; loader "
+                "threads %d, batch size %d, batches on %s; peak RSS %s\n",
+                med, a.repeats, *lo, *hi, a.epochs, a.min_seconds, cfg.loader.threads, cfg.loader.batch_size,
+                device.str().c_str(), format_bytes(os::peak_rss_bytes()).c_str());
   }
   return 0;
 }
@@ -205,11 +301,6 @@ struct TrainingStepFigures {
   double seconds = 0;  ///< per step
   std::string update;  ///< what the update ran
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 /// One training step's forward, backward and optimizer (DiceCE, Adam) on random data, and a
 /// validation forward under NoGradGuard and under InferenceMode: the medians over --steps, each
@@ -394,7 +485,17 @@ Command register_bench(CLI::App& root) {
   auto* loader = bench->add_subcommand(
       "loader", "Fill the cache of CFG, then time epochs of its random chain (loader threads: --threads)");
   la->DataConfigArgs::add(loader);
-  loader->add_option("--epochs", la->epochs, "Epochs to time")->capture_default_str();
+  loader->add_option("--epochs", la->epochs, "Epochs per timed figure, at least")->capture_default_str();
+  loader->add_option("--min-seconds", la->min_seconds,
+                     "Epoch time per figure, at least: epochs are added until it is reached")
+      ->capture_default_str();
+  loader->add_option("--repeats", la->repeats, "Timed figures (the median is reported, with the min and max)")
+      ->capture_default_str();
+  loader->add_option("--check-epochs", la->check_epochs,
+                     "Epochs whose every batch is checked, off the clock, before the timed ones")
+      ->capture_default_str();
+  loader->add_flag("--no-check", la->no_check,
+                   "No checked pass: only the samples of each epoch are counted (to compare with the checks on)");
   loader->add_option("--batch-size", la->batch_size, "Items per batch (default: data.loader.batch_size)");
   loader->add_flag("--json", la->json, "Print JSON");
   loader->add_option("--device", la->device,
@@ -402,8 +503,8 @@ Command register_bench(CLI::App& root) {
                      "cache holds the items there and the random chain runs there, and batches are written NDHWC, "
                      "as train delivers them to a channels-last network");
   loader->add_option("--save-batches", la->save_batches,
-                     "Also write every batch's tensors to this folder (epoch<E>_batch<B>_<key>.mft, load_tensor's format; "
-                     "timings then include the writes)");
+                     "Also write the checked epochs' batches to this folder (epoch<E>_batch<B>_<key>.mft, load_tensor's "
+                     "format; untimed)");
   auto sa = std::make_shared<StepArgs>();
   auto* step = bench->add_subcommand(
       "step", "Time a training step (forward, backward, Adam) and an eval forward of a network on random data");

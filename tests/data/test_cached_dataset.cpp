@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -383,7 +384,7 @@ TEST_F(CacheCli, SetOverridesTheConfigsValues) {
   ASSERT_EQ(b.exit_code, 0) << b.err;
   EXPECT_EQ(nlohmann::json::parse(b.out)["dir"], tmp / "other");
   EXPECT_FALSE(os::exists(tmp / "c"));
-  const auto l = medfast("--threads 1 bench loader --json --epochs 1 --config " + cfg +
+  const auto l = medfast("--threads 1 bench loader --json --repeats 1 --min-seconds 0 --config " + cfg +
                          " --set data.cache.dir=" + (tmp / "other") + " --set data.loader.batch_size=1");
   ASSERT_EQ(l.exit_code, 0) << l.err;
   EXPECT_FALSE(os::exists(tmp / "c")) << "bench loader filled the config's own cache folder";
@@ -391,6 +392,68 @@ TEST_F(CacheCli, SetOverridesTheConfigsValues) {
   const auto bad = medfast("cache build --config " + cfg + " --set data.cache");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--set data.cache: expected key=value"), std::string::npos) << bad.err;
+}
+
+// bench loader checks every batch of an untimed epoch, then times figures of whole epochs
+// (each at least --min-seconds) that only count samples; a batch that fails the check fails
+// the bench whatever its speed, and --no-check skips that pass (and then says so).
+TEST_F(CacheCli, BenchLoaderChecksOffTheClockAndTimesWholeEpochs) {
+  auto config = [&](const nlohmann::json& random) {
+    nlohmann::json cfg;
+    cfg["data"] = {{"dataset", dataset_json()},
+                   {"deterministic", nlohmann::json::parse(kChain)},
+                   {"random", random},
+                   {"cache", {{"kind", "memory"}}},
+                   {"loader", {{"batch_size", 1}}}};
+    const std::string path = tmp / "loader.json";
+    test::write_file(path, cfg.dump(2));
+    return path;
+  };
+  auto crop = [](const nlohmann::json& size) {
+    return nlohmann::json::array({{{"name", "RandCropByPosNegLabel"}, {"keys", {"image", "label"}},
+                                   {"label_key", "label"}, {"spatial_size", size}, {"pos", 1}, {"neg", 1},
+                                   {"num_samples", 2}, {"allow_smaller", true},
+                                   {"fg_indices_key", "label_fg_indices"}, {"bg_indices_key", "label_bg_indices"}}});
+  };
+  const std::string good = config(crop({8, 8, 4}));
+  const auto r = medfast("--threads 2 bench loader --json --repeats 3 --min-seconds 0.05 --config " + good);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["samples_per_epoch"], 10);  // 5 items x 2 crops
+  EXPECT_EQ(j["bytes_per_sample"], 8 * 8 * 4 * (4 + 1));  // float32 image, uint8 label
+  ASSERT_EQ(j["figures"].size(), 3u);
+  std::vector<double> rates;
+  std::size_t epochs = 0;
+  for (const auto& f : j["figures"]) {
+    EXPECT_GE(f["seconds"].get<double>(), 0.05) << f;
+    EXPECT_EQ(f["samples"].get<std::size_t>(), 10 * f["epochs"].get<std::size_t>()) << f;
+    EXPECT_NEAR(f["samples_per_second"].get<double>(), f["samples"].get<double>() / f["seconds"].get<double>(), 1e-6);
+    rates.push_back(f["samples_per_second"]);
+    epochs += f["epochs"].get<std::size_t>();
+  }
+  EXPECT_EQ(j["epochs"].size(), epochs);
+  EXPECT_EQ(j["epochs"][0]["epoch"], 1) << "the timed epochs follow the checked one";
+  std::sort(rates.begin(), rates.end());
+  EXPECT_DOUBLE_EQ(j["samples_per_second"].get<double>(), rates[1]);
+  EXPECT_DOUBLE_EQ(j["samples_per_second_min"].get<double>(), rates[0]);
+  EXPECT_DOUBLE_EQ(j["samples_per_second_max"].get<double>(), rates[2]);
+  EXPECT_NE(j["verified"].get<std::string>().find("finite values, crops that differ in 1 untimed epoch"),
+            std::string::npos) << j["verified"];
+
+  // Crops larger than every image: both crops of an item are the whole image, equal.
+  const std::string same = config(crop({256, 256, 256}));
+  const auto bad = medfast("bench loader --repeats 1 --min-seconds 0 --config " + same);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_TRUE(test::contains_all(bad.err, {"the batches failed their check", "epoch 0: 5 batches whose first two "
+                                           "crops are equal"})) << bad.err;
+  const auto off = medfast("bench loader --json --repeats 1 --min-seconds 0 --no-check --config " + same);
+  ASSERT_EQ(off.exit_code, 0) << off.err;
+  EXPECT_NE(nlohmann::json::parse(off.out)["verified"].get<std::string>().find("--no-check"), std::string::npos);
+  const auto both = medfast("bench loader --no-check --save-batches " + (tmp / "b") + " --config " + same);
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("--save-batches writes the checked pass's batches"), std::string::npos) << both.err;
+  const auto zero = medfast("bench loader --repeats 0 --config " + good);
+  EXPECT_NE(zero.err.find("--repeats 0 must be at least 1"), std::string::npos) << zero.err;
 }
 
 TEST_F(CacheCli, BuildInfoVerifyPrune) {

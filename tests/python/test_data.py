@@ -47,8 +47,8 @@ def test_cached_dataset_with_a_torch_data_loader(tiny_config, tmp_path, workers,
 def test_loader_batches_equal_the_cli_loaders(tiny_config, tmp_path, medfast_binary):
     config = write_config(tmp_path / "data.json", tiny_config)
     out = tmp_path / "batches"
-    subprocess.run([medfast_binary, "--threads", "2", "bench", "loader", "--config", str(config), "--epochs", "2",
-                    "--save-batches", str(out)], check=True, capture_output=True)
+    subprocess.run([medfast_binary, "--threads", "2", "bench", "loader", "--config", str(config), "--check-epochs", "2",
+                    "--repeats", "1", "--min-seconds", "0", "--save-batches", str(out)], check=True, capture_output=True)
     ds = medfast.data.CachedDataset(tiny_config)
     loader = medfast.data.Loader(ds, threads=2)
     for epoch in range(2):
