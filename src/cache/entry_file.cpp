@@ -1,6 +1,8 @@
 // A cache entry's file format without tensors (see entry_file.hpp).
 #include "medfast/cache/entry_file.hpp"
 
+#include "medfast/os/file.hpp"
+
 #include <xxhash.h>
 
 #include <algorithm>
@@ -80,6 +82,19 @@ EntryHead read_entry_head(io::FileHandle& f) {
     }
   }
   return parse_head(f.path(), prefix, size);
+}
+
+bool has_entry_magic(const std::string& path) {
+  try {
+    const os::FileInfo info = os::stat(path);
+    if (!info.is_regular || info.size < sizeof kMagic) return false;
+    char magic[sizeof kMagic];
+    os::File f = os::File::open(path, os::File::Mode::read);
+    if (f.read_at(magic, sizeof magic, 0) != sizeof magic) return false;
+    return std::memcmp(magic, kMagic, sizeof kMagic) == 0;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 nlohmann::json read_entry_meta(const std::string& path) {

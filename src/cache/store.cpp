@@ -10,7 +10,9 @@
 #include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/io/tensor_io.hpp"
+#include "medfast/cache/folder.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/folder_mark.hpp"
 
 namespace medfast::cache {
 
@@ -121,7 +123,11 @@ class DiskStore final : public Store {
   DiskStore(StoreKind kind, std::string dir, io::IoOptions io, std::string device)
       : kind_(kind), dir_(std::move(dir)), io_(std::move(io)), device_(std::move(device)) {
     if (dir_.empty()) throw ValueError(str("cache kind ", name_of(kind_), " needs a directory (cache.dir)"));
-    os::make_directories(dir_);
+    // A folder of its own (os/folder_mark.hpp): made and marked, or an earlier medfast's cache,
+    // marked now; a folder that holds anything else is refused before anything is written.
+    os::claim_folder(dir_, os::kCacheFolder, "data.cache.dir", [this](const std::vector<std::string>& names) {
+      return earlier_cache_folder(dir_, names);
+    });
   }
   std::string kind() const override { return name_of(kind_); }
   std::optional<Sample> get(const std::string& key) override {

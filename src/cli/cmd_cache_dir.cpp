@@ -29,12 +29,15 @@ int run_verify(const DirArgs& a, Context& ctx) {
     nlohmann::json bad = nlohmann::json::array();
     for (const auto& [path, error] : r.corrupt) bad.push_back({{"path", path}, {"error", error}});
     print_json(nlohmann::json{{"dir", a.dir}, {"entries", r.entries}, {"valid", r.valid}, {"corrupt", bad},
-                              {"temporary_files", r.temporary_files}}
+                              {"temporary_files", r.temporary_files}, {"not_entries", r.foreign},
+                              {"marked", r.marked}}
                    .dump(2));
   } else {
     std::printf("cache verify %s: %zu entries, %zu valid, %zu corrupt, %zu temporary files\n", a.dir.c_str(),
                 r.entries, r.valid, r.corrupt.size(), r.temporary_files);
     for (const auto& [path, error] : r.corrupt) std::printf("  corrupt: %s\n", error.c_str());
+    for (const auto& path : r.foreign) std::printf("  not a cache entry (left alone): %s\n", path.c_str());
+    if (!r.marked) std::printf("  the folder has no cache mark (.medfast.json): prune will not touch it\n");
   }
   if (!r.corrupt.empty()) {
     std::fprintf(stderr, "medfast: error: %zu corrupt cache entries in %s (medfast cache prune --dir %s removes them)\n",
@@ -50,7 +53,8 @@ int run_info(const DirArgs& a) {
     nlohmann::json cj = nlohmann::json::object();
     for (const auto& [h, c] : info.chains) cj[h] = {{"entries", c.first}, {"bytes", c.second}};
     print_json(nlohmann::json{{"dir", a.dir}, {"entries", info.entries}, {"bytes", info.bytes}, {"chains", cj},
-                              {"unreadable", info.unreadable}, {"temporary_files", info.temporary_files}}
+                              {"unreadable", info.unreadable}, {"temporary_files", info.temporary_files},
+                              {"not_entries", info.foreign}, {"marked", info.marked}}
                    .dump(2));
     return 0;
   }
@@ -62,8 +66,11 @@ int run_info(const DirArgs& a) {
   }
   if (info.unreadable) std::printf("  %zu entries are unreadable (run cache verify)\n", info.unreadable);
   if (info.temporary_files) {
-    std::printf("  %zu temporary files from interrupted writes (cache prune removes them)\n", info.temporary_files);
+    std::printf("  %zu temporary files from interrupted writes (cache prune removes those whose writer is gone)\n",
+                info.temporary_files);
   }
+  if (info.foreign) std::printf("  %zu files named *.mfc are not cache entries (left alone)\n", info.foreign);
+  if (!info.marked) std::printf("  the folder has no cache mark (.medfast.json): prune will not touch it\n");
   return 0;
 }
 

@@ -43,6 +43,7 @@ struct InferArgs {
   std::vector<std::string> sets;  // sliding-window overrides: roi_size=..., overlap=...
   std::string tta;                // none | flips; empty: the config's validation.tta
   bool json = false;
+  bool overwrite = false;         // replace outputs that exist already
 };
 
 struct ExportArgs {
@@ -260,11 +261,8 @@ int run_train(const TrainArgs& given, Context& ctx) {
       if (!a.json) std::printf("resuming with the run's plan %s\n", plan_file.c_str());
       a.config = plan_file;
     } else {
-      if (!a.resume && !a.overwrite && os::exists(run_dir + "/last.ckpt")) {
-        throw ValueError(str("train --dataset: ", run_dir, " already holds a run (", run_dir,
-                             "/last.ckpt): pass --resume to continue it with its plan, --overwrite to plan and start "
-                             "again, or --set train.run_dir=... for another folder"));
-      }
+      // The run folder checked (and marked) as the run would, before the plan is written there.
+      train::claim_run_folder_for_plan(run_dir, a.resume, a.overwrite);
       a.config = plan_for_training(a.dataset, run_dir, epochs, validation, ctx, a.json);
     }
     a.sets = sets;
@@ -339,6 +337,7 @@ int run_infer(const InferArgs& a, Context& ctx) {
   for (const auto& s : a.sets) train::apply_override(sw, s);
   o.sliding_window = sw;
   o.tta = a.tta;
+  o.overwrite = a.overwrite;
   if (a.checkpoint.empty() == a.config.empty()) {
     throw ValueError("infer: pass either --checkpoint (a medfast checkpoint) or --config (a run config with model.pretrained)");
   }
@@ -459,6 +458,8 @@ Command register_infer(CLI::App& root) {
   app->add_option("--tta", a->tta,
                   "Test-time augmentation: none | flips (the mean logits of each window's 8 mirror images: 8x the "
                   "inference time); default: the config's validation.tta");
+  app->add_flag("--overwrite", a->overwrite,
+                "Replace outputs that exist already in --output (without it infer refuses, writing nothing)");
   app->add_flag("--json", a->json, "Print the written files as JSON");
   return {app, [a](Context& ctx) { return run_infer(*a, ctx); }};
 }

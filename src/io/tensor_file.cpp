@@ -42,9 +42,8 @@ std::string dtype_name(at::ScalarType t) {
 /// FileHandle on the temporary file; commit() renames it into place.
 template <typename Fill>
 void write_atomically(const std::string& path, const IoOptions& io, bool durable, Fill&& fill) {
-  static std::atomic<std::uint64_t> counter{0};
   // os::AtomicWriter's naming, so that cache prune and run starts recognise a killed writer's file.
-  const std::string temp = str(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
+  const std::string temp = os::temporary_path(path);
   try {
     {
       FileHandle f = FileHandle::open(temp, FileHandle::Mode::write, io);

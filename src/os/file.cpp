@@ -453,39 +453,30 @@ std::vector<std::string> list_directory(const std::string& dir) {
 
 namespace {
 std::atomic<std::uint64_t> g_temp_counter{0};
-constexpr const char* kTempMarker = ".tmp-";
+constexpr const char* kTempMarker = ".medfast-tmp-";
 }  // namespace
 
-std::optional<int> temporary_writer_pid(const std::string& name) {
+std::string temporary_path(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  return str(dir, ".", name, kTempMarker, ::getpid(), "-", g_temp_counter.fetch_add(1));
+}
+
+std::optional<int> temporary_writer_pid(const std::string& path) {
+  const auto slash = path.rfind('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (name.size() < 2 || name[0] != '.') return std::nullopt;
   const auto pos = name.rfind(kTempMarker);
-  if (pos == std::string::npos) return std::nullopt;
+  if (pos == std::string::npos || pos < 2) return std::nullopt;  // ".<target>" before it
   const std::string rest = name.substr(pos + std::strlen(kTempMarker));  // <pid>-<n>
   const auto dash = rest.find('-');
   if (dash == 0 || dash == std::string::npos || dash + 1 == rest.size()) return std::nullopt;
-  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c == '-' || (c >= '0' && c <= '9'); })) {
+  if (!std::all_of(rest.begin(), rest.end(), [](char c) { return c == '-' || (c >= '0' && c <= '9'); }) ||
+      rest.find('-', dash + 1) != std::string::npos || dash > 9) {
     return std::nullopt;
   }
   return std::atoi(rest.substr(0, dash).c_str());
-}
-
-Removed stale_temporaries(const std::string& dir) {
-  Removed r;
-  if (!exists(dir)) return r;
-  for (const auto& name : list_directory(dir)) {
-    const auto pid = temporary_writer_pid(name);
-    if (!pid || *pid <= 0) continue;
-    if (*pid == ::getpid() || process_alive(*pid)) continue;  // a writer at work
-    const std::string path = dir + "/" + name;
-    r.bytes += stat(path).size;
-    r.paths.push_back(path);
-  }
-  return r;
-}
-
-Removed remove_stale_temporaries(const std::string& dir) {
-  Removed r = stale_temporaries(dir);
-  for (const auto& path : r.paths) remove_file(path);
-  return r;
 }
 
 AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
@@ -493,7 +484,7 @@ AtomicWriter::AtomicWriter(std::string path) : path_(std::move(path)) {
   if (::stat(path_.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     throw_os(str("cannot write ", path_, ": it is a folder (a file name was expected)"), EISDIR);
   }
-  temp_path_ = str(path_, kTempMarker, ::getpid(), "-", g_temp_counter.fetch_add(1));
+  temp_path_ = temporary_path(path_);
   try {
     file_ = File::open(temp_path_, File::Mode::create_new);
   } catch (const OsError& e) {  // named by the file asked for, not its temporary name

@@ -25,6 +25,7 @@
 #include "medfast/image/nifti.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/folder_mark.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/train/amp.hpp"
 #include "medfast/train/checkpoint.hpp"
@@ -342,10 +343,83 @@ nlohmann::json InferCase::to_json() const {
           {"peak_rss_bytes", peak_rss_bytes}};
 }
 
+namespace {
+
+constexpr const char* kInferDescrip = "medfast infer";  // the NIfTI descrip of what infer writes
+
+// A file `infer` wrote itself: listed in its folder's infer mark, or a NIfTI whose header says
+// so. (A folder given as --input that is also the --output holds them after a first run.)
+bool written_by_infer(const std::string& path) {
+  const std::string folder = os::parent_directory(path);
+  const std::string name = std::filesystem::path(path).filename().string();
+  try {
+    const std::optional<os::FolderMark> mark = os::read_folder_mark(folder);
+    if (mark && mark->kind == os::kInferFolder && mark->lists(name)) return true;
+    return is_nifti_name(path) && read_nifti_header(path).meta.descrip == kInferDescrip;
+  } catch (const Error&) {
+    return false;  // not readable as ours: an input like any other (its own error comes when it is read)
+  }
+}
+
+// The output folder, checked before the network is loaded (nothing written): a file is
+// refused; a folder of another kind of medfast's (a run, a cache) is refused; outputs that
+// exist are refused unless `overwrite`.
+void check_output_folder(const std::string& dir, const std::vector<std::string>& outputs, bool overwrite) {
+  if (os::exists(dir) && !os::stat(dir).is_directory) throw ValueError(str("--output ", dir, ": is a file, not a folder"));
+  const std::optional<os::FolderMark> mark = os::read_folder_mark(dir);
+  if (mark && mark->kind != os::kInferFolder) {
+    throw ValueError(str("--output ", dir, ": is a medfast ", mark->kind, " folder (", dir, "/", os::kFolderMarkName,
+                         "), not an infer output folder: choose another --output"));
+  }
+  std::vector<std::string> existing;
+  for (const std::string& out : outputs) {
+    if (os::exists(out)) existing.push_back(std::filesystem::path(out).filename().string());
+  }
+  if (!existing.empty() && !overwrite) {
+    throw ValueError(str("infer: ", existing.size(), existing.size() == 1 ? " output exists" : " outputs exist",
+                         " already in ", dir, " (", os::describe_entries(dir, existing),
+                         "): pass --overwrite to replace them, or choose another --output; nothing was written"));
+  }
+}
+
+// The output folder once the network has taken a window, before any input is read: a
+// missing or empty folder is made and marked (its mark then lists every output before it is
+// written); infer writes into a folder of the user's too, but removes nothing there. A file is
+// written and removed, so that a folder infer cannot write is said now, not after the first
+// inference.
+std::optional<os::FolderMark> open_output_folder(const std::string& dir) {
+  std::optional<os::FolderMark> mark = os::read_folder_mark(dir);
+  try {
+    if (!mark && os::user_entries(dir).empty()) mark = os::claim_folder(dir, os::kInferFolder, "--output");
+    os::make_directories(dir);
+    const std::string probe = os::temporary_path(dir + "/write-check");
+    os::File::open(probe, os::File::Mode::create_new);
+    os::remove_file(probe);
+  } catch (const OsError& e) {
+    throw OsError(str("--output ", dir, ": cannot write there (", e.what(), "); nothing was inferred"), e.errno_value());
+  }
+  return mark;
+}
+
+}  // namespace
+
 std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<std::string>& inputs,
                              const std::string& output_dir, const InferOptions& o, const Settings& settings,
                                const std::function<void(const std::string&)>& message) {
-  const std::vector<InputImage> images = expand_inputs(inputs);
+  std::vector<InputImage> images = expand_inputs(inputs);
+  // infer's own outputs are not inputs (an --output that is also an --input folder).
+  std::vector<std::string> own;
+  images.erase(std::remove_if(images.begin(), images.end(),
+                              [&](const InputImage& image) {
+                                if (!written_by_infer(image.path)) return false;
+                                own.push_back(std::filesystem::path(image.path).filename().string());
+                                return true;
+                              }),
+               images.end());
+  if (!own.empty() && message) {
+    message(str("skipped ", own.size(), own.size() == 1 ? " file" : " files", " that infer wrote itself (",
+                os::describe_entries("", own), ")"));
+  }
   // Two inputs of one name would write one output file, the second over the first.
   std::vector<std::string> files, outputs;
   std::map<std::string, std::string> input_of;  // output name -> input
@@ -359,6 +433,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     files.push_back(image.path);
     outputs.push_back(output_dir + "/" + name);
   }
+  check_output_folder(output_dir, outputs, o.overwrite);
   const c10::Device device = choose_device(o.device, "--device").device;
   if (checkpoint.empty() && o.config.is_null()) throw ValueError("infer: pass --checkpoint, or --config with model.pretrained");
   Loaded net = checkpoint.empty() ? load_pretrained(o.config, o.config_path, device)
@@ -409,9 +484,10 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
                            "--set roi_size=[...])"));
     }
   }
-  os::make_directories(output_dir);
-  // Temporaries of an infer that was killed mid-write (<name>_seg.nii.gz.tmp-<pid>-<n>): its
-  // writer is gone, so the file is not one it finishes; a running writer's stay.
+  std::optional<os::FolderMark> mark = open_output_folder(output_dir);
+  // Temporaries of an infer that was killed mid-write (.<name>_seg.nii.gz.medfast-tmp-<pid>-<n>), in
+  // a folder infer marked: its writer is gone, so the file is not one it finishes; a running
+  // writer's stay.
   const os::Removed stale = os::remove_stale_temporaries(output_dir);
   if (!stale.paths.empty() && message) {
     message(str("removed ", stale.paths.size(), " temporary files of an interrupted write from ", output_dir, " (",
@@ -460,7 +536,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     out.meta.disk_datatype = 0;
     out.meta.scl_slope = out.meta.scl_inter = 0;
     out.meta.intent_code = 1002;  // NIFTI_INTENT_LABEL
-    out.meta.descrip = "medfast infer";
+    out.meta.descrip = kInferDescrip;
     NiftiWriteOptions wo;
     wo.threads = settings.threads();
     write_nifti(path, out, wo);
@@ -523,6 +599,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
       c.infer_seconds = seconds_since(started);
       finish_write();  // the previous file's
       c.output = outputs[i];
+      if (mark) os::record_file(output_dir, *mark, std::filesystem::path(c.output).filename().string());
       writing = std::async(std::launch::async, [&write, labels = std::move(labels), affine = img.affine,
                                                 original = std::move(p.original), path = c.output] {
         return write(labels, affine, original, path);

@@ -96,8 +96,9 @@ struct StepProfiler::Operators {
   at::CallbackHandle handle;
 };
 
-StepProfiler::StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info)
-    : o_(options), dir_(std::move(out_dir)), info_(std::move(run_info)) {}
+StepProfiler::StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info,
+                           std::function<void(const std::string&)> will_write)
+    : o_(options), dir_(std::move(out_dir)), will_write_(std::move(will_write)), info_(std::move(run_info)) {}
 
 StepProfiler::~StepProfiler() {
   if (recording_) stop_recording();
@@ -171,6 +172,7 @@ void StepProfiler::write_memory() {
   memory_done_ = true;
   os::make_directories(dir_);
   const std::string path = dir_ + "/memory.pickle";
+  if (will_write_) will_write_(path);
   os::write_text_file(path, pickled);
   written_.push_back(path);
 }
@@ -185,6 +187,7 @@ void StepProfiler::write(long step) {
   info["schedule"] = {{"wait", o_.wait}, {"warmup", o_.warmup}, {"active", o_.active}, {"repeat", o_.repeat}};
   os::make_directories(dir_);
   const std::string trace_path = base + "-trace.json.gz";
+  if (will_write_) will_write_(trace_path), will_write_(base + "-trace_summary.txt");
   profile::write_chrome_trace(trace_path, events, trace::threads(), info);
   std::string text = str("medfast trace of ", active_steps_, " steps: ", trace_path, "\n\n");
   try {

@@ -175,7 +175,7 @@ class Run {
 
   TrainResult run(bool resume, bool overwrite) {
     start_ = Clock::now();
-    first_epoch_ = folder_.open(resume, overwrite, c_.root);
+    first_epoch_ = folder_.open(resume, overwrite, c_.root, t_.epochs, t_.target_dice);
     set_up_device();
     if (t_.profile.memory && !device_.is_cuda()) {
       throw ValueError(str("train.profile.memory records the CUDA caching allocator's history, and the run's device is ",
@@ -202,10 +202,13 @@ class Run {
   /// The run from its first written file on (run() checks and builds everything before).
   TrainResult train() {
     if (rank0_) {
-      os::write_text_file(t_.run_dir + "/config.json", c_.root.dump(2) + "\n");
-      os::write_text_file(t_.run_dir + "/machine.json", machine_json().dump(2) + "\n");
+      os::write_text_file(folder_.will_write("config.json"), c_.root.dump(2) + "\n");
+      os::write_text_file(folder_.will_write("machine.json"), machine_json().dump(2) + "\n");
       // A resumed run starts a new file whose steps continue: TensorBoard merges a folder's files.
-      if (t_.tensorboard) events_.emplace(t_.run_dir);
+      if (t_.tensorboard) {
+        events_.emplace(t_.run_dir);
+        folder_.will_write(events_->path().substr(t_.run_dir.size() + 1));
+      }
     }
     if (device_.is_cpu() && rank0_) warn_if_reference_blas();
     say(str("model ", c_.model.value("name", "?"), ": ", nn::count_parameters(*model_.module), " parameters; ",
@@ -217,7 +220,8 @@ class Run {
     profiler_ = std::make_unique<StepProfiler>(
         rank0_ ? t_.profile : ProfileOptions{}, t_.run_dir + "/profiler",
         nlohmann::json{{"run_dir", t_.run_dir}, {"config", c_.path}, {"device", device_.str()},
-                       {"rank", comm_ ? comm_->rank() : 0}});
+                       {"rank", comm_ ? comm_->rank() : 0}},
+        [this](const std::string& path) { folder_.will_write(path.substr(t_.run_dir.size() + 1)); });
     trace::set_thread_name("main");
     start_gpu_sampler();
     for (int epoch = first_epoch_; epoch < t_.epochs && !result_.reached_target; ++epoch) {
@@ -428,8 +432,10 @@ class Run {
     elapsed_before_ = meta.value("elapsed", 0.0);
     result_.best_dice = meta.value("best_dice", -1.0);
     result_.best_epoch = meta.value("best_epoch", 0);
-    result_.reached_target = meta.value("reached_target", false);
-    if (meta.contains("time_to_target") && meta["time_to_target"].is_number()) {
+    // Against this run's target: a resumed run with a higher target (or none) trains on.
+    result_.reached_target = t_.target_dice > 0 && result_.best_dice >= t_.target_dice;
+    if (result_.reached_target && meta.value("reached_target", false) && meta.contains("time_to_target") &&
+        meta["time_to_target"].is_number()) {
       result_.time_to_target = meta["time_to_target"].get<double>();
     }
     for (const auto& e : meta.at("history")) result_.history.push_back(EpochRecord::from_json(e));
@@ -579,11 +585,11 @@ class Run {
     if (rank0_) {
       trace::Range range("checkpoint");
       const nlohmann::json meta = checkpoint_meta(rec.epoch, rec.elapsed);
-      if (improved) save_checkpoint(folder_.best_checkpoint(), *model_.module, nullptr, meta);
-      save_checkpoint(folder_.last_checkpoint(), *model_.module, optimizer_.get(), meta);
+      if (improved) save_checkpoint(folder_.will_write("best.ckpt"), *model_.module, nullptr, meta);
+      save_checkpoint(folder_.will_write("last.ckpt"), *model_.module, optimizer_.get(), meta);
       std::vector<nlohmann::json> epochs;
       for (const auto& e : result_.history) epochs.push_back(e.to_json());
-      detail::write_metrics(t_.run_dir, epochs);
+      detail::write_metrics(folder_.will_write("metrics.jsonl"), epochs);
       if (events_) {  // after last.ckpt: a run killed before this flush resumes after this epoch, no step twice
         detail::epoch_events(*events_, rec, model_.classes - static_cast<std::int64_t>(rec.dice_per_class.size()));
         events_->flush();

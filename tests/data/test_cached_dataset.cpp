@@ -17,7 +17,9 @@
 #include "medfast/data/smart_cache.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/gzip.hpp"
+#include "medfast/cache/entry_file.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/folder_mark.hpp"
 #include "test_util.hpp"
 
 namespace medfast::data {
@@ -348,7 +350,7 @@ class CacheCli : public CachedDatasetTest {
   }
   static test::CommandResult medfast(const std::string& args) { return test::run(test::medfast_binary() + " " + args); }
   static std::size_t count(const std::string& dir, const std::string& pattern) {
-    const auto r = test::run("ls '" + dir + "' 2>/dev/null | grep -c -- '" + pattern + "'");
+    const auto r = test::run("ls -A '" + dir + "' 2>/dev/null | grep -c -- '" + pattern + "'");
     return static_cast<std::size_t>(std::atoi(r.out.c_str()));
   }
 };
@@ -515,6 +517,80 @@ TEST_F(CacheCli, BuildInfoVerifyPrune) {
 // every entry: it is refused, naming the folder, the config and where the entries came from,
 // and nothing is lost; --dry-run lists what would go (path, size, why, dataset); --force
 // removes it, and the report names the dataset each removed entry came from.
+// What a cache folder holds that medfast did not write is never removed: prune refuses a
+// folder without a cache's mark (nothing removed), removes only files that begin with the
+// entry magic (a user's photo.mfc stays) and only temporaries of its own naming whose writer
+// is gone (a user's notes.tmp-2023-05 stays); a cache store refuses a folder of the user's.
+// Two entries swapped (or renamed) hold another key than their names say: verify and prune
+// call them corrupt.
+TEST_F(CacheCli, PruneAndVerifyTouchOnlyWhatMedfastWrote) {
+  const std::string no_torch = "MEDFAST_TORCH_BINARY=/nonexistent/medfast-torch " + test::medfast_binary();
+  // A folder of the user's: refused by prune, untouched; refused by a cache build.
+  os::make_directories(tmp / "mine");
+  const std::map<std::string, std::string> users{{"photo.mfc", "a photo"}, {"notes.tmp-2023-05", "notes"},
+                                                 {"report.tmp-2024-06", "a report"}};
+  for (const auto& [f, text] : users) test::write_file(tmp / ("mine/" + f), text);
+  const auto refused = test::run(no_torch + " cache prune --dir " + (tmp / "mine"));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(test::contains_all(refused.err, {"is not a medfast cache folder", "nothing was removed", "photo.mfc"}))
+      << refused.err;
+  const auto build_there = medfast("cache build --config " + write_config(dataset_json(), tmp / "mine"));
+  EXPECT_NE(build_there.exit_code, 0);
+  EXPECT_TRUE(test::contains_all(build_there.err, {"data.cache.dir", "medfast did not make it", "choose an empty or new folder"}))
+      << build_there.err;
+  for (const auto& [f, text] : users) EXPECT_EQ(test::read_file(tmp / ("mine/" + f)), text) << f;
+  EXPECT_EQ(os::list_directory(tmp / "mine").size(), users.size());
+
+  // A cache medfast made, with the user's files put into it.
+  const std::string cfg = write_config(dataset_json(), tmp / "c");
+  ASSERT_EQ(medfast("cache build --config " + cfg).exit_code, 0);
+  ASSERT_TRUE(os::read_folder_mark(tmp / "c"));
+  EXPECT_EQ(os::read_folder_mark(tmp / "c")->kind, os::kCacheFolder);
+  for (const auto& [f, text] : users) test::write_file(tmp / ("c/" + f), text);
+  const std::string dead_pid = test::run("sh -c 'echo $$'").out;  // that shell has exited
+  const std::string dead_temp = tmp / ("c/.abc.mfc.medfast-tmp-" + std::to_string(std::stoi(dead_pid)) + "-0");
+  test::write_file(dead_temp, "partial");
+  const auto info = nlohmann::json::parse(test::run(no_torch + " cache info --json --dir " + (tmp / "c")).out);
+  EXPECT_EQ(info["entries"], 5);
+  EXPECT_EQ(info["not_entries"], 1);
+  // Two entries swapped: each holds the other's key.
+  std::vector<std::string> entries;
+  for (const auto& f : os::list_directory(tmp / "c")) {
+    if (f.size() > 4 && f.compare(f.size() - 4, 4, ".mfc") == 0 && f != "photo.mfc") entries.push_back(tmp / ("c/" + f));
+  }
+  ASSERT_EQ(entries.size(), 5u);
+  os::rename(entries[0], tmp / "swap");
+  os::rename(entries[1], entries[0]);
+  os::rename(tmp / "swap", entries[1]);
+  const auto v = test::run(no_torch + " cache verify --json --dir " + (tmp / "c"));
+  EXPECT_NE(v.exit_code, 0);
+  const auto vj = nlohmann::json::parse(v.out);
+  EXPECT_EQ(vj["valid"], 3);
+  EXPECT_EQ(vj["corrupt"].size(), 2u);
+  EXPECT_NE(vj["corrupt"][0]["error"].get<std::string>().find("holds key"), std::string::npos) << vj.dump();
+  EXPECT_EQ(vj["not_entries"], nlohmann::json::array({tmp / "c/photo.mfc"}));
+  const auto p = test::run(no_torch + " cache prune --json --dir " + (tmp / "c"));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const auto pj = nlohmann::json::parse(p.out);
+  EXPECT_EQ(pj["corrupt_removed"], 2);
+  EXPECT_EQ(pj["temporary_removed"], 1);
+  EXPECT_FALSE(os::exists(dead_temp));
+  for (const auto& [f, text] : users) EXPECT_EQ(test::read_file(tmp / ("c/" + f)), text) << f;
+  EXPECT_EQ(nlohmann::json::parse(medfast("cache build --json --config " + cfg).out)["computed"], 2);
+  EXPECT_EQ(test::run(no_torch + " cache verify --dir " + (tmp / "c")).exit_code, 0);
+
+  // An earlier medfast's cache (entries, no mark): used, and marked then; prune refuses it before.
+  os::make_directories(tmp / "old");
+  for (const auto& f : os::list_directory(tmp / "c")) {
+    if (cache::has_entry_magic(tmp / ("c/" + f))) test::write_file(tmp / ("old/" + f), test::read_file(tmp / ("c/" + f)));
+  }
+  EXPECT_NE(test::run(no_torch + " cache prune --dir " + (tmp / "old")).exit_code, 0);
+  const auto reused = medfast("cache build --json --config " + write_config(dataset_json(), tmp / "old"));
+  ASSERT_EQ(reused.exit_code, 0) << reused.err;
+  EXPECT_EQ(nlohmann::json::parse(reused.out)["reused"], 5);
+  EXPECT_TRUE(os::read_folder_mark(tmp / "old"));
+}
+
 TEST_F(CacheCli, PruneWithAnotherDatasetsConfigIsRefusedPreviewedOrForced) {
   const std::string cfg = write_config(dataset_json(), tmp / "c");
   ASSERT_EQ(medfast("cache build --config " + cfg).exit_code, 0);
@@ -584,7 +660,7 @@ TEST_F(CacheCli, KilledBuildLeavesOnlyValidEntriesAndResumes) {
   EXPECT_EQ(resumed["computed"].get<std::size_t>(), 10 - survived);
   EXPECT_EQ(medfast("cache verify --dir " + (tmp / "k")).exit_code, 0);
   medfast("cache prune --dir " + (tmp / "k"));
-  EXPECT_EQ(count(tmp / "k", ".tmp-"), 0u);
+  EXPECT_EQ(count(tmp / "k", ".medfast-tmp-"), 0u);
   EXPECT_EQ(count(tmp / "k", ".mfc$"), 10u);
 }
 
@@ -595,7 +671,7 @@ TEST_F(CacheCli, TwoProcessesBuildingOneCacheAtOnce) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(medfast("cache verify --dir " + (tmp / "two")).exit_code, 0);
   EXPECT_EQ(count(tmp / "two", ".mfc$"), 5u);
-  EXPECT_EQ(count(tmp / "two", ".tmp-"), 0u);
+  EXPECT_EQ(count(tmp / "two", ".medfast-tmp-"), 0u);
 }
 
 TEST_F(CacheCli, BadConfigsAreOneLineNamingTheKey) {

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -26,6 +28,7 @@
 #include "medfast/nn/pretrained.hpp"
 #include "medfast/nn/unet.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/folder_mark.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/profile/events.hpp"
 #include "medfast/train/checkpoint.hpp"
@@ -454,8 +457,8 @@ TEST(Trainer, InferRemovesDeadWritersTemporariesAndChecksItsWindowFirst) {
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
   ::waitpid(child, nullptr, 0);  // a writer that is gone
-  const std::string dead = dir / str("out/a_seg.nii.gz.tmp-", child, "-0");
-  const std::string live = dir / str("out/b_seg.nii.gz.tmp-", ::getppid(), "-0");  // a process that runs
+  const std::string dead = dir / str("out/.a_seg.nii.gz.medfast-tmp-", child, "-0");
+  const std::string live = dir / str("out/.b_seg.nii.gz.medfast-tmp-", ::getppid(), "-0");  // a process that runs
   test::write_file(dead, std::string(1000, 'x'));
   test::write_file(live, "y");
   std::vector<std::string> said;
@@ -617,7 +620,7 @@ TEST(Trainer, NaNLogitsAreReportedAsSuchNotAsDiceZero) {
       [&] { infer(dir / "run/nan.ckpt", {dir / ("data/imagesTr/" + images[0])}, dir / "out", io, one_thread()); });
   EXPECT_NE(m.find("holds NaN or infinity"), std::string::npos) << m;
   EXPECT_NE(m.find(images[0]), std::string::npos) << m;
-  EXPECT_TRUE(os::list_directory(dir / "out").empty());
+  EXPECT_TRUE(os::user_entries(dir / "out").empty());  // its mark alone
 }
 
 TEST(NonFiniteGuard, CountsBadStepsInARowPerPrecision) {
@@ -1347,21 +1350,26 @@ TEST(Trainer, FoldedBatchNormScoresAndSegmentsAsTheTrainedNetwork) {
   EXPECT_LE(la.ne(lb).sum().item<std::int64_t>(), la.numel() / 1000) << "more than rounding ties differ";
 }
 
-// A run killed while writing leaves last.ckpt.tmp-<pid>-<n> and config.json.tmp-...: the
-// next start removes those of dead writers (and only those).
-TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {
+// A run killed while writing leaves .last.ckpt.medfast-tmp-<pid>-<n> and the like: the next
+// start removes those of dead writers in its marked folder (and only those). Files of the
+// user's named like an earlier medfast's temporaries ("notes.tmp-2023-05") are never touched.
+TEST(Trainer, StartRemovesTemporariesOfDeadWritersOnlyInItsOwnFolder) {
   test::TempDir dir;
   nlohmann::json c = tiny_config(dir);
   c["train"]["epochs"] = 1;
   os::make_directories(dir / "run");
+  os::write_folder_mark(dir / "run", os::new_folder_mark(os::kRunFolder));  // a run folder medfast made
   const std::string dead_pid = test::run("sh -c 'echo $$'").out;  // that shell has exited
   const int dead = std::stoi(dead_pid);
   ASSERT_NE(dead, ::getpid());
-  const std::string dead_ckpt = dir / ("run/last.ckpt.tmp-" + std::to_string(dead) + "-0");
-  const std::string dead_config = dir / ("run/config.json.tmp-" + std::to_string(dead) + "-7");
-  const std::string live = dir / ("run/notes.tmp-" + std::to_string(::getppid()) + "-1");  // a live process's
-  const std::string not_a_temp = dir / "run/my.tmp-notes";
-  for (const auto& p : {dead_ckpt, dead_config, live, not_a_temp}) test::write_file(p, "partial");
+  const std::string dead_ckpt = dir / ("run/.last.ckpt.medfast-tmp-" + std::to_string(dead) + "-0");
+  const std::string dead_config = dir / ("run/.config.json.medfast-tmp-" + std::to_string(dead) + "-7");
+  const std::string live = dir / ("run/.notes.medfast-tmp-" + std::to_string(::getppid()) + "-1");  // a live process's
+  std::map<std::string, std::string> users{{dir / "run/notes.tmp-2023-05", "my notes"},
+                                           {dir / "run/report.tmp-2024-06", "my report"},
+                                           {dir / "run/my.tmp-notes", "mine"}};
+  for (const auto& p : {dead_ckpt, dead_config, live}) test::write_file(p, "partial");
+  for (const auto& [p, text] : users) test::write_file(p, text);
   std::vector<std::string> messages;
   TrainCallbacks cb;
   cb.message = [&](const std::string& m) { messages.push_back(m); };
@@ -1369,10 +1377,165 @@ TEST(Trainer, StartRemovesTemporariesOfDeadWriters) {
   EXPECT_FALSE(os::exists(dead_ckpt));
   EXPECT_FALSE(os::exists(dead_config));
   EXPECT_TRUE(os::exists(live)) << "a live writer's temporary was removed";
-  EXPECT_TRUE(os::exists(not_a_temp));
+  for (const auto& [p, text] : users) EXPECT_EQ(test::read_file(p), text) << p;
   EXPECT_TRUE(std::any_of(messages.begin(), messages.end(), [](const std::string& m) {
     return m.find("removed 2 temporary files") != std::string::npos;
   }));
+}
+
+// A folder medfast did not make is refused for a run, naming what it holds: nothing in it is
+// written, replaced or removed (not even the lock or the mark), with or without --overwrite.
+TEST(Trainer, ARunFolderMedfastDidNotMakeIsRefusedAndLeftAsItWas) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 1;
+  os::make_directories(dir / "run/sub");
+  const std::map<std::string, std::string> users{{"config.json", "{\"mine\": 1}"},
+                                                 {"metrics.jsonl", "my metrics\n"},
+                                                 {"notes.tmp-2023-05", "notes"},
+                                                 {"sub/photo.mfc", "a photo"}};
+  for (const auto& [f, text] : users) test::write_file(dir / ("run/" + f), text);
+  for (const bool overwrite : {false, true}) {
+    const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false, {}, overwrite); });
+    EXPECT_TRUE(test::contains_all(m, {"train.run_dir", dir / "run", "is not a medfast run folder",
+                                       "config.json, metrics.jsonl, notes.tmp-2023-05 and sub/", "choose an empty or new run_dir"}))
+        << m;
+  }
+  for (const auto& [f, text] : users) EXPECT_EQ(test::read_file(dir / ("run/" + f)), text) << f;
+  EXPECT_EQ(os::list_directory(dir / "run"), (std::vector<std::string>{"config.json", "metrics.jsonl", "notes.tmp-2023-05", "sub"}));
+  // --resume too: there is no run of medfast's to resume.
+  EXPECT_THROW(Trainer(c, "", one_thread()).run(true), ValueError);
+  EXPECT_EQ(os::list_directory(dir / "run").size(), 4u);
+}
+
+// A run whose last.ckpt is gone still holds a run (best.ckpt, metrics): a fresh run is refused
+// without --overwrite. --overwrite removes exactly the files medfast wrote (the mark lists
+// them): the user's notes, another tool's TensorBoard file, a folder of the user's and files
+// the user put in the set-aside folder stay, byte for byte.
+TEST(Trainer, OverwriteRemovesExactlyWhatMedfastWrote) {
+  test::TempDir dir;
+  nlohmann::json c = trained_one_epoch(dir);
+  const os::FolderMark mark = *os::read_folder_mark(dir / "run");
+  EXPECT_EQ(mark.kind, os::kRunFolder);
+  for (const char* f : {"config.json", "machine.json", "best.ckpt", "last.ckpt", "metrics.jsonl"}) {
+    EXPECT_TRUE(mark.lists(f)) << f << " is not in the mark";
+  }
+  os::remove_file(dir / "run/last.ckpt");
+  const std::string before_best = test::read_file(dir / "run/best.ckpt");
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_TRUE(test::contains_all(m, {"already holds a run", "best.ckpt", "--overwrite"})) << m;
+  EXPECT_EQ(test::read_file(dir / "run/best.ckpt"), before_best);
+
+  os::make_directories(dir / "run/mine");
+  os::make_directories(dir / ("run/" + std::string(kOverwrittenName) + "/sub"));
+  const std::map<std::string, std::string> users{
+      {"notes.txt", "notes"},
+      {"events.out.tfevents.1700000000.host.other", "another tool's curves"},
+      {"mine/a.txt", "a"},
+      {std::string(kOverwrittenName) + "/kept.txt", "put there by the user"},
+      {std::string(kOverwrittenName) + "/sub/deep.txt", "deeper"}};
+  for (const auto& [f, text] : users) test::write_file(dir / ("run/" + f), text);
+  const TrainResult r = Trainer(c, "", one_thread()).run(false, {}, /*overwrite=*/true);
+  EXPECT_EQ(r.history.size(), 1u);
+  for (const auto& [f, text] : users) EXPECT_EQ(test::read_file(dir / ("run/" + f)), text) << f;
+  std::size_t ours = 0;  // TensorBoard files: the new run's alone, and the other tool's
+  for (const std::string& f : os::list_directory(dir / "run")) ours += profile::is_event_file(f) && f.find(".medfast") != std::string::npos;
+  EXPECT_EQ(ours, 1u);
+  EXPECT_EQ(os::list_directory(dir / ("run/" + std::string(kOverwrittenName))), (std::vector<std::string>{"kept.txt", "sub"}));
+}
+
+// --resume of a run with no epochs left to train is an error that changes nothing (it rewrote
+// config.json and did nothing); a run that reached its target Dice likewise.
+TEST(Trainer, ResumeWithNothingLeftToTrainChangesNothing) {
+  test::TempDir dir;
+  nlohmann::json c = trained_one_epoch(dir);
+  std::map<std::string, std::string> before;
+  for (const std::string& f : os::list_directory(dir / "run")) {
+    if (os::stat(dir / ("run/" + f)).is_regular) before[f] = test::read_file(dir / ("run/" + f));
+  }
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(true); });
+  EXPECT_TRUE(test::contains_all(m, {"--resume", "holds 1 epochs and train.epochs is 1", "nothing was changed",
+                                     "--set train.epochs="})) << m;
+  std::map<std::string, std::string> after;
+  for (const std::string& f : os::list_directory(dir / "run")) {
+    if (os::stat(dir / ("run/" + f)).is_regular) after[f] = test::read_file(dir / ("run/" + f));
+  }
+  EXPECT_EQ(after, before);
+}
+
+// A run folder of an earlier medfast (a medfast last.ckpt, no mark): a fresh run is refused
+// (its files cannot be told from the user's); --resume continues it and marks it.
+TEST(Trainer, AnEarlierMedfastsRunFolderIsMarkedWhenResumed) {
+  test::TempDir dir;
+  nlohmann::json c = trained_one_epoch(dir);
+  os::remove_file(dir / ("run/" + std::string(os::kFolderMarkName)));
+  test::write_file(dir / "run/notes.txt", "mine");
+  c["train"]["epochs"] = 2;
+  const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(false, {}, true); });
+  EXPECT_TRUE(test::contains_all(m, {"holds a run of an earlier medfast", "epoch 1", "--resume"})) << m;
+  const TrainResult r = Trainer(c, "", one_thread()).run(true);
+  EXPECT_EQ(r.history.size(), 2u);
+  const std::optional<os::FolderMark> mark = os::read_folder_mark(dir / "run");
+  ASSERT_TRUE(mark);
+  EXPECT_TRUE(mark->lists("last.ckpt") && mark->lists("config.json"));
+  EXPECT_FALSE(mark->lists("notes.txt"));
+  EXPECT_EQ(test::read_file(dir / "run/notes.txt"), "mine");
+}
+
+// infer: an --output that is also the --input folder never takes infer's own outputs for
+// inputs; outputs that exist are refused unless --overwrite (nothing written); a folder that
+// cannot be written is said before any inference.
+TEST(Trainer, InferNeverReadsOrSilentlyReplacesItsOwnOutputs) {
+  test::TempDir dir;
+  trained_one_epoch(dir);
+  os::make_directories(dir / "in");
+  const auto images = os::list_directory(dir / "data/imagesTr");
+  ASSERT_GE(images.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    test::write_file(dir / ("in/" + images[i]), test::read_file(dir / ("data/imagesTr/" + images[i])));
+  }
+  test::write_file(dir / "in/notes.txt", "mine");
+  InferOptions io;
+  io.device = "cpu";
+  const auto first = infer(dir / "run/last.ckpt", {dir / "in"}, dir / "in", io, one_thread());
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_FALSE(os::read_folder_mark(dir / "in")) << "a folder of the user's is not marked";
+  const std::string out0 = test::read_file(first[0].output);
+  // Again: the outputs exist. Refused, nothing written, and the outputs were not taken for inputs.
+  std::vector<std::string> said;
+  const std::string m = test::value_error_of(
+      [&] { infer(dir / "run/last.ckpt", {dir / "in"}, dir / "in", io, one_thread(), [&](const std::string& s) { said.push_back(s); }); });
+  EXPECT_TRUE(test::contains_all(m, {"2 outputs exist already", "--overwrite", "nothing was written"})) << m;
+  EXPECT_TRUE(std::any_of(said.begin(), said.end(), [](const std::string& s) {
+    return s.find("skipped 2 files that infer wrote itself") != std::string::npos;
+  }));
+  io.overwrite = true;
+  const auto again = infer(dir / "run/last.ckpt", {dir / "in"}, dir / "in", io, one_thread());
+  EXPECT_EQ(again.size(), 2u) << "its outputs were segmented again";
+  EXPECT_EQ(test::read_file(again[0].output), out0);
+  EXPECT_EQ(test::read_file(dir / "in/notes.txt"), "mine");
+  EXPECT_EQ(os::list_directory(dir / "in").size(), 5u);  // 2 images, 2 outputs, the notes
+  // A fresh folder is made and marked, and lists its outputs.
+  const auto fresh = infer(dir / "run/last.ckpt", {dir / ("in/" + images[0])}, dir / "fresh", io, one_thread());
+  const std::optional<os::FolderMark> mark = os::read_folder_mark(dir / "fresh");
+  ASSERT_TRUE(mark);
+  EXPECT_EQ(mark->kind, os::kInferFolder);
+  EXPECT_TRUE(mark->lists(std::filesystem::path(fresh[0].output).filename().string()));
+  {
+    // A read-only file system (root writes anywhere else): the OS layer's hook fails the
+    // first file created there, as a read-only mount would.
+    os::testing::ScopedHook ro([&](os::Op op, const std::string& path, std::uint64_t, std::size_t) {
+      return os::testing::HookResult{op == os::Op::open && path.rfind(dir / "ro/", 0) == 0 ? EROFS : 0};
+    });
+    os::make_directories(dir / "ro");
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string w = test::error_of<OsError>([&] { infer(dir / "run/last.ckpt", {dir / "in"}, dir / "ro", io, one_thread()); });
+    EXPECT_TRUE(test::contains_all(w, {"cannot write there", "nothing was inferred"})) << w;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  }
+  // A run folder is not an output folder.
+  const std::string r = test::value_error_of([&] { infer(dir / "run/last.ckpt", {dir / "in"}, dir / "run", io, one_thread()); });
+  EXPECT_TRUE(test::contains_all(r, {"is a medfast run folder", "not an infer output folder"})) << r;
 }
 
 // On a GPU: fp16 with loss scaling, batches copied on the loader's side stream, and
@@ -1751,8 +1914,20 @@ TEST(TrainCli, DefaultRunReachesItsDice) {
     EXPECT_EQ(machine["device"].get<std::string>().rfind("cuda:", 0), 0u);
     EXPECT_EQ(config["data"]["cache"]["kind"], "device");
   }
-  const auto said = test::run("cd " + dir.path() + " && " + test::medfast_binary() + " --threads 2 train --resume");
+  // Resumed past its target: nothing to train, said, and nothing changed.
+  const std::string last = test::read_file(dir / "runs/default/last.ckpt");
+  const auto done = test::run("cd " + dir.path() + " && " + test::medfast_binary() + " --threads 2 train --resume");
+  EXPECT_NE(done.exit_code, 0);
+  EXPECT_TRUE(test::contains_all(done.err, {"reached train.target_dice 0.85", "nothing was changed",
+                                            "--set train.target_dice=0"})) << done.err;
+  EXPECT_EQ(test::read_file(dir / "runs/default/last.ckpt"), last);
+  // With the target cleared, one epoch more.
+  const int epochs = res["epochs"].get<int>();
+  const auto said = test::run("cd " + dir.path() + " && " + test::medfast_binary() +
+                              " --threads 2 train --resume --set train.target_dice=0 --set train.epochs=" +
+                              std::to_string(epochs + 1));
   ASSERT_EQ(said.exit_code, 0) << said.err;
+  EXPECT_NE(said.out.find(str("last.ckpt after epoch ", epochs)), std::string::npos) << said.out;
   EXPECT_NE(said.out.find("device " + choose_device("auto", "train.device").text), std::string::npos) << said.out;
   // infer maps the prediction back onto the input's grid (LPS, 1.6 mm) correctly: it
   // overlaps the file's own label about as well as validation measured on the RAS 2 mm grid.

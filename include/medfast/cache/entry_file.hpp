@@ -45,6 +45,11 @@ struct EntryHead {
 /// checksum and syntax). Throws CorruptEntry.
 EntryHead read_entry_head(io::FileHandle& f);
 
+/// Whether `path` is a regular file that begins with the entry magic ("MFCACHE\0"): a file
+/// medfast wrote as a cache entry, whatever state the rest of it is in. Never blocks (a FIFO
+/// or device is not an entry) and never throws for a file it cannot read (false).
+bool has_entry_magic(const std::string& path);
+
 /// The entry's JSON metadata after verifying the header (payloads unread).
 nlohmann::json read_entry_meta(const std::string& path);
 

@@ -148,19 +148,16 @@ void write_text_file(const std::string& path, const std::string& text);
 /// The names in a directory (without . and ..), sorted. OsError naming it.
 std::vector<std::string> list_directory(const std::string& dir);
 
-/// The writer's pid if `name` (a file name or path) is an AtomicWriter temporary
-/// ("<target>.tmp-<pid>-<n>").
+/// Where an AtomicWriter writes `path` first: ".<name>.medfast-tmp-<pid>-<n>" beside it, a name
+/// no user would choose, hidden from a plain listing (os/folder_mark.hpp: who removes them).
+std::string temporary_path(const std::string& path);
+/// The writer's pid if `name` (a file name or path) is a temporary_path name.
 std::optional<int> temporary_writer_pid(const std::string& name);
 /// Files removed, and their bytes.
 struct Removed {
   std::vector<std::string> paths;
   std::uint64_t bytes = 0;
 };
-/// Removes the AtomicWriter temporaries in `dir` whose writer is no longer
-/// running (killed mid-write); those of live writers stay.
-Removed remove_stale_temporaries(const std::string& dir);
-/// The same files, left where they are (what remove_stale_temporaries would remove).
-Removed stale_temporaries(const std::string& dir);
 
 /// An exclusive advisory lock (flock) on a file, held while the object lives (and released
 /// by the kernel when the process dies, however it ends). The file holds the holder's pid.
@@ -181,7 +178,7 @@ class FileLock {
 /// for anything else.
 std::optional<FileLock> try_lock_file(const std::string& path, int* holder = nullptr);
 
-/// Writes a file atomically: data goes to "<path>.tmp-<pid>-<n>" in the same
+/// Writes a file atomically: data goes to temporary_path(path) in the same
 /// directory; commit() fsyncs it, renames it over `path` and fsyncs the
 /// directory. Destroying an uncommitted writer removes the temporary file.
 class AtomicWriter {

@@ -58,6 +58,8 @@ struct InferOptions {
   nlohmann::json sliding_window;  ///< overrides of the checkpoint's validation.sliding_window
   std::string tta;                ///< none | flips; empty: the checkpoint's validation.tta
   std::string suffix = "_seg";
+  /// Replace outputs that exist already (otherwise infer refuses, writing nothing).
+  bool overwrite = false;
   /// With no checkpoint: a run config (its deterministic chain, sliding window and a model
   /// with `pretrained` weights), read from `config_path`.
   nlohmann::json config;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/fields.hpp"
@@ -51,7 +52,10 @@ class StepProfiler {
  public:
   /// Inactive when neither options.enabled nor options.memory: then every call returns at
   /// once. options.memory needs a CUDA device: the trainer checks it first.
-  StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info);
+  /// `will_write(path)` is called before each file is first written (the run folder records it
+  /// as medfast's).
+  StepProfiler(const ProfileOptions& options, std::string out_dir, nlohmann::json run_info,
+               std::function<void(const std::string&)> will_write = {});
   ~StepProfiler();
   StepProfiler(const StepProfiler&) = delete;
   StepProfiler& operator=(const StepProfiler&) = delete;
@@ -75,6 +79,7 @@ class StepProfiler {
 
   ProfileOptions o_;
   std::string dir_;
+  std::function<void(const std::string&)> will_write_;
   nlohmann::json info_;
   bool recording_ = false;
   bool recording_memory_ = false, memory_done_ = false;

@@ -100,10 +100,18 @@ struct TrainCallbacks {
 };
 
 /// In a run_dir: the lock a running `train` holds (one train per folder; the file holds its
-/// pid), and the folder --overwrite moves the old run into until the new run's first
-/// checkpoint (put back if the new run fails before).
+/// pid), and the folder --overwrite moves the old run's files into (those the folder's mark,
+/// .medfast.json, lists) until the new run's first checkpoint (put back if the new run fails before).
 inline constexpr const char* kRunLockName = ".medfast-train.lock";
-inline constexpr const char* kOverwrittenName = ".overwritten-run";
+inline constexpr const char* kOverwrittenName = ".medfast-overwritten-run";
+/// `train --dataset`'s plan in its run_dir.
+inline constexpr const char* kRunPlanName = "plan.yaml";
+
+/// Makes `run_dir` a run folder before `train --dataset` writes its plan there (as the trainer
+/// would: a non-empty folder medfast did not make is refused, naming what it holds; a folder
+/// that holds a run is refused unless `resume` or `overwrite`), records the plan in its mark,
+/// and returns the plan's path. ValueError naming the folder; nothing is written when it throws.
+std::string claim_run_folder_for_plan(const std::string& run_dir, bool resume, bool overwrite);
 
 class Trainer {
  public:
