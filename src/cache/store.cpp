@@ -10,6 +10,7 @@
 #include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/io/tensor_io.hpp"
+#include "medfast/cache/entry_file.hpp"
 #include "medfast/cache/folder.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/os/folder_mark.hpp"
@@ -171,6 +172,21 @@ class DiskStore final : public Store {
       report_corrupt(key, e.what());
       return false;
     }
+  }
+  bool contains_valid(const std::string& key) override {
+    const std::string path = entry_path(dir_, key);
+    if (!os::exists(path)) return false;
+    try {
+      verify_entry(path, key, io_);
+    } catch (const CorruptEntry& e) {
+      report_corrupt(key, e.what());
+      return false;
+    }
+    if (device_ != "cpu") {
+      std::lock_guard<std::mutex> lock(mutex_);
+      verified_.insert(key);  // read GPU-direct from now on
+    }
+    return true;
   }
   StoreStats stats() const override {
     StoreStats s;

@@ -160,7 +160,7 @@ FillReport CachedDataset::fill(const std::function<void(std::size_t, std::size_t
     for (std::size_t i = 0; i < cached_count_; ++i) {
       jobs.push_back(pool.submit([&, i] {
         const std::string k = key(i);
-        if (store_->contains(k)) {
+        if (store_->contains_valid(k)) {  // used as it is: a damaged entry is computed again, not counted here
           ++reused;
         } else {
           trace::Range range("cache_fill", "cache");

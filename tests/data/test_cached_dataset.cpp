@@ -591,6 +591,28 @@ TEST_F(CacheCli, PruneAndVerifyTouchOnlyWhatMedfastWrote) {
   EXPECT_TRUE(os::read_folder_mark(tmp / "old"));
 }
 
+// An entry whose payload lost a bit is not "from the cache": the fill verifies what it reuses,
+// computes the damaged one again (saying so) and counts it as computed.
+TEST_F(CacheCli, ADamagedEntryIsComputedAgainNotCountedFromTheCache) {
+  const std::string cfg = write_config(dataset_json(), tmp / "c");
+  ASSERT_EQ(medfast("cache build --config " + cfg).exit_code, 0);
+  std::string victim;
+  for (const auto& f : os::list_directory(tmp / "c")) {
+    if (cache::has_entry_magic(tmp / ("c/" + f))) victim = tmp / ("c/" + f);
+  }
+  ASSERT_FALSE(victim.empty());
+  std::string bytes = test::read_file(victim);
+  bytes.back() = static_cast<char>(bytes.back() ^ 1);  // the last payload's last byte
+  test::write_file(victim, bytes);
+  const auto again = medfast("cache build --json --config " + cfg);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const auto j = nlohmann::json::parse(again.out);
+  EXPECT_EQ(j["reused"], 4);
+  EXPECT_EQ(j["computed"], 1);
+  EXPECT_TRUE(test::contains_all(again.err, {"checksum mismatch", "recomputing the entry"})) << again.err;
+  EXPECT_EQ(medfast("cache verify --dir " + (tmp / "c")).exit_code, 0);
+}
+
 TEST_F(CacheCli, PruneWithAnotherDatasetsConfigIsRefusedPreviewedOrForced) {
   const std::string cfg = write_config(dataset_json(), tmp / "c");
   ASSERT_EQ(medfast("cache build --config " + cfg).exit_code, 0);

@@ -82,6 +82,10 @@ class Store {
   virtual void put(const std::string& key, const Sample& sample, const nlohmann::json& extra = {}) = 0;
   /// True if an entry exists (for disk: a file whose header verifies).
   virtual bool contains(const std::string& key) = 0;
+  /// True if an entry exists that will be used as it is (for disk: every payload's checksum
+  /// verifies, so a fill counts as "from the cache" only entries that are; a damaged one is
+  /// reported and computed again).
+  virtual bool contains_valid(const std::string& key) { return contains(key); }
   virtual StoreStats stats() const = 0;
 };
 

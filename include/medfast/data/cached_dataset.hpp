@@ -44,7 +44,7 @@ struct CacheConfig {
 struct FillReport {
   std::size_t items = 0;     ///< items this rank caches
   std::size_t computed = 0;  ///< ran the chain
-  std::size_t reused = 0;    ///< valid entries already there
+  std::size_t reused = 0;    ///< entries already there whose checksums verify: used as they are
   std::uint64_t bytes = 0;   ///< bytes of the cached samples
   double seconds = 0;
 };
