@@ -215,12 +215,22 @@ class Campaign:
 
     def step_build(self):
         jobs = str(os.cpu_count() or 2)
-        if self.a.dry_run:  # the folder as it is: no configure, no build
+        if self.a.dry_run:  # the folder as it is where it is built; else built as run.sh's auto choice builds
             missing = [f for f in ("medfast", "medfast-torch", "tests/medfast_gpu_tests")
                        if not os.path.exists(os.path.join(self.build, f))]
-            if missing:
-                raise RuntimeError(f"--dry-run reuses a built folder; {self.build} lacks {', '.join(missing)}")
-            return {"build folder": "reused"}
+            if not missing:
+                return {"build folder": "reused"}
+            # A clean clone: the libtorch run.sh would choose here (without a GPU, Debian's where
+            # python3's torch has no CUDA or no CMake files, as Debian's python3-torch has none),
+            # and run.sh says which and why.
+            t0 = time.time()
+            out = self.sh(["bash", os.path.join(ROOT, "scripts", "run.sh"), "--torch", "auto", "--python", sys.executable,
+                           "--build-dir", self.build, "--no-run", "--target", "medfast_front", "--target",
+                           "medfast_gpu_tests", "--cmake-arg", "-DMEDFAST_BUILD_TESTS=ON"], timeout=3600)
+            decided = next((l for l in out.splitlines() if l.startswith("run.sh: building against")), "")
+            self.log(f"dry run: {self.build} lacked {', '.join(missing)}: built it. {decided}")
+            return {"build folder": f"built ({decided.replace('run.sh: ', '') or 'run.sh --torch auto'})",
+                    "build_s": round(time.time() - t0, 1)}
         # Configured as a GPU user's first command configures (scripts/run.sh's GPU path: the
         # image's torch, its CUDA, the GPU's own architecture, the bundle .gpu/), with the tests.
         if not os.path.isdir(os.path.join(ROOT, ".gpu", "usr")):

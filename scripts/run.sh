@@ -74,8 +74,14 @@ if [ "$torch" = auto ]; then
     say "building against the PyTorch of $(command -v "$py") ($(cut -f1 <<<"$probe"), CUDA $(cut -f2 <<<"$probe")): it has CUDA (--torch debian builds against Debian's libtorch instead)"
   else
     torch=debian
-    if [ -n "$probe" ]; then
-      say "building against Debian's libtorch: the PyTorch of $(command -v "$py") ($(cut -f1 <<<"$probe")) has no CUDA (--torch python builds against it anyway)"
+    if [ -n "$probe" ] && [ -n "$(cut -f2 <<<"$probe")" ]; then
+      say "building against Debian's libtorch: the PyTorch of $(command -v "$py") ($(cut -f1 <<<"$probe"), CUDA $(cut -f2 <<<"$probe")) ships no CMake files to build against (a pip or conda PyTorch has them)"
+    elif [ -n "$probe" ]; then
+      if [ -n "$(cut -f3 <<<"$probe")" ]; then
+        say "building against Debian's libtorch: the PyTorch of $(command -v "$py") ($(cut -f1 <<<"$probe")) has no CUDA (--torch python builds against it anyway)"
+      else
+        say "building against Debian's libtorch: the PyTorch of $(command -v "$py") ($(cut -f1 <<<"$probe")) has no CUDA and ships no CMake files to build against"
+      fi
     else
       say "building against Debian's libtorch (no python3 here imports torch; --torch python would need one)"
     fi

@@ -53,3 +53,30 @@ def test_a_trace_without_a_range_or_not_medfasts_is_refused():
     other["producer"] = "torch"
     with pytest.raises(RuntimeError, match="not medfast's"):
         gpu_check.check_trace_summary([other])
+
+
+def test_a_dry_run_in_a_clean_clone_builds_as_run_sh_chooses(tmp_path):
+    # No build folder: the dry run builds one through run.sh's own choice of libtorch (on a
+    # machine whose python3 torch has no CMake files, Debian's), instead of failing.
+    class Args:
+        build = str(tmp_path / "build-gpu")
+        out = str(tmp_path / "out")
+        dry_run = True
+        targets = None
+        phase = "all"
+        only = None
+    c = gpu_check.Campaign(Args())
+    calls = []
+
+    def sh(cmd, timeout=None, env=None, cwd=None, check=True):
+        calls.append(cmd)
+        return ("run.sh: building against Debian's libtorch: the PyTorch of /usr/bin/python3 (1.13.0a0) has no CUDA "
+                "and ships no CMake files to build against\n")
+    c.sh = sh
+    figures = c.step_build()
+    assert len(calls) == 1
+    cmd = calls[0]
+    assert cmd[1].endswith("scripts/run.sh") and cmd[cmd.index("--torch") + 1] == "auto", cmd
+    assert cmd[cmd.index("--build-dir") + 1] == Args.build and "--no-run" in cmd, cmd
+    assert "medfast_gpu_tests" in cmd and "-DMEDFAST_BUILD_TESTS=ON" in cmd, cmd
+    assert "Debian's libtorch" in figures["build folder"] and "no CMake files" in figures["build folder"], figures

@@ -130,3 +130,18 @@ def test_a_torch_without_cuda_or_none_at_all_means_debians_libtorch(tmp_path, bi
     assert "no python3 here imports torch" in r.stdout, r.stdout
     r = run_sh(checkout(tmp_path / "bad", bundle=False), site, bin_dir, "--torch", "cuda")
     assert r.returncode == 2 and "expected auto, python or debian" in r.stderr
+
+
+def test_a_torch_without_cmake_files_means_debians_libtorch_and_says_why(tmp_path, bin_dir):
+    # Debian's python3-torch (1.13.0a0: no CUDA, no CMake files), and a CUDA torch without them.
+    debian = fake_torch(tmp_path / "debian", "1.13.0a0", None, with_cmake=False)
+    r = run_sh(checkout(tmp_path / "debian", bundle=False), debian, bin_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(1.13.0a0) has no CUDA and ships no CMake files to build against" in r.stdout, r.stdout
+    assert "--torch python builds against it anyway" not in r.stdout
+    assert "decided: torch debian, build in build" in r.stdout
+    cuda = fake_torch(tmp_path / "cuda", "2.6.0+cu124", "12.4", with_cmake=False)
+    r = run_sh(checkout(tmp_path / "cuda", bundle=False), cuda, bin_dir)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(2.6.0+cu124, CUDA 12.4) ships no CMake files to build against" in r.stdout, r.stdout
+    assert "decided: torch debian" in r.stdout
