@@ -15,7 +15,8 @@
 // LOCAL_RANK. Settings given to the launcher as flags reach every rank as their
 // MEDFAST_* variables, and each rank gets an equal share of the cores (the threads
 // setting) unless threads was set. SIGINT, SIGTERM and SIGHUP are forwarded to
-// every rank. When a rank fails, the others are stopped at once (SIGTERM, then
+// every rank, and the launcher waits for them to stop (`train` finishes its step and writes
+// last.ckpt); a second signal stops them at once. When a rank fails, the others are stopped at once (SIGTERM, then
 // SIGKILL after a grace period) and the launcher exits with the failed rank's
 // code; when all succeed, with 0.
 #include <signal.h>
@@ -133,8 +134,16 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
   int failed_rank = -1, interrupted = 0;
   while (!alive.empty()) {
     if (const int sig = os::pending_signal()) {
-      interrupted = sig;
-      std::fprintf(stderr, "medfast launch: %s%s: forwarding it to %zu ranks\n", node.c_str(), ::strsignal(sig),
+      if (!interrupted) {
+        // The first: every rank gets it and stops as `train` does (the step under way
+        // finished, last.ckpt written, all ranks after the same step): the launcher waits.
+        interrupted = sig;
+        std::fprintf(stderr, "medfast launch: %s%s: forwarding it to %zu ranks, which stop after their step (a "
+                     "second signal stops them at once)\n", node.c_str(), ::strsignal(sig), alive.size());
+        for (const auto& [pid, rank] : alive) os::send_signal(pid, sig);
+        continue;
+      }
+      std::fprintf(stderr, "medfast launch: %s%s again: stopping %zu ranks at once\n", node.c_str(), ::strsignal(sig),
                    alive.size());
       stop_all(alive, exits, sig, a.grace_seconds);
       break;
@@ -146,7 +155,7 @@ int run_launch(const LaunchArgs& a, Context& ctx) {
     const int rank = it->second;
     exits[rank] = *e;
     alive.erase(it);
-    if (!e->ok()) {
+    if (!e->ok() && !interrupted) {  // stopping on a signal, a rank's non-zero code says so: the others go on stopping
       failed_rank = rank;
       if (!alive.empty()) {
         std::fprintf(stderr, "medfast launch: %srank %d %s %d: stopping the other %zu ranks\n", node.c_str(), rank,

@@ -2,6 +2,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -15,6 +16,7 @@
 #include "medfast/data/pipeline.hpp"
 #include "medfast/dist/process_group.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/os/process.hpp"
 #include "medfast/train/config_keys.hpp"
 #include "medfast/train/evaluate.hpp"
 #include "medfast/train/export.hpp"
@@ -285,12 +287,26 @@ int run_train(const TrainArgs& given, Context& ctx) {
   }
 }
 
+/// "SIGINT", "SIGTERM", "SIGHUP" (else "signal N").
+std::string sigabbrev(int sig) {
+  switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+  }
+  return str("signal ", sig);
+}
+
 int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Collective>& comm,
                const dist::DistOptions& dist_options) {
   const bool rank0 = !comm || comm->rank() == 0;  // only rank 0 prints
   std::unique_ptr<train::Trainer> trainer = build_trainer(a, ctx, comm.get(), dist_options);
   if (comm) trainer->set_collective(comm);
   train::TrainCallbacks cb;
+  // A first SIGINT or SIGTERM lets the step under way finish and last.ckpt be written; a
+  // second one ends the process at once (as before: every file is written atomically).
+  os::stop_on_first_signal();
+  cb.stop_signal = [] { return os::stop_signal(); };
   const int epochs = trainer->options().epochs;
   if (!a.json && rank0) {
     // The cache fill and each epoch show a progress line (a live one on a terminal,
@@ -314,10 +330,20 @@ int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Co
     };
   }
   const train::TrainResult r = trainer->run(a.resume, cb, a.overwrite);
-  if (!rank0) return 0;
+  const int stopped_code = r.stopped ? 128 + r.stopped->signal : 0;  // as a shell reports a signal's end
+  if (!rank0) return stopped_code;
   if (a.json) {
     print_json(r.to_json().dump());
-    return 0;
+    return stopped_code;
+  }
+  if (r.stopped) {
+    const bool mid_epoch = r.stopped->mid_epoch;
+    std::printf("stopped by %s %s; %s/last.ckpt holds it: continue with the same command and --resume\n",
+                sigabbrev(r.stopped->signal).c_str(),
+                mid_epoch ? str("after step ", r.stopped->step, " of epoch ", r.stopped->epoch).c_str()
+                          : str("after epoch ", r.stopped->epoch).c_str(),
+                r.run_dir.c_str());
+    return stopped_code;
   }
   std::printf("best dice %s at epoch %d; %s\n", fmt(r.best_dice).c_str(), r.best_epoch,
               r.reached_target ? str("target ", trainer->options().target_dice, " reached after ",

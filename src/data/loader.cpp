@@ -70,14 +70,17 @@ std::size_t Loader::batches_per_epoch() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
-void Loader::start(std::uint64_t epoch) {
+void Loader::start(std::uint64_t epoch, std::size_t first_step) {
   stop();
   std::lock_guard<std::mutex> lock(mutex_);
   epoch_ = epoch;
   order_ = epoch_order(epoch);
   const std::size_t b = static_cast<std::size_t>(options_.batch_size);
   batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
-  next_to_build_ = next_to_return_ = repeat_ = 0;
+  const std::size_t repeats = static_cast<std::size_t>(std::max(1, options_.repeats));
+  next_to_build_ = next_to_return_ = std::min(first_step / repeats, batches_);
+  first_repeat_ = first_step % repeats;
+  repeat_ = 0;
   ready_.clear();
   current_.reset();
   error_ = nullptr;
@@ -278,6 +281,8 @@ std::optional<Batch> Loader::next(const std::function<void()>& waiting, std::chr
   auto node = ready_.extract(next_to_return_);
   ++next_to_return_;
   current_ = std::move(node.mapped());
+  repeat_ = first_repeat_;  // a mid-epoch start: this batch's repeats taken before the stop
+  first_repeat_ = 0;
   cv_work_.notify_all();
   if (current_->copied) {
     // The consumer's stream waits for the side-stream copy; the caching

@@ -39,6 +39,16 @@ std::atomic<int> g_signal{0};
 
 void on_signal(int sig) { g_signal.store(sig); }
 
+std::atomic<int> g_stop{0};
+
+void on_first_signal(int sig) {  // async-signal-safe: an atomic store and sigaction
+  g_stop.store(sig);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &dfl, nullptr);
+}
+
 }  // namespace
 
 pid_t spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env, bool die_with_parent) {
@@ -144,6 +154,17 @@ void catch_termination_signals() {
 }
 
 int pending_signal() { return g_signal.exchange(0); }
+
+void stop_on_first_signal() {
+  struct sigaction sa {};
+  sa.sa_handler = on_first_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+    if (::sigaction(s, &sa, nullptr) != 0) throw OsError(str("sigaction(", ::strsignal(s), "): ", errno_text(errno)), errno);
+  }
+}
+
+int stop_signal() { return g_stop.load(); }
 
 std::string self_executable() {
   std::string buf(4096, '\0');

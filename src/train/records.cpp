@@ -81,6 +81,10 @@ nlohmann::json TrainResult::to_json() const {
   nlohmann::json j{{"run_dir", run_dir},       {"epochs", history.size()}, {"best_dice", nan_to_null(best_dice)},
                    {"best_epoch", best_epoch}, {"reached_target", reached_target},
                    {"seconds", seconds},       {"prepare_seconds", prepare_seconds}, {"history", h}};
+  if (stopped) {
+    j["stopped"] = {{"signal", stopped->signal}, {"epoch", stopped->epoch}, {"step", stopped->step},
+                    {"mid_epoch", stopped->mid_epoch}};
+  }
   j["time_to_target"] = time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr);
   return j;
 }

@@ -229,8 +229,13 @@ class Run {
       os::reset_peak_rss();
       detail::reset_cuda_memory_peaks(device_);
       EpochRecord rec = train_epoch(epoch);
+      if (result_.stopped) break;  // mid-epoch: last.ckpt holds the epoch so far
       finish_epoch(epoch, epoch_start, rec);
       folder_.first_checkpoint_written();
+      if (epoch + 1 < t_.epochs && !result_.reached_target && stop_agreed()) {
+        result_.stopped = StopPoint{stop_signal_, rec.epoch, rec.steps, /*mid_epoch=*/false};
+        break;
+      }
     }
     loader_->stop();
     profiler_->finish();
@@ -441,7 +446,13 @@ class Run {
     for (const auto& e : meta.at("history")) result_.history.push_back(EpochRecord::from_json(e));
     if (meta.contains("scaler")) scaler_->load_state(meta["scaler"]);
     lay_out_state_as_parameters(*optimizer_);  // checkpoints hold it contiguous
-    say(str("resuming ", folder_.last_checkpoint(), " after epoch ", first_epoch_));
+    if (meta.contains("partial")) {
+      partial_ = meta["partial"];
+      say(str("resuming ", folder_.last_checkpoint(), " in epoch ", first_epoch_ + 1, " after step ",
+              partial_->at("record").at("steps").get<int>()));
+    } else {
+      say(str("resuming ", folder_.last_checkpoint(), " after epoch ", first_epoch_));
+    }
   }
 
   EpochRecord train_epoch(int epoch) {
@@ -451,8 +462,17 @@ class Run {
     rec.lr = scheduled_lr(c_.schedule, c_.optimizer.lr, epoch, t_.epochs);
     set_learning_rate(*optimizer_, rec.lr);
     torch::manual_seed(derive_seed({t_.seed, static_cast<std::uint64_t>(epoch), 0x7a41}));
-    loader_->start(static_cast<std::uint64_t>(epoch));
     EpochLosses losses;
+    if (partial_) {  // resumed where a stop left this epoch: its steps so far, losses, times and generators
+      rec = EpochRecord::from_json(partial_->at("record"));
+      losses.sum = partial_->at("loss_sum");
+      losses.finite_steps = partial_->at("finite_steps");
+      carried_seconds_ = rec.seconds;
+      restore_generators(partial_->at("generators"));
+      nonfinite_->set_bad_in_a_row(partial_->value("bad_in_a_row", 0));
+      partial_.reset();
+    }
+    loader_->start(static_cast<std::uint64_t>(epoch), static_cast<std::size_t>(rec.steps));
     const long steps_per_epoch = static_cast<long>(loader_->batches_per_epoch());
     for (;;) {
       const long global_step = epoch * steps_per_epoch + rec.steps;
@@ -481,10 +501,19 @@ class Run {
       if (done) take(*done, rec, losses);
       step.reset();  // the step's range ends before the profiler may write the cycle's trace
       profiler_->after_step(global_step);
+      if (stop_requested(global_step + 1)) {
+        result_.stopped = StopPoint{stop_signal_, rec.epoch, rec.steps, /*mid_epoch=*/true};
+        break;
+      }
     }
     // The epoch's last step, read back (on a GPU this waits for it, and its stage times).
     if (const std::optional<StepOutcome> done = step_->finish(rec.times)) take(*done, rec, losses);
-    const double train_seconds = seconds_since(epoch_start);
+    if (result_.stopped) {
+      loader_->stop();
+      save_partial(epoch, rec, losses, seconds_since(epoch_start) + carried_seconds_);
+      return rec;
+    }
+    const double train_seconds = seconds_since(epoch_start) + carried_seconds_;
     rec.loss = losses.finite_steps ? losses.sum / losses.finite_steps : std::nan("");
     double all_samples = static_cast<double>(rec.samples);
     if (distributed_) {
@@ -558,7 +587,8 @@ class Run {
       rec.hd95 = v.hd95;
       rec.nonfinite_validation_cases = v.nonfinite_cases;
     }
-    rec.seconds = seconds_since(epoch_start);
+    rec.seconds = seconds_since(epoch_start) + carried_seconds_;
+    carried_seconds_ = 0;
     rec.elapsed = elapsed_before_ + seconds_since(start_);
     rec.process_seconds = os::process_seconds();
     rec.peak_rss_bytes = os::peak_rss_bytes();
@@ -650,6 +680,81 @@ class Run {
         {"libtorch", str(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ".", TORCH_VERSION_PATCH)}};
   }
 
+  /// Steps between a distributed run's votes on a stop (one small all-reduce each): every
+  /// step over Gloo (host memory, microseconds), every 8th over NCCL (a vote there waits for
+  /// the device).
+  long stop_vote_steps() const { return comm_ && std::string(comm_->backend()) == "nccl" ? 8 : 1; }
+
+  /// Whether the run stops after the step that makes `steps_done` (over the run): a stop
+  /// signal (TrainCallbacks::stop_signal) alone, or, under DDP, as every rank agrees: a vote
+  /// every stop_vote_steps() steps, so that all ranks stop after the same step.
+  bool stop_requested(long steps_done) {
+    if (!distributed_) {
+      stop_signal_ = cb_.stop_signal ? cb_.stop_signal() : 0;
+      return stop_signal_ != 0;
+    }
+    return steps_done % stop_vote_steps() == 0 && stop_agreed();
+  }
+  /// The ranks' vote (alone: the signal): a stop if any rank was asked to.
+  bool stop_agreed() {
+    const int local = cb_.stop_signal ? cb_.stop_signal() : 0;
+    if (!distributed_) {
+      stop_signal_ = local;
+      return local != 0;
+    }
+    at::Tensor vote = at::tensor({local != 0 ? 1 : 0, local}, at::kInt);  // ranks asked, their signals
+    comm_->allreduce_sum(vote);
+    const int asked = vote[0].item<int>();
+    if (asked == 0) return false;
+    stop_signal_ = local != 0 ? local : vote[1].item<int>() / asked;  // the others' (one signal, forwarded to all)
+    return true;
+  }
+
+  /// The CPU's generator, and the run's CUDA device's, as bytes (a mid-epoch checkpoint).
+  nlohmann::json generator_states() const {
+    const auto bytes = [](const at::Tensor& t) {
+      const at::Tensor c = t.contiguous().to(at::kByte);
+      return std::vector<std::uint8_t>(c.data_ptr<std::uint8_t>(), c.data_ptr<std::uint8_t>() + c.numel());
+    };
+    nlohmann::json j{{"cpu", bytes(at::detail::getDefaultCPUGenerator().get_state())}};
+    if (device_.is_cuda()) j["cuda"] = bytes(at::globalContext().defaultGenerator(device_).get_state());
+    return j;
+  }
+  void restore_generators(const nlohmann::json& j) {
+    const auto tensor = [](const nlohmann::json& v) {
+      const auto b = v.get<std::vector<std::uint8_t>>();
+      return at::tensor(at::ArrayRef<std::uint8_t>(b), at::kByte);
+    };
+    const auto set = [&](at::Generator g, const nlohmann::json& v) {  // a handle: the default generator itself
+      std::lock_guard<std::mutex> lock(g.mutex());
+      g.set_state(tensor(v));
+    };
+    set(at::detail::getDefaultCPUGenerator(), j.at("cpu"));
+    if (device_.is_cuda() && j.contains("cuda")) set(at::globalContext().defaultGenerator(device_), j.at("cuda"));
+  }
+
+  /// A stop mid-epoch: last.ckpt holds the weights, the optimizer and this epoch's steps so
+  /// far (its record, losses and the generators), so that --resume takes the next step as the
+  /// run would have. best.ckpt, metrics.jsonl and the epoch's curves wait for the epoch's end.
+  void save_partial(int epoch, EpochRecord rec, const EpochLosses& losses, double seconds) {
+    if (!rank0_) return;
+    trace::Range range("checkpoint");
+    const double elapsed = elapsed_before_ + seconds_since(start_);
+    rec.seconds = seconds;
+    rec.elapsed = elapsed;
+    rec.loss = losses.finite_steps ? losses.sum / losses.finite_steps : 0.0;  // its final value comes at the epoch's end
+    nlohmann::json meta = checkpoint_meta(epoch, elapsed);
+    meta["partial"] = {{"record", rec.to_json()},
+                       {"loss_sum", losses.sum},
+                       {"finite_steps", losses.finite_steps},
+                       {"bad_in_a_row", nonfinite_->bad_in_a_row()},
+                       {"generators", generator_states()},
+                       {"signal", stop_signal_}};
+    save_checkpoint(folder_.will_write("last.ckpt"), *model_.module, optimizer_.get(), meta);
+    folder_.first_checkpoint_written();
+    if (events_) events_->flush();
+  }
+
   const RunConfig& c_;
   const TrainOptions& t_;
   const Settings& settings_;
@@ -660,6 +765,9 @@ class Run {
   detail::RunFolder folder_;
   int first_epoch_ = 0;
   double elapsed_before_ = 0;
+  std::optional<nlohmann::json> partial_;  // last.ckpt's epoch so far, when a stop left one
+  double carried_seconds_ = 0;             // that epoch's seconds before the stop
+  int stop_signal_ = 0;
   c10::Device device_{c10::kCPU};
   std::string device_text_;  // the device and why (train/placement.hpp)
   nlohmann::json runtime_;   // libtorch, CUDA, cuDNN, the GPU

@@ -137,6 +137,31 @@ TEST(Loader, DropLastShuffleAndRepeats) {
   EXPECT_EQ(got[2].items, (std::vector<std::size_t>{4, 5, 6, 7}));
 }
 
+// A run resumed mid-epoch starts its loader after the steps taken: the batches that follow
+// are those the whole epoch yields from there (a batch yielded twice, once before the stop:
+// once more).
+TEST(Loader, AStartAfterSomeStepsYieldsTheRestOfTheEpoch) {
+  for (const int repeats : {1, 2}) {
+    LoaderOptions o = opts(2, 2, 3);
+    o.repeats = repeats;
+    Loader whole(11, item, chain(), o);
+    const auto want = epoch(whole, 4);
+    ASSERT_EQ(want.size(), 4u * static_cast<std::size_t>(repeats));
+    for (std::size_t first : {std::size_t{0}, std::size_t{1}, std::size_t{3}, want.size()}) {
+      Loader l(11, item, chain(), o);
+      l.start(4, first);
+      std::vector<Batch> got;
+      while (auto b = l.next()) got.push_back(*b);
+      ASSERT_EQ(got.size(), want.size() - first) << "repeats " << repeats << ", after " << first;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].items, want[first + i].items);
+        EXPECT_TRUE(at::equal(got[i].tensors.at("image"), want[first + i].tensors.at("image")))
+            << "repeats " << repeats << ", after " << first << ", batch " << i;
+      }
+    }
+  }
+}
+
 TEST(Loader, WorkerErrorsSurfaceWithTheItemsFiles) {
   auto bad = [](std::size_t i) {
     Sample s = item(i);

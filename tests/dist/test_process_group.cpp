@@ -28,6 +28,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/core/settings.hpp"
 #include "medfast/dist/process_group.hpp"
+#include "medfast/train/checkpoint.hpp"
 #include "medfast/train/trainer.hpp"
 #include "medfast/os/net.hpp"
 #include "test_util.hpp"
@@ -904,6 +905,32 @@ TEST(Launch, SignalsAreForwardedToEveryRank) {
   }
 }
 
+// A signal to the launcher of a distributed run: every rank stops after the same step (a vote),
+// rank 0 writes last.ckpt and says how to go on, the launcher waits for them and returns 128 +
+// the signal; resumed through the launcher, the ranks continue from that step.
+TEST(Launch, AStopSignalStopsEveryRankAfterTheSameStepAndTheRunResumes) {
+  test::TempDir dir;
+  test::write_file(dir / "run.json", tiny_ddp_config(dir, 6).dump(2));
+  const std::string d = dir.path();
+  const std::string train = "--threads 1 launch --nproc 2 -- train --config '" + (dir / "run.json") +
+                            "' --set data.loader.threads=1 --set train.run_dir='" + (dir / "run") + "'";
+  test::write_file(dir / "run.sh", launch(train + " --set train.epochs=500") + " > " + d + "/out 2>&1 &\nL=$!\n" +
+                                       "for i in $(seq 600); do grep -q 'epoch 1/500' " + d + "/out && break; sleep 0.1; done\n"
+                                       "kill -TERM $L\nwait $L\necho $? > " + d + "/rc\n");
+  const auto start = std::chrono::steady_clock::now();
+  test::run("bash '" + (dir / "run.sh") + "'");
+  EXPECT_LT(seconds_since(start), 120.0);
+  const std::string out = test::read_file(dir / "out");
+  EXPECT_EQ(test::read_file(dir / "rc"), "143\n") << out;
+  EXPECT_TRUE(contains(out, "stopped by SIGTERM after")) << out;
+  EXPECT_TRUE(contains(out, "which stop after their step")) << out;
+  const nlohmann::json meta = train::read_checkpoint_meta(dir / "run/last.ckpt");
+  const int done = meta["epoch"].get<int>();
+  const auto r = test::run(launch(train + " --resume --set train.epochs=" + std::to_string(done + 1)));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(contains(r.out, str("epoch ", done + 1, "/", done + 1))) << r.out;
+}
+
 // torchrun's meaning of the variables over nodes: node R's local rank L is global rank R*K+L.
 TEST(Launch, NodesGetTorchrunsRankVariables) {
   test::TempDir dir;
@@ -962,10 +989,12 @@ TEST(Launch, AKilledNodeStopsTheOtherNamingIt) {
   const std::string d = dir.path(), port = std::to_string(os::free_tcp_port());
   auto node = [&](int rank) { return node_launcher(d, port, rank, "--dist-timeout 30 ", 500); };
 
-  // Node 1's launcher is killed with SIGKILL once the first epoch is written.
+  // Node 1 lost once the first epoch is written: its launcher and its ranks killed with
+  // SIGKILL at once (a launcher killed alone sends its ranks SIGTERM, and they stop as
+  // `train` stops on a signal: every rank after the same step, with last.ckpt).
   test::write_file(dir / "run.sh", node(1) + " &\nN1=$!\n" + node(0) + " &\nN0=$!\n" +
                                        "for i in $(seq 600); do [ -s " + d + "/run/metrics.jsonl ] && break; sleep 0.1; done\n"
-                                       "date +%s.%N > " + d + "/killed\nkill -KILL $N1\nwait $N0\necho $? > " + d +
+                                       "date +%s.%N > " + d + "/killed\npkill -KILL -P $N1\nkill -KILL $N1\nwait $N0\necho $? > " + d +
                                        "/rc0\ndate +%s.%N > " + d + "/stopped\n");
   test::run("bash '" + (dir / "run.sh") + "'");
   ASSERT_FALSE(test::read_file(dir / "run/metrics.jsonl").empty()) << test::read_file(dir / "err0");

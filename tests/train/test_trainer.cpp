@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
@@ -343,6 +345,114 @@ TEST(Trainer, WritesCheckpointsMetricsAndResumesBitIdentically) {
   c["model"]["channels"] = {4, 8, 32};
   const std::string m = test::value_error_of([&] { Trainer(c, "", one_thread()).run(true); });
   EXPECT_NE(m.find("model"), std::string::npos) << m;
+}
+
+// A stop signal lets the step under way finish: last.ckpt then holds the epoch so far (its
+// steps, losses and generators), and --resume takes the next step as the run would have:
+// the same losses, Dice, TensorBoard steps and weights as a run never stopped.
+TEST(Trainer, AStopSignalMidEpochWritesLastCkptAndResumesAsIfUninterrupted) {
+  test::TempDir dir;
+  nlohmann::json base = tiny_config(dir);
+  base["train"]["epochs"] = 3;
+  nlohmann::json a = base;
+  a["train"]["run_dir"] = dir / "a";
+  const TrainResult ra = Trainer(a, "", one_thread()).run(false);
+  ASSERT_EQ(ra.history.size(), 3u);
+  const int steps = ra.history[0].steps;
+  ASSERT_GE(steps, 2);
+
+  nlohmann::json b = base;
+  b["train"]["run_dir"] = dir / "b";
+  TrainCallbacks cb;
+  int taken = 0;  // steps over the run
+  cb.step = [&](int, int, int, double) { ++taken; };
+  cb.stop_signal = [&] { return taken == steps + 1 ? SIGINT : 0; };  // after step 1 of epoch 2
+  const TrainResult stopped = Trainer(b, "", one_thread()).run(false, cb);
+  ASSERT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.stopped->signal, SIGINT);
+  EXPECT_EQ(stopped.stopped->epoch, 2);
+  EXPECT_TRUE(stopped.stopped->mid_epoch);
+  EXPECT_EQ(stopped.history.size(), 1u);
+  const nlohmann::json meta = read_checkpoint_meta(dir / "b/last.ckpt");
+  EXPECT_EQ(meta["epoch"], 1);
+  ASSERT_TRUE(meta.contains("partial"));
+  EXPECT_EQ(meta["partial"]["record"]["steps"], stopped.stopped->step);
+  EXPECT_GE(stopped.stopped->step, 1);
+  const std::string jsonl = test::read_file(dir / "b/metrics.jsonl");
+  EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << "the stopped epoch is not in metrics.jsonl";
+  EXPECT_EQ(stopped.to_json()["stopped"]["mid_epoch"], true);
+
+  const TrainResult rb = Trainer(b, "", one_thread()).run(true);
+  ASSERT_EQ(rb.history.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(ra.history[i].loss, rb.history[i].loss) << "epoch " << i + 1;
+    EXPECT_EQ(ra.history[i].steps, rb.history[i].steps) << "epoch " << i + 1;
+    EXPECT_EQ(ra.history[i].samples, rb.history[i].samples) << "epoch " << i + 1;
+    EXPECT_EQ(*ra.history[i].dice, *rb.history[i].dice) << "epoch " << i + 1;
+  }
+  const auto losses_a = test::scalars_of(test::read_tfevents(dir / "a"), "train_loss");
+  const auto losses_b = test::scalars_of(test::read_tfevents(dir / "b"), "train_loss");
+  ASSERT_EQ(losses_b.size(), losses_a.size()) << "a step twice, or one missing";
+  for (std::size_t i = 0; i < losses_b.size(); ++i) {
+    EXPECT_EQ(losses_b[i].first, losses_a[i].first);
+    EXPECT_EQ(losses_b[i].second, losses_a[i].second) << "step " << i + 1;
+  }
+  const auto ta = checkpoint_tensors(dir / "a/last.ckpt", base["model"]);
+  const auto tb = checkpoint_tensors(dir / "b/last.ckpt", base["model"]);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (const auto& [name, t] : ta) EXPECT_TRUE(at::equal(t, tb.at(name))) << name << " differs after resume";
+
+  // A stop at an epoch's end: last.ckpt is that epoch's, validated.
+  nlohmann::json c = base;
+  c["train"]["run_dir"] = dir / "c";
+  TrainCallbacks at_end;
+  at_end.epoch = [&](const EpochRecord& r) { taken = r.epoch == 1 ? -1 : taken; };
+  taken = 0;
+  at_end.stop_signal = [&] { return taken == -1 ? SIGTERM : 0; };
+  const TrainResult rc = Trainer(c, "", one_thread()).run(false, at_end);
+  ASSERT_TRUE(rc.stopped);
+  EXPECT_FALSE(rc.stopped->mid_epoch);
+  EXPECT_EQ(rc.stopped->epoch, 1);
+  EXPECT_FALSE(read_checkpoint_meta(dir / "c/last.ckpt").contains("partial"));
+}
+
+// The command: a first SIGINT lets the step finish, writes last.ckpt and says how to go on
+// (exit 130, as a shell reports SIGINT); a second signal ends it at once (OsProcess test).
+TEST(TrainCli, AStopSignalFinishesTheStepAndSaysHowToContinue) {
+  test::TempDir dir;
+  nlohmann::json c = tiny_config(dir);
+  c["train"]["epochs"] = 200;
+  test::write_file(dir / "run.json", c.dump());
+  const std::string out = dir / "out.txt";
+  const std::string pidfile = dir / "pid";
+  test::run("((" + test::medfast_binary() + " --threads 1 train --config " + (dir / "run.json") + " > '" + out +
+            "' 2>&1; echo $? > '" + (dir / "rc") + "') & echo $! > '" + pidfile + "')");
+  // The shell's pid; medfast is its child: wait for the first epoch line, then signal it.
+  for (int i = 0; i < 600 && test::read_file(out).find("epoch 1/200") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(test::read_file(out).find("epoch 1/200"), std::string::npos) << test::read_file(out);
+  const std::string shell = std::to_string(std::stoi(test::read_file(pidfile)));
+  const std::string child = test::run("pgrep -P " + shell).out;
+  ASSERT_FALSE(child.empty() || child[0] < '0' || child[0] > '9') << "shell " << shell << ", child '" << child << "'\n"
+                                                                  << test::read_file(out);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(std::stoi(child), SIGINT), 0);
+  const auto rc_written = [&] { return os::exists(dir / "rc") && test::read_file(dir / "rc").find('\n') != std::string::npos; };
+  for (int i = 0; i < 300 && !rc_written(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(rc_written()) << "train did not stop within 30 s";
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(std::stoi(test::read_file(dir / "rc")), 130);
+  const std::string said = test::read_file(out);
+  EXPECT_TRUE(test::contains_all(said, {"stopped by SIGINT after", "last.ckpt holds it", "--resume"})) << said;
+  const nlohmann::json meta = read_checkpoint_meta(dir / "run/last.ckpt");
+  EXPECT_GE(meta["epoch"].get<int>(), 1);
+
+  // Resumed: it continues in the epoch where it stopped.
+  const auto resumed = test::run(test::medfast_binary() + " --threads 1 train --resume --config " + (dir / "run.json") +
+                                 " --set train.epochs=" + std::to_string(meta["epoch"].get<int>() + 1));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  if (meta.contains("partial")) EXPECT_NE(resumed.out.find(" after step "), std::string::npos) << resumed.out;
 }
 
 // train.memory_format channels_last on the CPU (where auto picks contiguous): the network,

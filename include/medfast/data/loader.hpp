@@ -91,8 +91,10 @@ class Loader {
   /// The items this rank visits in `epoch`, in order.
   std::vector<std::size_t> epoch_order(std::uint64_t epoch) const;
   std::size_t batches_per_epoch() const;
-  /// Starts (or restarts) an epoch.
-  void start(std::uint64_t epoch);
+  /// Starts (or restarts) an epoch; with `first_step`, after that many of its steps (a run
+  /// resumed mid-epoch): the batches before are not made, and those after are what they would
+  /// have been (each item's augmentation is seeded by the epoch, the item and the sample).
+  void start(std::uint64_t epoch, std::size_t first_step = 0);
   /// The next batch, or nullopt at the end of the epoch.
   std::optional<Batch> next();
   /// The same; while it waits, `waiting` runs every `every` (a Python caller checks
@@ -121,6 +123,7 @@ class Loader {
   std::vector<std::size_t> order_;
   std::uint64_t epoch_ = 0;
   std::size_t batches_ = 0, next_to_build_ = 0, next_to_return_ = 0, repeat_ = 0;
+  std::size_t first_repeat_ = 0;  // the first batch's repeats already taken (a mid-epoch start)
   std::map<std::size_t, Batch> ready_;
   std::optional<Batch> current_;
   std::exception_ptr error_;

@@ -48,6 +48,13 @@ void send_signal(pid_t pid, int signal);
 void catch_termination_signals();
 int pending_signal();
 
+/// A graceful stop: the first SIGINT, SIGTERM or SIGHUP is caught (stop_signal() then returns
+/// it, and keeps returning it) and the handlers go back to the default, so that a second
+/// signal ends the process at once.
+void stop_on_first_signal();
+/// The signal stop_on_first_signal caught; 0 while none came.
+int stop_signal();
+
 /// Replaces this process with `path` run with `argv` (execv: the same process id,
 /// environment, open terminal). Returns only by throwing OsError naming the program.
 [[noreturn]] void exec_program(const std::string& path, const std::vector<std::string>& argv);

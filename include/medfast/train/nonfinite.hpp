@@ -40,6 +40,8 @@ class NonFiniteGuard {
   /// a row; `context()` (what is kept, hints) ends its message.
   void record(int epoch, int step, int steps, double loss, bool stepped, const std::function<std::string()>& context);
   int bad_in_a_row() const { return bad_in_a_row_; }
+  /// A run resumed mid-epoch: the count it stopped with.
+  void set_bad_in_a_row(int n) { bad_in_a_row_ = n; }
   int limit() const { return limit_; }
 
  private:

@@ -74,8 +74,17 @@ struct EpochRecord {
   static EpochRecord from_json(const nlohmann::json& j);
 };
 
+/// Where a run stopped on a stop signal (TrainCallbacks::stop_signal).
+struct StopPoint {
+  int signal = 0;
+  int epoch = 0;  ///< 1-based
+  int step = 0;   ///< steps of that epoch taken
+  bool mid_epoch = false;  ///< last.ckpt holds the epoch so far (else the epoch ended, validated)
+};
+
 struct TrainResult {
   std::vector<EpochRecord> history;
+  std::optional<StopPoint> stopped;  ///< a stop signal ended the run early; last.ckpt holds it
   double best_dice = -1;
   int best_epoch = 0;
   bool reached_target = false;
@@ -97,6 +106,11 @@ struct TrainCallbacks {
   /// Tests only: sees each step's loss (epoch and step 1-based) before backward and may
   /// replace it (a NaN, an fp16 overflow), as a diverging run or a faulty backend would.
   std::function<at::Tensor(int epoch, int step, const at::Tensor& loss)> loss_filter;
+  /// A graceful stop: the signal that asks the run to stop (0: none), polled after each step.
+  /// The run finishes the step under way, writes last.ckpt (mid-epoch: the epoch so far, which
+  /// --resume continues from the next step as if nothing had happened) and returns with
+  /// TrainResult::stopped set. Under DDP every rank stops after the same step.
+  std::function<int()> stop_signal;
 };
 
 /// In a run_dir: the lock a running `train` holds (one train per folder; the file holds its
