@@ -502,6 +502,10 @@ Command register_export(CLI::App& root) {
           }};
 }
 
+nlohmann::json run_config_of(const std::string& path, const std::vector<std::string>& sets) {
+  return run_config(path, sets);
+}
+
 const ConfigTools& run_config_tools() {
   static const ConfigTools tools{&print_keys, &print_resolved};
   return tools;

@@ -1,0 +1,67 @@
+// A run's dataset check: plan keeps a case listed twice once.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "medfast/data/pipeline.hpp"
+#include "medfast/plan/dataset.hpp"
+#include "medfast/train/run_config.hpp"
+#include "test_util.hpp"
+
+namespace medfast::train {
+namespace {
+
+Settings one_thread() {
+  Settings s;
+  s.set("threads", "1", SettingSource::flag, "test");
+  return s;
+}
+
+/// A tiny run (test_trainer.cpp's): 6 synthetic cases of 40x40x12-14 (the last validates),
+/// UNet(4, 8, 16), 2 epochs; its dataset written.
+nlohmann::json tiny(const test::TempDir& dir) {
+  nlohmann::json c = default_run_config();
+  c["train"]["device"] = "cpu";
+  c["data"]["dataset"] = dir / "data/dataset.json";
+  c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
+  c["data"]["validation"] = {{"num", 1}};
+  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
+  c["model"]["channels"] = {4, 8, 16};
+  c["model"]["strides"] = {2, 2};
+  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
+  c["train"]["run_dir"] = dir / "run";
+  c["train"]["epochs"] = 2;
+  c["train"]["target_dice"] = 0;
+  c["train"]["threads"] = 1;
+  data::prepare_dataset(c, "tiny config", dir.path(), one_thread());
+  return c;
+}
+
+std::string image(const test::TempDir& dir, int i) {
+  return dir / ("data/imagesTr/spleen_" + std::to_string(i) + ".nii.gz");
+}
+
+// Before: a case listed twice was planned (and trained) twice, and the plan's validation
+// split (the last cases) could hold one copy while the other trained.
+TEST(PlanDataChecks, ACaseListedTwiceIsPlannedOnce) {
+  test::TempDir dir;
+  tiny(dir);
+  nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "data/dataset.json"));
+  list["training"].insert(list["training"].begin(), list["training"].back());
+  test::write_file(dir / "data/dataset.json", list.dump());
+  plan::FingerprintOptions o;
+  o.use_cache = false;
+  o.total_samples = 1000;
+  const plan::DatasetFingerprint fp = plan::dataset_fingerprint(dir / "data", o);
+  EXPECT_EQ(fp.listed, 7u);
+  EXPECT_EQ(fp.cases.size(), 6u);
+  EXPECT_EQ(fp.excluded(), 1u);
+  ASSERT_FALSE(fp.notes.empty());
+  const plan::CaseNote& n = fp.notes.back();
+  EXPECT_TRUE(n.excluded);
+  EXPECT_EQ(n.file, image(dir, 5));
+  EXPECT_TRUE(test::contains_all(n.text(), {"is listed twice (training items 0 and 6)", "left out"}));
+}
+
+}  // namespace
+}  // namespace medfast::train
