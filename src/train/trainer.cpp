@@ -121,8 +121,12 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
                                   memory_format);
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
-    const detail::CaseScores scores =
-        detail::score_case(ds.get(i), c, predict, device, c.validation.hd95, str("validation item ", ds.global_index(i)));
+    const Sample sample = ds.get(i);
+    const auto file = sample.meta.find(c.train.image_key);
+    const std::string where =
+        str("validation item ", ds.global_index(i),
+            file != sample.meta.end() && file->is_string() ? " (" + file->get<std::string>() + ")" : "");
+    const detail::CaseScores scores = detail::score_case(sample, c, predict, device, c.validation.hd95, where);
     if (scores.nonfinite_logits) ++nonfinite;  // its NaN scores would drop out of the means
     dice.add(scores.dice);
     if (c.validation.hd95) hd.add(scores.hd95);
@@ -468,7 +472,7 @@ class Run {
       }
       const at::Tensor& image = batch_tensor(*batch, t_.image_key, "train.image_key");
       rec.samples += image.size(0);
-      const StepLabel label{rec.epoch, rec.steps + 1, batch->items};
+      const StepLabel label{rec.epoch, rec.steps + 1, batch->items, batch->files};
       const std::optional<StepOutcome> done =
           step_->run(image, batch_tensor(*batch, t_.label_key, "train.label_key"), label, rec.times);
       ++rec.steps;

@@ -1,15 +1,19 @@
 // The dataset check (data/check.hpp) on a synthetic dataset whose files are rewritten with
-// medfast's NIfTI writer, one fault at a time; `medfast data check` end to end.
+// medfast's NIfTI writer, one fault at a time; labels read into one dtype (LoadImage's
+// exact casts, the loader's batches); 2-D images named; `medfast data check` end to end.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
+#include "medfast/data/cached_dataset.hpp"
 #include "medfast/data/check.hpp"
+#include "medfast/data/loader.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/transforms/transform.hpp"
 #include "test_util.hpp"
 
 namespace medfast::data {
@@ -241,6 +245,64 @@ TEST(LabelCheckTest, NamesTheLabelFileAndCollectsEmptyLabels) {
                                    check(sample("/d/e.nii.gz", at::full({1, 4, 4, 4}, 0.6, at::kFloat)));
                                  }),
                                  {"/d/e.nii.gz: holds values that are not whole numbers", "mode nearest"}));
+}
+
+// LoadImage's cast to an integer dtype keeps every value or names the file.
+TEST_F(DatasetCheck, LoadImageReadsWholeFloatLabelsAsIntegersAndRefusesFractions) {
+  const auto load = transforms::make_chain(
+      nlohmann::json::parse(R"([{"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", "uint8"]}])"));
+  rewrite(label(0), [](Volume& v) { v.data = v.data.to(at::kFloat); });
+  rewrite(label(1), [](Volume& v) { v.data = v.data.to(at::kFloat) * 0.6; });
+  rewrite(label(2), [](Volume& v) { v.data = v.data.to(at::kShort) * 300; });
+  const Dataset d = training();
+  const Sample whole = compute_item(d, load, 0);
+  EXPECT_EQ(whole.volume("label").data.scalar_type(), at::kByte);
+  EXPECT_TRUE(at::equal(whole.volume("label").data, read_nifti(label(0)).data.to(at::kByte)));
+  EXPECT_TRUE(test::contains_all(test::error_of<Error>([&] { compute_item(d, load, 1); }),
+                                 {label(1), "dtype uint8 cannot hold", "not whole numbers", "e.g. 0.6"}));
+  EXPECT_TRUE(test::contains_all(test::error_of<Error>([&] { compute_item(d, load, 2); }),
+                                 {label(2), "range from 0 to 300", "0..255"}));
+}
+
+TEST_F(DatasetCheck, EnsureChannelFirstNamesATwoDimensionalImage) {
+  rewrite(image(1), [](Volume& v) { v.data = v.data.select(2, 3).contiguous(); });
+  rewrite(label(1), [](Volume& v) { v.data = v.data.select(2, 3).contiguous(); });
+  const auto chain = transforms::make_chain(nlohmann::json::parse(R"([
+      {"name": "LoadImage", "keys": ["image", "label"]}, {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+      {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"}])"));
+  const std::string m = test::error_of<Error>([&] { compute_item(training(), chain, 1); });
+  EXPECT_TRUE(test::contains_all(m, {image(1), "is a 2-D image (shape 40 x 36)", "medfast trains 3D images"}));
+  EXPECT_EQ(m.find("put EnsureChannelFirst"), std::string::npos) << m;
+}
+
+// Files of one key stored in different types batch in the type that holds them all.
+TEST_F(DatasetCheck, LabelsStoredInDifferentDtypesBatchTogether) {
+  rewrite(label(1), [](Volume& v) { v.data = v.data.to(at::kFloat); });
+  const auto chain = transforms::make_chain(nlohmann::json::parse(R"([
+      {"name": "LoadImage", "keys": ["image", "label"], "dtype": ["float32", ""]},
+      {"name": "EnsureChannelFirst", "keys": ["image", "label"]}])"));
+  const Dataset d = training();
+  std::vector<Sample> samples{compute_item(d, chain, 0), compute_item(d, chain, 1)};
+  ASSERT_EQ(samples[0].volume("label").data.scalar_type(), at::kByte);
+  ASSERT_EQ(samples[1].volume("label").data.scalar_type(), at::kFloat);
+  LoaderOptions o;
+  o.batch_size = 2;
+  o.threads = 1;
+  o.shuffle = false;
+  const auto random = transforms::make_random_chain(nlohmann::json::parse(R"([
+      {"name": "RandSpatialCrop", "keys": ["image", "label"], "roi_size": [16, 16, 8]}])"),
+                                                    1);
+  Loader loader(
+      2, [&](std::size_t i) { return samples[i]; }, random, o);
+  loader.start(0);
+  const auto batch = loader.next();
+  ASSERT_TRUE(batch);
+  const at::Tensor l = batch->tensors.at("label");
+  EXPECT_EQ(l.scalar_type(), at::kFloat);
+  EXPECT_EQ(l.sizes(), (at::IntArrayRef{2, 1, 16, 16, 8}));
+  EXPECT_TRUE(at::equal(l, l.round()));
+  EXPECT_EQ(batch->files.size(), 2u);
+  EXPECT_TRUE(test::contains_all(batch->files[1], {"label=" + label(1)}));
 }
 
 TEST_F(DatasetCheck, CliChecksAListAndARunConfig) {

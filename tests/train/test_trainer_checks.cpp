@@ -1,11 +1,16 @@
-// A run's dataset check: plan keeps a case listed twice once.
+// A run's dataset check: labels stored in different dtypes train, errors of a step name
+// its files; plan keeps a case listed twice once.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "medfast/data/pipeline.hpp"
+#include "medfast/image/nifti.hpp"
+#include "medfast/os/file.hpp"
 #include "medfast/plan/dataset.hpp"
 #include "medfast/train/run_config.hpp"
+#include "medfast/train/step.hpp"
+#include "medfast/train/trainer.hpp"
 #include "test_util.hpp"
 
 namespace medfast::train {
@@ -39,6 +44,33 @@ nlohmann::json tiny(const test::TempDir& dir) {
 
 std::string image(const test::TempDir& dir, int i) {
   return dir / ("data/imagesTr/spleen_" + std::to_string(i) + ".nii.gz");
+}
+
+std::string label(const test::TempDir& dir, int i) {
+  return dir / ("data/labelsTr/spleen_" + std::to_string(i) + ".nii.gz");
+}
+
+template <typename F>
+void rewrite(const std::string& path, F&& f) {
+  Volume v = read_nifti(path);
+  f(v);
+  write_nifti(path, v);
+}
+
+// Before: "loader: batch 0 key 'label' has samples of different shapes, dtypes or devices".
+TEST(TrainDataChecks, LabelsStoredInDifferentDtypesTrain) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  rewrite(label(dir, 1), [](Volume& v) { v.data = v.data.to(at::kFloat); });
+  const TrainResult r = Trainer(c, "", one_thread()).run(false);
+  EXPECT_EQ(r.history.size(), 2u);
+  EXPECT_TRUE(os::exists(dir / "run/best.ckpt"));
+}
+
+TEST(TrainDataChecks, StepErrorsNameTheBatchFiles) {
+  EXPECT_EQ((StepLabel{1, 2, {3, 4}, {"image=a.nii, label=b.nii", "image=c.nii, label=d.nii"}}.text()),
+            "epoch 1, step 2 (items 3: image=a.nii, label=b.nii; 4: image=c.nii, label=d.nii)");
+  EXPECT_EQ((StepLabel{1, 2, {3, 4}}.text()), "epoch 1, step 2 (items 3, 4)");
 }
 
 // Before: a case listed twice was planned (and trained) twice, and the plan's validation
