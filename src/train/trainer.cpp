@@ -1,5 +1,6 @@
 #include "medfast/train/trainer.hpp"
 
+#include "data_checks.hpp"
 #include "detail.hpp"
 #include "run_dir.hpp"
 
@@ -309,26 +310,37 @@ class Run {
     pipeline_.loader.rank = pipeline_.smart() && comm_ ? comm_->rank() : 0;
     pipeline_.loader.world_size = pipeline_.smart() && comm_ ? comm_->world_size() : 1;
     const auto prep_start = Clock::now();
+    // The dataset check (data/check.hpp): headers now, labels as the fill computes them.
+    data_checks_ = std::make_unique<detail::RunDataChecks>(c_);
+    for (const auto& w : data_checks_->check_headers()) say(w);
+    const bool one_process = !distributed_;  // a rank sees its partition only
     data::Loader::Source source;
     std::size_t train_size = 0;
     if (pipeline_.smart()) {
       smart_ = data::make_smart_cache(pipeline_);
+      smart_->set_check(data_checks_->training_check());
       smart_->start(static_cast<std::size_t>(first_epoch_));  // the window where a resumed run left it
       train_size = smart_->size();
+      const bool whole_window = one_process && train_size == pipeline_.dataset.items.size();
+      for (const auto& w : data_checks_->after_training_fill(whole_window)) say(w);
       source = [this](std::size_t i) { return smart_->get(i); };
     } else {
       train_ds_ = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline_));
+      train_ds_->set_check(data_checks_->training_check());
       const auto r = train_ds_->fill(fill_progress("training items"));
       say(str("training items: ", train_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache, ", std::lround(r.seconds * 10) / 10.0, " s)"));
+      for (const auto& w : data_checks_->after_training_fill(one_process && r.computed == train_ds_->size())) say(w);
       train_size = train_ds_->size();
       source = [this](std::size_t i) { return train_ds_->get(i); };
     }
     if (!pipeline_.validation.items.empty()) {
       val_ds_ = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline_));
+      val_ds_->set_check(data_checks_->validation_check());
       const auto r = val_ds_->fill(fill_progress("validation items"));
       say(str("validation items: ", val_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache)"));
+      for (const auto& w : data_checks_->after_validation_fill(one_process && r.computed == val_ds_->size())) say(w);
     } else {
       say("no validation items (data.validation): no Dice, no best.ckpt");
     }
@@ -667,6 +679,7 @@ class Run {
   std::unique_ptr<NonFiniteGuard> nonfinite_;
   int model_threads_ = 1;
   data::PipelineConfig pipeline_;
+  std::unique_ptr<detail::RunDataChecks> data_checks_;
   std::unique_ptr<data::CachedDataset> train_ds_, val_ds_;
   std::unique_ptr<data::SmartCacheDataset> smart_;
   std::unique_ptr<data::Loader> loader_;

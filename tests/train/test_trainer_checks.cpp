@@ -1,9 +1,11 @@
-// A run's dataset check: labels stored in different dtypes train, errors of a step name
-// its files; plan keeps a case listed twice once.
+// A run's dataset check (train/data_checks.hpp): headers before the cache fill, label values
+// and foreground as the fill computes them, each error naming the file; labels stored in
+// different dtypes train; a step's errors name its files; plan keeps a case listed twice once.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include "medfast/core/error.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/image/nifti.hpp"
 #include "medfast/os/file.hpp"
@@ -57,6 +59,61 @@ void rewrite(const std::string& path, F&& f) {
   write_nifti(path, v);
 }
 
+/// The error the run stops with, where it stops before its first checkpoint.
+std::string run_error(const test::TempDir& dir, const nlohmann::json& c) {
+  const std::string m = test::error_of<FormatError>([&] { Trainer(c, "", one_thread()).run(false); });
+  EXPECT_FALSE(os::exists(dir / "run/last.ckpt"));
+  return m;
+}
+
+// Before: trained as empty labels, "dice nan", rc 0, no word of the fractions.
+TEST(TrainDataChecks, FractionalLabelsStopTheRunNamingTheFile) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  rewrite(label(dir, 2), [](Volume& v) { v.data = v.data.to(at::kFloat) * 0.6; });
+  EXPECT_TRUE(test::contains_all(run_error(dir, c), {label(dir, 2), "not whole numbers", "e.g. 0.6"}));
+}
+
+// Before: "dice nan" every epoch, then "best dice -1.0000 at epoch 0".
+TEST(TrainDataChecks, AllZeroTrainingLabelsStopTheRun) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  for (int i = 0; i < 6; ++i) rewrite(label(dir, i), [](Volume& v) { v.data.zero_(); });
+  EXPECT_TRUE(test::contains_all(run_error(dir, c),
+                                 {"no training label has any foreground", "nothing to train", label(dir, 0)}));
+}
+
+// Before: "epoch 1, step 2 (items 1, 4): one_hot: labels must lie in [0, 2), got values from 0 to 7".
+TEST(TrainDataChecks, ALabelValueOutsideTheClassesNamesTheFile) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  rewrite(label(dir, 1), [](Volume& v) { v.data = v.data * 7; });
+  EXPECT_TRUE(test::contains_all(run_error(dir, c),
+                                 {label(dir, 1), "holds label value 7", "model.out_channels", "values 0..1"}));
+}
+
+// Before: trained, the validation case among the training ones.
+TEST(TrainDataChecks, AValidationCaseAmongTheTrainingOnesIsAnError) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "data/dataset.json"));
+  list["training"].insert(list["training"].begin(), list["training"].back());
+  test::write_file(dir / "data/dataset.json", list.dump());
+  EXPECT_TRUE(test::contains_all(run_error(dir, c), {image(dir, 5), "also a training case"}));
+}
+
+// Before: "transform 2 (Orientation): image: expected a channel-first volume ...; put
+// EnsureChannelFirst before it", where it already was.
+TEST(TrainDataChecks, ATwoDimensionalImageIsNamedBeforeTheFill) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  for (const auto& f : {image(dir, 2), label(dir, 2)})
+    rewrite(f, [](Volume& v) { v.data = v.data.select(2, 6).contiguous(); });
+  const std::string m = run_error(dir, c);
+  EXPECT_TRUE(test::contains_all(m, {image(dir, 2), "medfast trains 3D images", "is 2-D (shape 40 x 40)"}));
+  EXPECT_EQ(m.find("EnsureChannelFirst"), std::string::npos) << m;
+}
+
 // Before: "loader: batch 0 key 'label' has samples of different shapes, dtypes or devices".
 TEST(TrainDataChecks, LabelsStoredInDifferentDtypesTrain) {
   test::TempDir dir;
@@ -65,6 +122,22 @@ TEST(TrainDataChecks, LabelsStoredInDifferentDtypesTrain) {
   const TrainResult r = Trainer(c, "", one_thread()).run(false);
   EXPECT_EQ(r.history.size(), 2u);
   EXPECT_TRUE(os::exists(dir / "run/best.ckpt"));
+}
+
+TEST(TrainDataChecks, LabelsWithoutForegroundWarn) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  rewrite(label(dir, 3), [](Volume& v) { v.data.zero_(); });
+  std::vector<std::string> said;
+  TrainCallbacks cb;
+  cb.message = [&](const std::string& m) { said.push_back(m); };
+  nlohmann::json one = c;
+  one["train"]["epochs"] = 1;
+  const TrainResult r = Trainer(one, "", one_thread()).run(false, cb);
+  EXPECT_EQ(r.history.size(), 1u);
+  std::string all;
+  for (const auto& m : said) all += m + "\n";
+  EXPECT_TRUE(test::contains_all(all, {"warning: 1 of 5 training labels have no foreground", label(dir, 3)}));
 }
 
 TEST(TrainDataChecks, StepErrorsNameTheBatchFiles) {
