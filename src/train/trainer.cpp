@@ -237,7 +237,29 @@ class Run {
     profiler_->finish();
     for (const auto& f : profiler_->written()) say(str("trace: ", f));
     result_.seconds = seconds_since(start_);
+    if (result_.best_epoch > 0) {
+      result_.best_checkpoint = folder_.best_checkpoint();
+    } else {
+      result_.no_best_checkpoint = no_best_reason();
+    }
     return result_;
+  }
+
+  /// Why no epoch gave a finite validation Dice (best.ckpt is written at one that does).
+  std::string no_best_reason() const {
+    if (!val_ds_) return "the run has no validation items (data.validation), so no Dice";
+    if (data_checks_ && data_checks_->validation_labels_empty()) {
+      return "no validation label has any foreground, and MONAI's DiceMetric (ignore_empty) leaves out a class whose "
+             "ground truth is empty: every epoch's Dice is NaN";
+    }
+    const bool nonfinite = std::any_of(result_.history.begin(), result_.history.end(),
+                                       [](const EpochRecord& e) { return e.nonfinite_validation_cases > 0; });
+    if (nonfinite) return "validation cases gave NaN or infinite logits, which are not scored";
+    const bool validated = std::any_of(result_.history.begin(), result_.history.end(),
+                                       [](const EpochRecord& e) { return e.dice.has_value(); });
+    if (!validated) return "no epoch was validated";
+    return "no epoch gave a finite validation Dice: a class whose ground truth is empty in every validation case has "
+           "none (MONAI's DiceMetric, ignore_empty), and the mean is NaN where no class has one";
   }
 
   void say(const std::string& m) const {

@@ -1,6 +1,6 @@
 // A run's dataset check (train/data_checks.hpp): headers before the cache fill, label values
-// and foreground as the fill computes them, each error naming the file; labels stored in
-// different dtypes train; a step's errors name its files; plan keeps a case listed twice once.
+// and foreground as the fill computes them, each error naming the file; a run without a
+// best checkpoint says why; plan keeps a case listed twice once.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -47,7 +47,6 @@ nlohmann::json tiny(const test::TempDir& dir) {
 std::string image(const test::TempDir& dir, int i) {
   return dir / ("data/imagesTr/spleen_" + std::to_string(i) + ".nii.gz");
 }
-
 std::string label(const test::TempDir& dir, int i) {
   return dir / ("data/labelsTr/spleen_" + std::to_string(i) + ".nii.gz");
 }
@@ -121,7 +120,45 @@ TEST(TrainDataChecks, LabelsStoredInDifferentDtypesTrain) {
   rewrite(label(dir, 1), [](Volume& v) { v.data = v.data.to(at::kFloat); });
   const TrainResult r = Trainer(c, "", one_thread()).run(false);
   EXPECT_EQ(r.history.size(), 2u);
-  EXPECT_TRUE(os::exists(dir / "run/best.ckpt"));
+  EXPECT_EQ(r.best_checkpoint, dir / "run/best.ckpt");
+  EXPECT_TRUE(os::exists(r.best_checkpoint));
+}
+
+// Before: "dice nan" every epoch, "best dice -1.0000 at epoch 0", and a summary that listed
+// a best.ckpt that did not exist.
+TEST(TrainDataChecks, EmptyValidationLabelsEndWithoutABestCheckpointAndSaySo) {
+  test::TempDir dir;
+  const nlohmann::json c = tiny(dir);
+  rewrite(label(dir, 5), [](Volume& v) { v.data.zero_(); });
+  std::vector<std::string> said;
+  TrainCallbacks cb;
+  cb.message = [&](const std::string& m) { said.push_back(m); };
+  const TrainResult r = Trainer(c, "", one_thread()).run(false, cb);
+  ASSERT_EQ(r.history.size(), 2u);
+  EXPECT_TRUE(std::isnan(*r.history[1].dice));  // MONAI: a class with an empty ground truth has no Dice
+  EXPECT_EQ(r.best_epoch, 0);
+  EXPECT_TRUE(r.best_checkpoint.empty());
+  EXPECT_TRUE(test::contains_all(r.no_best_checkpoint, {"no validation label has any foreground", "ignore_empty"}));
+  EXPECT_FALSE(os::exists(dir / "run/best.ckpt"));
+  EXPECT_TRUE(os::exists(dir / "run/last.ckpt"));
+  const nlohmann::json j = r.to_json();
+  EXPECT_TRUE(j["best_dice"].is_null());
+  EXPECT_TRUE(j["best_checkpoint"].is_null());
+  EXPECT_EQ(j["no_best_checkpoint"], r.no_best_checkpoint);
+  std::string all;
+  for (const auto& m : said) all += m + "\n";
+  EXPECT_TRUE(test::contains_all(all, {"warning: no validation label has any foreground", label(dir, 5)}));
+
+  // The command line says it, and lists only the files there are.
+  nlohmann::json again = c;
+  again["train"]["epochs"] = 1;
+  test::write_file(dir / "run.json", again.dump());
+  const auto cli = test::run(test::medfast_binary() + " --threads 1 train --overwrite --config " + dir / "run.json");
+  EXPECT_EQ(cli.exit_code, 0) << cli.out << cli.err;
+  EXPECT_TRUE(test::contains_all(cli.out, {"no best.ckpt: no validation label has any foreground",
+                                           "run folder " + dir / "run" + ": last.ckpt, metrics.jsonl"}));
+  EXPECT_EQ(cli.out.find("best dice -1"), std::string::npos) << cli.out;
+  EXPECT_EQ(cli.out.find("best.ckpt, metrics"), std::string::npos) << cli.out;
 }
 
 TEST(TrainDataChecks, LabelsWithoutForegroundWarn) {

@@ -77,7 +77,9 @@ struct EpochRecord {
 struct TrainResult {
   std::vector<EpochRecord> history;
   double best_dice = -1;
-  int best_epoch = 0;
+  int best_epoch = 0;              ///< 0: no epoch gave a finite validation Dice (no best.ckpt)
+  std::string best_checkpoint;     ///< its path; "" where none was written
+  std::string no_best_checkpoint;  ///< where none was written: why
   bool reached_target = false;
   std::optional<double> time_to_target;  ///< seconds from the run's start
   double seconds = 0;                    ///< this invocation
