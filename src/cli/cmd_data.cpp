@@ -1,5 +1,5 @@
 // medfast data synth: the built-in synthetic dataset; medfast data convert: DICOM (or NIfTI)
-// to NIfTI.
+// to NIfTI; medfast data check: a dataset checked before training (data/check.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -7,10 +7,15 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/progress.hpp"
 #include "medfast/core/units.hpp"
+#include "medfast/data/check.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/image_file.hpp"
+#include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
+#include "medfast/plan/dataset.hpp"
+#include "medfast/train/run_config.hpp"
 
 namespace medfast::cli {
 
@@ -25,6 +30,12 @@ struct SynthArgs {
   std::string format = "nifti";
   bool overwrite = false;
   bool json = false;
+};
+
+struct CheckArgs {
+  std::string config, dataset;
+  std::vector<std::string> sets;
+  bool headers_only = false, json = false;
 };
 
 struct ConvertArgs {
@@ -84,6 +95,82 @@ int run_convert(const ConvertArgs& a, Context& ctx) {
   return 0;
 }
 
+/// What `data check` checks: a run config's training and validation items against its
+/// model, or a list's training items against its "labels".
+struct CheckTarget {
+  data::Dataset training, validation;
+  data::DatasetCheckOptions options;
+};
+
+CheckTarget check_target(const CheckArgs& a, Context& ctx) {
+  CheckTarget t;
+  if (!a.dataset.empty()) {
+    const std::string list = plan::dataset_list_path(a.dataset);
+    t.training = data::load_dataset(list, "training");
+    const auto names = data::list_label_names(list);
+    if (!names.empty()) {
+      std::vector<std::int64_t> values;
+      for (const auto& [v, name] : names) values.push_back(v);
+      std::string text;
+      for (const auto v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
+      t.options.labels.allowed = values;
+      t.options.labels.source = str("the list's 'labels' name ", text);
+    }
+    return t;
+  }
+  // As `train` reads it (a data.synth dataset not written yet is written first).
+  const nlohmann::json config = run_config_of(a.config, a.sets);
+  train::prepare_run(config, a.config, ctx.settings);
+  const train::RunConfig c = train::load_run_config(config, a.config, ctx.settings);
+  t.training = c.data.dataset;
+  t.validation = c.data.validation;
+  t.options.image_key = c.train.image_key;
+  t.options.label_key = c.train.label_key;
+  const std::string where = c.path + ": model";
+  t.options.labels =
+      data::LabelRule::classes(nn::output_channels(nn::parse_network(c.model, where), where), "model.out_channels");
+  t.options.channels = c.model.value("in_channels", std::int64_t{1});
+  return t;
+}
+
+int run_check(const CheckArgs& a, Context& ctx) {
+  CheckTarget t = check_target(a, ctx);
+  t.options.read_labels = !a.headers_only;
+  t.options.threads = ctx.settings.threads();
+  std::unique_ptr<Progress> progress;
+  if (!a.json) {
+    t.options.progress = [&](std::size_t done, std::size_t total) {
+      if (!progress) {
+        progress = std::make_unique<Progress>("data check", total, "cases",
+                                              Progress::style_from(ctx.settings.get("progress")));
+      }
+      progress->update(done);
+    };
+  }
+  const data::DatasetCheckReport r = data::check_dataset(t.training, t.validation, t.options);
+  if (progress) progress->finish(/*clear=*/true);
+  if (a.json) {
+    print_json(r.to_json().dump(2));
+  } else {
+    for (const auto& f : r.findings) std::printf("%s: %s\n", f.error() ? "error" : "warning", f.text().c_str());
+    const std::size_t e = r.errors(), w = r.warnings();
+    std::printf(
+        "checked %zu cases of %s (%zu training, %zu validation): %zu headers, %s in %.2f s: %zu error%s, "
+        "%zu warning%s\n",
+        r.training + r.validation, r.list.c_str(), r.training, r.validation, r.headers,
+        a.headers_only ? "no label voxels (--headers-only)"
+                       : str(r.labels_read, " labels read (", format_bytes(r.label_bytes), ")").c_str(),
+        r.seconds, e, e == 1 ? "" : "s", w, w == 1 ? "" : "s");
+  }
+  std::fflush(stdout);
+  if (r.errors() > 0) {
+    std::fprintf(stderr, "medfast: error: data check: %zu error%s in %s\n", r.errors(), r.errors() == 1 ? "" : "s",
+                 r.list.c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 Command register_data(CLI::App& root) {
@@ -126,10 +213,38 @@ Command register_data(CLI::App& root) {
                       "(later entries win where segments overlap) [default: each segment's SegmentNumber]");
   convert->add_flag("--json", ca->json, "Print JSON");
 
+  auto ka = std::make_shared<CheckArgs>();
+  auto* check = data->add_subcommand(
+      "check",
+      "Check a dataset before training (nnU-Net's --verify_dataset_integrity), each finding naming its file. "
+      "Errors: an item without its image or label file, or a file missing; an entry (image and label) listed "
+      "twice; a validation case that is also a training case; a 2-D image; channels other than the model's (or "
+      "most cases'); a label not on its image's grid (shape, spacing, affine to 0.001 mm); label values that are "
+      "not whole numbers, or not among the model's classes (--dataset: the list's 'labels'); no training label "
+      "with foreground. Warnings: an image 1 voxel thick; a label without foreground (no validation label with "
+      "foreground: Dice NaN, no best.ckpt). Reads every header and every label's voxels (train checks the headers "
+      "before its cache fill, and the labels as the fill reads them). Exit status 1 on errors, 0 with warnings "
+      "alone");
+  auto* check_config = check
+                           ->add_option("--config", ka->config,
+                                        "Run config (YAML/JSON): its training and validation items, its model's "
+                                        "classes and channels [default: the built-in default, as train]")
+                           ->check(CLI::ExistingFile);
+  check
+      ->add_option("--dataset", ka->dataset,
+                   "Instead of --config: a folder with dataset.json, or a list (JSON or CSV), as plan and train take "
+                   "it: its training items, label values against its 'labels'")
+      ->excludes(check_config);
+  check->add_option("--set", ka->sets, "Override a config value: key.path=value (repeatable), as train's");
+  check->add_flag("--headers-only", ka->headers_only,
+                  "Lists, files and headers only, no label voxels (what train checks before its cache fill)");
+  check->add_flag("--json", ka->json, "Print the findings and the counts as JSON");
+
   Command c;
   c.app = data;
-  c.run = [a, ca, convert](Context& ctx) {
+  c.run = [a, ca, ka, convert, check](Context& ctx) {
     if (convert->parsed()) return run_convert(*ca, ctx);
+    if (check->parsed()) return run_check(*ka, ctx);
     SynthOptions o;
     o.out_dir = a->out;
     o.set_cases(a->cases);

@@ -345,12 +345,17 @@ int train_with(const TrainArgs& a, Context& ctx, const std::shared_ptr<train::Co
                 r.run_dir.c_str());
     return stopped_code;
   }
-  std::printf("best dice %s at epoch %d; %s\n", fmt(r.best_dice).c_str(), r.best_epoch,
-              r.reached_target ? str("target ", trainer->options().target_dice, " reached after ",
-                                     fmt(*r.time_to_target, 1), " s")
-                                     .c_str()
-                               : (trainer->options().target_dice > 0 ? "target not reached" : "no target set"));
-  std::printf("run folder %s: last.ckpt, best.ckpt, metrics.jsonl, config.json, machine.json%s\n", r.run_dir.c_str(),
+  const std::string target =
+      r.reached_target
+          ? str("target ", trainer->options().target_dice, " reached after ", fmt(*r.time_to_target, 1), " s")
+          : (trainer->options().target_dice > 0 ? "target not reached" : "no target set");
+  if (r.best_checkpoint.empty()) {
+    std::printf("no best.ckpt: %s; %s\n", r.no_best_checkpoint.c_str(), target.c_str());
+  } else {
+    std::printf("best dice %s at epoch %d; %s\n", fmt(r.best_dice).c_str(), r.best_epoch, target.c_str());
+  }
+  std::printf("run folder %s: last.ckpt, %smetrics.jsonl, config.json, machine.json%s\n", r.run_dir.c_str(),
+              r.best_checkpoint.empty() ? "" : "best.ckpt, ",
               trainer->options().tensorboard ? ", TensorBoard events (tensorboard --logdir of its parent)" : "");
   return 0;
 }
@@ -527,6 +532,10 @@ Command register_export(CLI::App& root) {
             }
             return 0;
           }};
+}
+
+nlohmann::json run_config_of(const std::string& path, const std::vector<std::string>& sets) {
+  return run_config(path, sets);
 }
 
 const ConfigTools& run_config_tools() {

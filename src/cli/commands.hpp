@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "medfast/core/settings.hpp"
 
 namespace medfast::io {
@@ -86,6 +88,9 @@ Command register_eval(CLI::App& root);
 Command register_export(CLI::App& root);
 Command register_launch(CLI::App& root);
 Command register_plan(CLI::App& root);
+/// The run config `train` reads: the file at `path` (YAML/JSON; "": the built-in default
+/// recipe for the device it would train on) with `sets` (--set key.path=value) applied.
+nlohmann::json run_config_of(const std::string& path, const std::vector<std::string>& sets);
 /// The run folder `plan` and `train --dataset` default to: runs/<the dataset folder's name>.
 std::string dataset_run_dir(const std::string& dataset);
 /// `train --dataset`: plans `dataset` (cmd_plan.cpp) for `epochs` (0: the plan's default) and

@@ -119,7 +119,7 @@ std::string CachedDataset::key(std::size_t i) const {
   return k;
 }
 
-Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t g) {
+Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t g, const SampleCheck& check) {
   Sample s;
   for (const auto& [k, path] : dataset.items.at(g).files) s.meta[k] = path;
   for (const auto& [k, value] : dataset.items.at(g).attrs) s.meta[k] = value;
@@ -133,10 +133,13 @@ Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, st
   // use, so the transposition from file order is paid once per item here,
   // not once per random crop in the loader.
   for (auto& [k, v] : s.volumes) v.data = v.data.contiguous();
+  if (check) check(s);
   return s;
 }
 
-Sample CachedDataset::compute(std::size_t i) const { return compute_item(dataset_, chain_, indices_.at(i)); }
+Sample CachedDataset::compute(std::size_t i) const {
+  return compute_item(dataset_, chain_, indices_.at(i), check_);
+}
 
 Sample CachedDataset::get(std::size_t i) {
   if (!cached(i)) return compute(i);

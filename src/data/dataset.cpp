@@ -116,6 +116,45 @@ Dataset load_dataset(const std::string& path, const std::string& section) {
   return is_csv_list(path) ? from_csv(path) : from_json(path, section);
 }
 
+std::map<std::int64_t, std::string> list_label_names(const nlohmann::json& list, const std::string& path) {
+  std::map<std::int64_t, std::string> out;
+  if (!list.is_object() || !list.contains("labels")) return out;
+  const auto& m = list["labels"];
+  if (!m.is_object()) throw FormatError(str(path, ": 'labels' must be an object such as {\"0\": \"background\"}"));
+  for (const auto& [k, v] : m.items()) {
+    if (v.is_number_integer()) {
+      out[v.get<std::int64_t>()] = k;
+      continue;
+    }
+    std::size_t used = 0;
+    long long value = -1;
+    try {
+      value = std::stoll(k, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != k.size() || value < 0 || !v.is_string()) {
+      throw FormatError(str(path,
+                            ": 'labels' must map label values to names ({\"1\": \"spleen\"}) or names to "
+                            "values ({\"spleen\": 1}); got \"",
+                            k, "\": ", v.dump()));
+    }
+    out[value] = v.get<std::string>();
+  }
+  return out;
+}
+
+std::map<std::int64_t, std::string> list_label_names(const std::string& path) {
+  if (is_csv_list(path)) return {};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(os::read_text_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(str(path, ": not valid JSON: ", e.what()));
+  }
+  return list_label_names(j, path);
+}
+
 Dataset select_fold(const Dataset& dataset, int fold, bool validation) {
   Dataset out;
   out.source = dataset.source;

@@ -137,11 +137,17 @@ void Loader::work(int worker) {
 }
 
 namespace {
-std::string files_of(const Sample& s, std::size_t item) {
+/// "image=..., label=...": the files a sample was read from.
+std::string files_text(const Sample& s) {
   std::string files;
   for (const auto& [k, v] : s.meta.items()) {
     if (v.is_string()) files += (files.empty() ? "" : ", ") + k + "=" + v.get<std::string>();
   }
+  return files;
+}
+
+std::string files_of(const Sample& s, std::size_t item) {
+  const std::string files = files_text(s);
   return str("item ", item, files.empty() ? "" : " (" + files + ")");
 }
 }  // namespace
@@ -173,6 +179,7 @@ Batch Loader::build(std::size_t b, int worker) {
   // per sample and key from the cached volume).
   std::vector<Sample> samples;
   std::vector<transforms::PendingSteps> pending;
+  std::vector<std::size_t> sample_items;  // each sample's item
   for (std::size_t p = first; p < last; ++p) {
     const std::size_t item = order_[p];
     batch.items.push_back(item);
@@ -184,6 +191,7 @@ Batch Loader::build(std::size_t b, int worker) {
     } catch (...) {
       rethrow_with_context(str("loader: item ", item));
     }
+    batch.files.push_back(files_text(input));
     if (on_side_stream) {
       // Cached GPU tensors are read on the side stream: should the cache drop one
       // (the smart cache's replacements), its memory must wait for this work.
@@ -197,6 +205,7 @@ Batch Loader::build(std::size_t b, int worker) {
       for (std::size_t k = 0; k < out.size(); ++k) {
         samples.push_back(std::move(out[k]));
         pending.push_back(std::move(plans[k]));
+        sample_items.push_back(item);
       }
     } catch (...) {
       rethrow_with_context(str("loader: ", files_of(input, item)));
@@ -205,16 +214,23 @@ Batch Loader::build(std::size_t b, int worker) {
   trace::Range collate("collate", "loader");
   if (samples.empty()) return batch;
   for (const auto& [k, first_volume] : samples.front().volumes) {
-    const auto [shape, dtype] = transforms::planned_output(samples.front(), pending.front(), k);
+    auto [shape, dtype] = transforms::planned_output(samples.front(), pending.front(), k);
     const at::Device where = first_volume.data.device();
+    std::vector<at::ScalarType> dtypes;  // each sample's
     for (std::size_t i = 0; i < samples.size(); ++i) {
       const auto [si, ti] = transforms::planned_output(samples[i], pending[i], k);
       const at::Device di = samples[i].volume(k).data.device();
-      if (si != shape || ti != dtype || di != where) {
-        throw ValueError(str("loader: batch ", b, " key '", k, "' has samples of different shapes, dtypes or devices (",
-                             at::IntArrayRef(si), " ", ti, " on ", di, " vs ", at::IntArrayRef(shape), " ", dtype,
-                             " on ", where, "); crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
+      if (si != shape || di != where) {
+        throw ValueError(str("loader: batch ", b, " key '", k,
+                             "' has samples of different shapes or devices: ", at::IntArrayRef(si), " on ", di,
+                             " from ", files_of(samples[i], sample_items[i]), " vs ", at::IntArrayRef(shape), " on ",
+                             where, " from ", files_of(samples.front(), sample_items.front()),
+                             "; crop or pad them to one size (RandCropByPosNegLabel, ResizeWithPadOrCrop)"));
       }
+      // Files of one key may store different types (a label saved float32 by one tool, uint8 by
+      // another): the batch takes the type that holds them all, as torch.stack does.
+      dtype = at::promote_types(dtype, ti);
+      dtypes.push_back(ti);
     }
     std::vector<std::int64_t> batch_shape = shape;
     batch_shape.insert(batch_shape.begin(), static_cast<std::int64_t>(samples.size()));
@@ -233,7 +249,14 @@ Batch Loader::build(std::size_t b, int worker) {
       stacked = at::empty(batch_shape, at::TensorOptions().dtype(dtype).device(where).memory_format(layout));  // the side stream
     }
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      transforms::write_into(samples[i], pending[i], k, stacked[static_cast<std::int64_t>(i)]);
+      at::Tensor into = stacked[static_cast<std::int64_t>(i)];
+      if (dtypes[i] == dtype) {
+        transforms::write_into(samples[i], pending[i], k, into);
+      } else {
+        at::Tensor own = at::empty(shape, at::TensorOptions().dtype(dtypes[i]).device(where));
+        transforms::write_into(samples[i], pending[i], k, own);
+        into.copy_(own);
+      }
     }
     // Queued here, on the side stream, so it overlaps the consumer's compute.
     const bool there = stacked.device().type() == device.type() &&

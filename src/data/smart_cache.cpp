@@ -38,7 +38,7 @@ void SmartCacheDataset::start(std::size_t slides) {
   for (std::size_t i = 0; i < options_.cache_num; ++i) resident_.push_back((start_ + i) % n);
   samples_.assign(options_.cache_num, Sample{});
   parallel_for(options_.cache_num, options_.threads,
-               [&](std::size_t i) { samples_[i] = compute_item(dataset_, chain_, resident_[i]); });
+               [&](std::size_t i) { samples_[i] = compute_item(dataset_, chain_, resident_[i], check_); });
   started_ = true;
   prepare_next();
 }
@@ -50,7 +50,7 @@ void SmartCacheDataset::prepare_next() {
   for (std::size_t k = 0; k < replace_num_; ++k) indices.push_back((start_ + options_.cache_num + k) % n);
   next_ = std::async(std::launch::async, [this, indices] {
     std::vector<Sample> out;
-    for (auto g : indices) out.push_back(compute_item(dataset_, chain_, g));
+    for (auto g : indices) out.push_back(compute_item(dataset_, chain_, g, check_));
     return out;
   });
 }

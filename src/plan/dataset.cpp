@@ -93,29 +93,6 @@ std::vector<std::string> read_channel_names(const nlohmann::json& list, const st
   return {};
 }
 
-/// The list's label names: MSD's {"0": "background", "1": "spleen"} or nnU-Net v2's
-/// {"background": 0, "spleen": 1}.
-std::map<std::int64_t, std::string> read_label_names(const nlohmann::json& list, const std::string& path) {
-  std::map<std::int64_t, std::string> out;
-  if (!list.contains("labels")) return out;
-  const auto& m = list["labels"];
-  if (!m.is_object()) throw FormatError(str(path, ": 'labels' must be an object such as {\"0\": \"background\"}"));
-  for (const auto& [k, v] : m.items()) {
-    if (v.is_number_integer()) {
-      out[v.get<std::int64_t>()] = k;
-      continue;
-    }
-    const long long i = key_number(k);
-    if (i < 0 || !v.is_string()) {
-      throw FormatError(str(path, ": 'labels' must map label values to names ({\"1\": \"spleen\"}) or names to "
-                                  "values ({\"spleen\": 1}); got \"",
-                            k, "\": ", v.dump()));
-    }
-    out[i] = v.get<std::string>();
-  }
-  return out;
-}
-
 nlohmann::json summary_json(const CaseSummary& c) {
   nlohmann::json labels = nlohmann::json::array();
   for (const auto& [v, n] : c.label_voxels) labels.push_back({v, n});
@@ -274,7 +251,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   if (!data::is_csv_list(fp.list)) {
     const nlohmann::json raw = nlohmann::json::parse(os::read_text_file(fp.list));
     fp.channel_names = read_channel_names(raw, fp.list);
-    fp.label_names = read_label_names(raw, fp.list);
+    fp.label_names = data::list_label_names(raw, fp.list);
   }
 
   // Cases without an image or label file are left out before anything is read.
@@ -369,12 +346,23 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
                })->first;
   }
   std::vector<std::size_t> kept;  // into outcomes
+  // A case listed twice (image and label) is kept once: a copy would train twice as often,
+  // and the run's validation split (the list's last cases) could validate a case it trains on.
+  std::map<std::string, std::size_t> first_listed;  // absolute image and label paths -> list index
   for (std::size_t k = 0; k < outcomes.size(); ++k) {
     const Outcome& o = outcomes[k];
     const std::size_t i = readable[k];
     const std::string& file = all.items[i].files.at("image");
     if (!o.summary) {
       notes[i] = {file, str("cannot be used: ", o.error), "left out of the plan and the run", true};
+      continue;
+    }
+    const std::string entry = os::absolute_path(file) + '\n' + os::absolute_path(all.items[i].files.at("label"));
+    if (const auto [first, fresh] = first_listed.emplace(entry, i); !fresh) {
+      notes[i] = {file, str("is listed twice (training items ", first->second, " and ", i, ")"),
+                  "this copy left out of the plan and the run (a duplicate trains twice as often, and a validation "
+                  "split could put one copy on each side)",
+                  true};
       continue;
     }
     // A cached entry is kept whole (its samples may be more than this plan takes).

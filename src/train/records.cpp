@@ -78,9 +78,18 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
 nlohmann::json TrainResult::to_json() const {
   nlohmann::json h = nlohmann::json::array();
   for (const auto& e : history) h.push_back(e.to_json());
-  nlohmann::json j{{"run_dir", run_dir},       {"epochs", history.size()}, {"best_dice", nan_to_null(best_dice)},
-                   {"best_epoch", best_epoch}, {"reached_target", reached_target},
-                   {"seconds", seconds},       {"prepare_seconds", prepare_seconds}, {"history", h}};
+  const bool best = best_epoch > 0;
+  nlohmann::json j{
+      {"run_dir", run_dir},
+      {"epochs", history.size()},
+      {"best_dice", best ? nan_to_null(best_dice) : nlohmann::json(nullptr)},
+      {"best_epoch", best ? nlohmann::json(best_epoch) : nlohmann::json(nullptr)},
+      {"best_checkpoint", best_checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(best_checkpoint)},
+      {"reached_target", reached_target},
+      {"seconds", seconds},
+      {"prepare_seconds", prepare_seconds},
+      {"history", h}};
+  if (!best) j["no_best_checkpoint"] = no_best_checkpoint;
   if (stopped) {
     j["stopped"] = {{"signal", stopped->signal}, {"epoch", stopped->epoch}, {"step", stopped->step},
                     {"mid_epoch", stopped->mid_epoch}};

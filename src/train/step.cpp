@@ -23,8 +23,11 @@
 namespace medfast::train {
 
 std::string StepLabel::text() const {
+  const bool named = files.size() == items.size();
   std::string list;
-  for (std::size_t i : items) list += (list.empty() ? "" : ", ") + std::to_string(i);
+  for (std::size_t k = 0; k < items.size(); ++k) {
+    list += (k == 0 ? "" : named ? "; " : ", ") + std::to_string(items[k]) + (named ? ": " + files[k] : "");
+  }
   return str("epoch ", epoch, ", step ", step, " (items ", list, ")");
 }
 

@@ -1,5 +1,6 @@
 #include "medfast/train/trainer.hpp"
 
+#include "data_checks.hpp"
 #include "detail.hpp"
 #include "run_dir.hpp"
 
@@ -121,8 +122,12 @@ Validation validate(Model& model, data::CachedDataset& ds, const RunConfig& c, c
                                   memory_format);
   double nonfinite = 0;
   for (std::size_t i = 0; i < ds.size(); ++i) {
-    const detail::CaseScores scores =
-        detail::score_case(ds.get(i), c, predict, device, c.validation.hd95, str("validation item ", ds.global_index(i)));
+    const Sample sample = ds.get(i);
+    const auto file = sample.meta.find(c.train.image_key);
+    const std::string where =
+        str("validation item ", ds.global_index(i),
+            file != sample.meta.end() && file->is_string() ? " (" + file->get<std::string>() + ")" : "");
+    const detail::CaseScores scores = detail::score_case(sample, c, predict, device, c.validation.hd95, where);
     if (scores.nonfinite_logits) ++nonfinite;  // its NaN scores would drop out of the means
     dice.add(scores.dice);
     if (c.validation.hd95) hd.add(scores.hd95);
@@ -241,7 +246,29 @@ class Run {
     profiler_->finish();
     for (const auto& f : profiler_->written()) say(str("trace: ", f));
     result_.seconds = seconds_since(start_);
+    if (result_.best_epoch > 0) {
+      result_.best_checkpoint = folder_.best_checkpoint();
+    } else {
+      result_.no_best_checkpoint = no_best_reason();
+    }
     return result_;
+  }
+
+  /// Why no epoch gave a finite validation Dice (best.ckpt is written at one that does).
+  std::string no_best_reason() const {
+    if (!val_ds_) return "the run has no validation items (data.validation), so no Dice";
+    if (data_checks_ && data_checks_->validation_labels_empty()) {
+      return "no validation label has any foreground, and MONAI's DiceMetric (ignore_empty) leaves out a class whose "
+             "ground truth is empty: every epoch's Dice is NaN";
+    }
+    const bool nonfinite = std::any_of(result_.history.begin(), result_.history.end(),
+                                       [](const EpochRecord& e) { return e.nonfinite_validation_cases > 0; });
+    if (nonfinite) return "validation cases gave NaN or infinite logits, which are not scored";
+    const bool validated = std::any_of(result_.history.begin(), result_.history.end(),
+                                       [](const EpochRecord& e) { return e.dice.has_value(); });
+    if (!validated) return "no epoch was validated";
+    return "no epoch gave a finite validation Dice: a class whose ground truth is empty in every validation case has "
+           "none (MONAI's DiceMetric, ignore_empty), and the mean is NaN where no class has one";
   }
 
   void say(const std::string& m) const {
@@ -314,26 +341,37 @@ class Run {
     pipeline_.loader.rank = pipeline_.smart() && comm_ ? comm_->rank() : 0;
     pipeline_.loader.world_size = pipeline_.smart() && comm_ ? comm_->world_size() : 1;
     const auto prep_start = Clock::now();
+    // The dataset check (data/check.hpp): headers now, labels as the fill computes them.
+    data_checks_ = std::make_unique<detail::RunDataChecks>(c_);
+    for (const auto& w : data_checks_->check_headers()) say(w);
+    const bool one_process = !distributed_;  // a rank sees its partition only
     data::Loader::Source source;
     std::size_t train_size = 0;
     if (pipeline_.smart()) {
       smart_ = data::make_smart_cache(pipeline_);
+      smart_->set_check(data_checks_->training_check());
       smart_->start(static_cast<std::size_t>(first_epoch_));  // the window where a resumed run left it
       train_size = smart_->size();
+      const bool whole_window = one_process && train_size == pipeline_.dataset.items.size();
+      for (const auto& w : data_checks_->after_training_fill(whole_window)) say(w);
       source = [this](std::size_t i) { return smart_->get(i); };
     } else {
       train_ds_ = std::make_unique<data::CachedDataset>(data::make_cached_dataset(pipeline_));
+      train_ds_->set_check(data_checks_->training_check());
       const auto r = train_ds_->fill(fill_progress("training items"));
       say(str("training items: ", train_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache, ", std::lround(r.seconds * 10) / 10.0, " s)"));
+      for (const auto& w : data_checks_->after_training_fill(one_process && r.computed == train_ds_->size())) say(w);
       train_size = train_ds_->size();
       source = [this](std::size_t i) { return train_ds_->get(i); };
     }
     if (!pipeline_.validation.items.empty()) {
       val_ds_ = std::make_unique<data::CachedDataset>(data::make_validation_dataset(pipeline_));
+      val_ds_->set_check(data_checks_->validation_check());
       const auto r = val_ds_->fill(fill_progress("validation items"));
       say(str("validation items: ", val_ds_->size(), " (", r.computed, " preprocessed, ", r.reused,
               " from the cache)"));
+      for (const auto& w : data_checks_->after_validation_fill(one_process && r.computed == val_ds_->size())) say(w);
     } else {
       say("no validation items (data.validation): no Dice, no best.ckpt");
     }
@@ -494,7 +532,7 @@ class Run {
       }
       const at::Tensor& image = batch_tensor(*batch, t_.image_key, "train.image_key");
       rec.samples += image.size(0);
-      const StepLabel label{rec.epoch, rec.steps + 1, batch->items};
+      const StepLabel label{rec.epoch, rec.steps + 1, batch->items, batch->files};
       const std::optional<StepOutcome> done =
           step_->run(image, batch_tensor(*batch, t_.label_key, "train.label_key"), label, rec.times);
       ++rec.steps;
@@ -777,6 +815,7 @@ class Run {
   std::unique_ptr<NonFiniteGuard> nonfinite_;
   int model_threads_ = 1;
   data::PipelineConfig pipeline_;
+  std::unique_ptr<detail::RunDataChecks> data_checks_;
   std::unique_ptr<data::CachedDataset> train_ds_, val_ds_;
   std::unique_ptr<data::SmartCacheDataset> smart_;
   std::unique_ptr<data::Loader> loader_;

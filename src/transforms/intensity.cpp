@@ -209,8 +209,50 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
                               "numpy.nan_to_num) or leave the case out"));
       }
     }
-    if (!o_.dtype[i].empty()) v.data = v.data.to(parse_dtype(o_.dtype[i], "LoadImage"));
+    if (!o_.dtype[i].empty()) {
+      const at::ScalarType to = parse_dtype(o_.dtype[i], "LoadImage");
+      check_exact(v.data, to, i, path);
+      v.data = v.data.to(to);
+    }
     s.volumes[o_.keys[i]] = std::move(v);
+  }
+
+  /// A cast to an integer dtype keeps every value (a label read as uint8): a fraction or a
+  /// value out of its range would silently become another class.
+  void check_exact(const at::Tensor& x, at::ScalarType to, std::size_t i, const std::string& path) const {
+    if (at::isFloatingType(to) || to == at::kBool || x.scalar_type() == to || x.numel() == 0) return;
+    const std::string what =
+        str("LoadImage: key '", o_.keys[i], "' (", path, "): dtype ", o_.dtype[i], " cannot hold its ",
+            x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ? "float " : "", "values: ");
+    if (x.is_floating_point()) {
+      const at::Tensor fractional = x != x.trunc();
+      const std::int64_t n = fractional.sum().item<std::int64_t>();
+      if (n > 0) {
+        throw FormatError(str(what, n, " of ", x.numel(), " voxels are not whole numbers (e.g. ",
+                              x.masked_select(fractional)[0].item<double>(),
+                              "); a label holds class indices: fix the file, or read it as float32"));
+      }
+    }
+    const auto [lo_t, hi_t] = at::aminmax(x.to(at::kDouble));
+    const double lo = lo_t.item<double>(), hi = hi_t.item<double>();
+    const auto [min, max] = [&]() -> std::pair<double, double> {
+      switch (to) {
+        case at::kByte:
+          return {0, 255};
+        case at::kChar:
+          return {-128, 127};
+        case at::kShort:
+          return {-32768, 32767};
+        case at::kInt:
+          return {-2147483648.0, 2147483647.0};
+        default:
+          return {-9.2e18, 9.2e18};
+      }
+    }();
+    if (lo < min || hi > max) {
+      throw FormatError(str(what, "they range from ", lo, " to ", hi, ", beyond ", min, "..", max,
+                            ": read it as a wider type (int16, int32)"));
+    }
   }
 
   /// The DICOM series volume of this sample that the SEG at `path` references.

@@ -93,9 +93,12 @@ Affine translate(const Affine& a, const Shape3& voxels) {
 
 Shape3 spatial_shape(const at::Tensor& data, const std::string& what) {
   if (!data.defined() || data.dim() != 4) {
-    throw ValueError(str(what, ": expected a channel-first volume (C, X, Y, Z), got ",
-                         data.defined() ? str(data.dim(), " dimensions") : std::string("no data"),
-                         "; put EnsureChannelFirst before it"));
+    const std::string got = data.defined() ? str(data.dim(), " dimensions ", data.sizes()) : std::string("no data");
+    const std::string hint = !data.defined() || data.dim() > 4 ? ""
+                             : data.dim() == 3 ? "; a 3-D volume without its channel axis: put EnsureChannelFirst "
+                                                 "before this step (a 2-D image with one: medfast trains 3D images)"
+                                               : "; put EnsureChannelFirst before this step";
+    throw ValueError(str(what, ": expected a channel-first volume (C, X, Y, Z), got ", got, hint));
   }
   return {data.size(1), data.size(2), data.size(3)};
 }

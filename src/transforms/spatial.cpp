@@ -124,7 +124,13 @@ class EnsureChannelFirst final : public TransformWith<EnsureChannelFirstOptions>
     for (const auto& key : o_.keys) {
       Volume& v = s.volume(key);
       const auto d = v.data.dim();
-      if (d == 2 || d == 3) {
+      if (d == 2) {
+        // MONAI would take it as one channel of a 2-D image; every later step here needs 3D.
+        throw FormatError(str("EnsureChannelFirst: key '", key, "'",
+                              v.meta.source.empty() ? "" : " (" + v.meta.source + ")", " is a 2-D image (shape ",
+                              v.data.size(0), " x ", v.data.size(1), "): medfast trains 3D images"));
+      }
+      if (d == 3) {
         v.data = v.data.unsqueeze(0);
       } else if (d == 4) {
         v.data = v.data.movedim(3, 0);  // NIfTI keeps channels (or time) last

@@ -41,6 +41,11 @@ struct CacheConfig {
   void validate() const;
 };
 
+/// A check of each sample the deterministic chain computes (a run's label check,
+/// data/check.hpp's LabelCheck): it throws to stop the fill, naming what is wrong. It sees
+/// samples as computed, not those served from the cache.
+using SampleCheck = std::function<void(const Sample&)>;
+
 struct FillReport {
   std::size_t items = 0;     ///< items this rank caches
   std::size_t computed = 0;  ///< ran the chain
@@ -64,6 +69,8 @@ class CachedDataset {
   /// Cache key of partition item `i`.
   std::string key(std::size_t i) const;
   cache::Store& store() { return *store_; }
+  /// Checks each sample computed from now on (set it before fill()).
+  void set_check(SampleCheck check) { check_ = std::move(check); }
   const transforms::Compose& chain() const { return chain_; }
 
  private:
@@ -77,6 +84,7 @@ class CachedDataset {
   std::vector<std::size_t> indices_;
   std::size_t cached_count_ = 0;
   std::string chain_hash_;
+  SampleCheck check_;
   std::unique_ptr<std::mutex> keys_mutex_ = std::make_unique<std::mutex>();  // (movable dataset)
   mutable std::vector<std::string> keys_;  ///< computed once per item (a content hash reads the file)
 };
@@ -88,7 +96,9 @@ class CachedDataset {
 nlohmann::json file_identity(const std::string& path, bool content_hash = false);
 
 /// Runs `chain` on dataset item `index`; errors name the item and its files (the caches'
-/// shared step: CachedDataset and SmartCache).
-Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t index);
+/// shared step: CachedDataset and SmartCache). Then `check`, where given, on the result (its
+/// errors as it words them: they name the file).
+Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t index,
+                    const SampleCheck& check = {});
 
 }  // namespace medfast::data

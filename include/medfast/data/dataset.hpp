@@ -6,7 +6,9 @@
 ///   - CSV with a header row: image,label[,fold]
 /// Relative paths are relative to the list's folder.
 
+#include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -36,6 +38,13 @@ bool is_csv_list(const std::string& path);
 /// Reads a list; `section` picks the JSON section ("training", "validation",
 /// "test"). Throws FormatError naming the file, the item and the field.
 Dataset load_dataset(const std::string& path, const std::string& section = "training");
+
+/// The label values a JSON list names in "labels", value -> name: MSD's {"0": "background",
+/// "1": "spleen"} or nnU-Net v2's {"background": 0, "spleen": 1}; empty without "labels".
+/// FormatError naming `path` (the list, for messages) for another shape.
+std::map<std::int64_t, std::string> list_label_names(const nlohmann::json& list, const std::string& path);
+/// The same from the list file at `path` (a CSV list names none).
+std::map<std::int64_t, std::string> list_label_names(const std::string& path);
 
 /// Items whose fold is (validation) or is not (training) `fold`.
 Dataset select_fold(const Dataset& dataset, int fold, bool validation);

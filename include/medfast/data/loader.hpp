@@ -70,6 +70,7 @@ struct Batch {
   /// makes the consumer's current stream wait on it (no host synchronisation).
   std::shared_ptr<c10::Event> copied;
   std::vector<std::size_t> items;             ///< dataset indices, in order
+  std::vector<std::string> files;             ///< per item its files ("image=..., label=..."), for messages
   std::size_t index = 0;
   std::uint64_t epoch = 0;
   std::size_t samples() const { return tensors.empty() ? 0 : static_cast<std::size_t>(tensors.begin()->second.size(0)); }

@@ -32,6 +32,8 @@ class SmartCacheDataset {
   /// `slides`: the window as it is after that many update() calls (a resumed run's
   /// epochs), computed directly.
   void start(std::size_t slides = 0);
+  /// Checks each sample computed (set it before start()).
+  void set_check(SampleCheck check) { check_ = std::move(check); }
   std::size_t size() const { return options_.cache_num; }
   std::size_t replace_num() const { return replace_num_; }
   /// The i-th resident sample (window order).
@@ -47,6 +49,7 @@ class SmartCacheDataset {
   Dataset dataset_;
   transforms::Compose chain_;
   SmartCacheOptions options_;
+  SampleCheck check_;
   std::size_t replace_num_ = 0;
   std::size_t start_ = 0;  ///< dataset index of the window's first item
   std::vector<std::size_t> resident_;

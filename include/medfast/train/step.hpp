@@ -51,7 +51,8 @@ namespace medfast::train {
 struct StepLabel {
   int epoch = 0, step = 0;
   std::vector<std::size_t> items;  ///< the dataset items of the batch
-  /// "epoch E, step S (items a, b)"
+  std::vector<std::string> files;  ///< per item its files, where known (data::Batch::files)
+  /// "epoch E, step S (items a, b)", with the files where known: "(items a: image=..., label=...; b: ...)"
   std::string text() const;
 };
 

@@ -86,7 +86,9 @@ struct TrainResult {
   std::vector<EpochRecord> history;
   std::optional<StopPoint> stopped;  ///< a stop signal ended the run early; last.ckpt holds it
   double best_dice = -1;
-  int best_epoch = 0;
+  int best_epoch = 0;              ///< 0: no epoch gave a finite validation Dice (no best.ckpt)
+  std::string best_checkpoint;     ///< its path; "" where none was written
+  std::string no_best_checkpoint;  ///< where none was written: why
   bool reached_target = false;
   std::optional<double> time_to_target;  ///< seconds from the run's start
   double seconds = 0;                    ///< this invocation
