@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::data {
@@ -18,12 +19,7 @@ std::string resolve_path(const std::string& base, const std::string& p) {
 namespace {
 
 Dataset from_json(const std::string& path, const std::string& section) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(os::read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(str(path, ": not valid JSON: ", e.what()));
-  }
+  const nlohmann::json j = parse_json_document(os::read_text_file(path), path);
   const std::string base = os::parent_directory(path);
   const nlohmann::json* list = nullptr;
   if (j.is_array()) {
