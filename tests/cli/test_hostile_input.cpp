@@ -108,5 +108,17 @@ TEST(HostileInput, DuplicateKeysNameBothLines) {
                  {dir / "list.json", "line 2: key 'image' is given twice in one mapping (lines 1 and 2)"});
 }
 
+// Numbers are range-checked before narrowing, naming the key and the limit: batch_size=1e12
+// said "batch_size -2147483648 must be at least 1"; optimizer.lr=1e300 failed in libtorch
+// without the key.
+TEST(HostileInput, NumbersOutOfRangeNameTheKeyAndTheLimit) {
+  test::TempDir dir;
+  expect_refused(run_bounded("config resolve --set data.loader.batch_size=1e12", dir.path()),
+                 {"data.loader.batch_size: 1000000000000.0 is out of range: expected a whole number in "
+                  "-2147483648..2147483647"});
+  expect_refused(run_bounded("config resolve --set optimizer.lr=1e300", dir.path()),
+                 {"optimizer.lr: 1e+300 is out of range: expected a number of magnitude at most 3.40282e+38"});
+}
+
 }  // namespace
 }  // namespace medfast
