@@ -120,5 +120,63 @@ TEST(HostileInput, NumbersOutOfRangeNameTheKeyAndTheLimit) {
                  {"optimizer.lr: 1e+300 is out of range: expected a number of magnitude at most 3.40282e+38"});
 }
 
+// A FIFO given as an image, a checkpoint or a cache entry hung train, info, plan, infer and
+// cache verify/info/prune with no output: now refused at open, naming the path.
+TEST(HostileInput, AFifoIsRefusedAtOpenWithItsPath) {
+  test::TempDir dir;
+  synth(dir);
+  // A checkpoint to infer with: one short epoch.
+  const Bounded trained = run_bounded("train --set data.dataset=" + (dir / "ds/dataset.json") +
+                                          " --set data.validation.num=1 --set data.random.0.num_samples=1 "
+                                          "--set train.epochs=1 --set train.run_dir=" + (dir / "trained"),
+                                      dir.path());
+  ASSERT_EQ(trained.r.exit_code, 0) << trained.r.err;
+  const std::string fifo = dir / "ds/imagesTr/spleen_0.nii.gz";
+  ASSERT_EQ(std::remove(fifo.c_str()), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string refused = ": a FIFO, not a regular file";
+  // Each ends at once with an error naming the path (medfast-torch's start, libtorch's load,
+  // is about half a second of it; 5 s leaves a loaded CI machine room).
+  const auto quick = [&](const std::string& args, const std::string& path) {
+    const Bounded b = run_bounded(args, dir.path());
+    expect_refused(b, {"cannot open " + path + refused});
+    EXPECT_LT(b.seconds, 5.0) << args;
+  };
+  quick("info " + fifo, fifo);
+  quick("train --set data.dataset=" + (dir / "ds/dataset.json") +
+            " --set data.validation.num=1 --set train.epochs=1 --set train.run_dir=" + (dir / "run"),
+        fifo);
+  quick("infer --checkpoint " + (dir / "trained/last.ckpt") + " --input " + fifo + " --output " + (dir / "out"), fifo);
+  const std::string fifo_checkpoint = dir / "best.ckpt";
+  ASSERT_EQ(::mkfifo(fifo_checkpoint.c_str(), 0600), 0);
+  quick("infer --checkpoint " + fifo_checkpoint + " --input " + (dir / "ds/imagesTr/spleen_1.nii.gz") + " --output " +
+            (dir / "out"),
+        fifo_checkpoint);
+  // plan leaves a case it cannot read out of the plan, with the reason, as it does any other.
+  const Bounded plan = run_bounded("plan --dataset " + (dir / "ds") + " --device cpu --memory 8GiB", dir.path());
+  EXPECT_NE(plan.r.exit_code, 124) << plan.r.err;
+  EXPECT_TRUE(test::contains_all(plan.r.out, {"# note: ", "spleen_0.nii.gz: cannot be used: ", refused, "left out of the plan"}))
+      << plan.r.err;
+  EXPECT_LT(plan.seconds, 5.0);
+
+  // A cache entry: verify fails naming it, info counts it unreadable, prune removes it.
+  os::make_directories(dir / "cache");
+  const std::string entry = dir / "cache/0123456789abcdef.mfc";
+  ASSERT_EQ(::mkfifo(entry.c_str(), 0600), 0);
+  const Bounded verify = run_bounded("cache verify --dir " + (dir / "cache"), dir.path());
+  EXPECT_NE(verify.r.exit_code, 124);
+  EXPECT_NE(verify.r.exit_code, 0);
+  EXPECT_TRUE(test::contains_all(verify.r.out, {"cannot open " + entry + refused})) << verify.r.err;
+  const Bounded info = run_bounded("cache info --json --dir " + (dir / "cache"), dir.path());
+  ASSERT_EQ(info.r.exit_code, 0) << info.r.err;
+  EXPECT_EQ(nlohmann::json::parse(info.r.out)["unreadable"], 1);
+  const Bounded prune = run_bounded("cache prune --json --dir " + (dir / "cache"), dir.path());
+  ASSERT_EQ(prune.r.exit_code, 0) << prune.r.err;
+  EXPECT_EQ(nlohmann::json::parse(prune.r.out)["corrupt_removed"], 1);
+  EXPECT_TRUE(test::contains_all(prune.r.out, {entry, "a FIFO"}));
+  EXPECT_FALSE(os::exists(entry));
+  for (const Bounded* b : {&verify, &info, &prune}) EXPECT_LT(b->seconds, 5.0) << b->r.out;
+}
+
 }  // namespace
 }  // namespace medfast
