@@ -254,6 +254,7 @@ transforms::RandomChain make_random_chain(const PipelineConfig& c) {
   try {
     transforms::RandomChain chain = transforms::make_random_chain(c.random, c.seed);
     chain.set_max_output_bytes(c.max_volume_bytes);
+    chain.set_max_batch_bytes(c.loader.max_batch_bytes);
     return chain;
   } catch (Error& e) {
     e.add_context(str(c.path, ": data.random"));

@@ -120,6 +120,21 @@ TEST(HostileInput, NumbersOutOfRangeNameTheKeyAndTheLimit) {
                  {"optimizer.lr: 1e+300 is out of range: expected a number of magnitude at most 3.40282e+38"});
 }
 
+// num_samples: 10^8 crops grew to 5 GB and ended in std::bad_alloc after 24 s: the crops'
+// memory is estimated before they are made, and refused.
+TEST(HostileInput, CropsThatCannotFitAreRefusedBeforeTheyAreMade) {
+  test::TempDir dir;
+  synth(dir);
+  const Bounded b = run_bounded("train --set data.dataset=" + (dir / "ds/dataset.json") +
+                                    " --set data.validation.num=1 --set data.random.0.num_samples=100000000 "
+                                    "--set train.epochs=1 --set train.run_dir=" + (dir / "run"),
+                                dir.path());
+  expect_refused(b, {"random transform 0 (RandCropByPosNegLabel): num_samples 100000000 crops (each image [1, 32, 32, 16] Float",
+                     "would take about", "more than the memory available"});
+  EXPECT_LT(b.seconds, 20.0) << b.r.err;
+  if (b.peak_mib >= 0) EXPECT_LT(b.peak_mib, 1024) << b.r.err;
+}
+
 // A FIFO given as an image, a checkpoint or a cache entry hung train, info, plan, infer and
 // cache verify/info/prune with no output: now refused at open, naming the path.
 TEST(HostileInput, AFifoIsRefusedAtOpenWithItsPath) {
