@@ -84,9 +84,9 @@ TEST(OsFile, NonRegularFilesAreRefusedAtOpenWithThePath) {
   test::TempDir dir;
   const std::string fifo = dir / "image.nii.gz";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
-  const auto release = [&] {  // a reader blocked in open() returns once a writer opens
-    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
-    if (w >= 0) ::close(w);
+  const auto release = [&] {  // an open() blocked for its other end returns once that opens
+    const int other = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+    if (other >= 0) ::close(other);
   };
   for (const File::Mode mode : {File::Mode::read, File::Mode::write, File::Mode::read_write}) {
     std::string m;
