@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include "medfast/core/document.hpp"
+
 namespace medfast::cache {
 
 namespace {
@@ -55,7 +57,7 @@ EntryHead parse_head(const std::string& path, const std::string& bytes_prefix, s
   EntryHead head;
   head.file_size = h.file_size;
   try {
-    head.meta = nlohmann::json::parse(json, json + h.json_length);
+    head.meta = parse_json_document(std::string(json, h.json_length), "metadata");
   } catch (const std::exception& e) {
     throw CorruptEntry(str(path, ": cache entry metadata is not JSON: ", e.what()));
   }

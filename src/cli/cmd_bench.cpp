@@ -8,6 +8,7 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/pipeline.hpp"
 #include "medfast/io/tensor_file.hpp"
@@ -311,7 +312,7 @@ struct TrainingStepFigures {
 int run_step(const StepArgs& a, Context& ctx) {
   MEDFAST_CHECK_T(ValueError, a.input.size() == 5, "bench step: --input needs B,C,X,Y,Z (5 numbers)");
   MEDFAST_CHECK_T(ValueError, a.steps >= 1 && a.warmup >= 0, "bench step: --steps must be >= 1, --warmup >= 0");
-  const nlohmann::json spec = nlohmann::json::parse(a.model);
+  const nlohmann::json spec = parse_json_document(a.model, "bench step: --model");
   const at::Device device = io::resolve_device(a.device);
   MEDFAST_CHECK_T(ValueError, !device.is_cuda() || torch::cuda::is_available(), "bench step: --device ", a.device,
                   ": libtorch has no usable CUDA device here");

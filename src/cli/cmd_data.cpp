@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/progress.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/data/check.hpp"
@@ -48,9 +49,9 @@ dicom::LabelDict parse_label_dict(const std::string& text) {
   if (text.empty()) return {};
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    throw ValueError(str("data convert: --label-dict: '", text, "' is not JSON (expected e.g. '{\"GTV-1\": 1}')"));
+    j = parse_json_document(text, "data convert: --label-dict");
+  } catch (const FormatError& e) {
+    throw ValueError(str(e.message(), " (expected e.g. '{\"GTV-1\": 1}')"));
   }
   if (j.is_null()) throw ValueError("data convert: --label-dict: expected a JSON object or a list of [name, class] pairs");
   try {

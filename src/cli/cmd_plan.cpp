@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/progress.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/io/tensor_io.hpp"
@@ -40,7 +41,7 @@ std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::strin
   // their relative paths would not hold beside the plan.
   nlohmann::json list = nlohmann::json::object();
   if (!data::is_csv_list(fp.list)) {
-    const nlohmann::json original = nlohmann::json::parse(os::read_text_file(fp.list));
+    const nlohmann::json original = parse_json_document(os::read_text_file(fp.list), fp.list);
     for (const char* k : {"name", "reference", "licence", "release", "tensorImageSize", "modality", "channel_names",
                           "labels", "file_ending"}) {
       if (original.contains(k)) list[k] = original[k];

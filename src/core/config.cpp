@@ -78,22 +78,26 @@ std::vector<std::string> ConfigReader::keys(const std::string& key) {
 std::vector<double> ConfigReader::numbers(const std::string& key, std::size_t n) {
   const nlohmann::json& v = raw(key);
   if (v.is_null()) fail(key, str("is required (", n, " numbers)"));
-  if (v.is_number()) return std::vector<double>(n, v.get<double>());
+  if (v.is_number()) return std::vector<double>(n, narrow<double>(key, v));
   if (!v.is_array() || v.size() != n || !std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_number(); })) {
     fail(key, str("expected a number or a list of ", n, " numbers, got ", v.dump()));
   }
-  return v.get<std::vector<double>>();
+  std::vector<double> out;
+  for (const auto& x : v) out.push_back(narrow<double>(key, x));
+  return out;
 }
 
 std::vector<std::int64_t> ConfigReader::integers(const std::string& key, std::size_t n) {
   const nlohmann::json& v = raw(key);
   if (v.is_null()) fail(key, str("is required (", n, " whole numbers)"));
-  if (v.is_number_integer()) return std::vector<std::int64_t>(n, v.get<std::int64_t>());
+  if (v.is_number_integer()) return std::vector<std::int64_t>(n, narrow<std::int64_t>(key, v));
   if (!v.is_array() || v.size() != n ||
       !std::all_of(v.begin(), v.end(), [](const auto& x) { return x.is_number_integer(); })) {
     fail(key, str("expected a whole number or a list of ", n, " of them, got ", v.dump()));
   }
-  return v.get<std::vector<std::int64_t>>();
+  std::vector<std::int64_t> out;
+  for (const auto& x : v) out.push_back(narrow<std::int64_t>(key, x));
+  return out;
 }
 
 std::vector<double> ConfigReader::numbers(const std::string& key, std::size_t n, const std::vector<double>& fallback) {

@@ -73,8 +73,9 @@ std::uint64_t parse_bytes(const std::string& text) {
   }
   if (number.empty()) throw ValueError(str("size '", text, "' does not start with a number"));
   const double v = parse_double(number, "size") * scale;
-  if (v < 0 || v > 1.8e19) throw ValueError(str("size '", text, "' is out of range"));
-  return static_cast<std::uint64_t>(std::llround(v));
+  // 2^64 and up do not fit (llround would overflow past 2^63: rounded as unsigned).
+  if (v < 0 || v >= 18446744073709551616.0) throw ValueError(str("size '", text, "' is out of range"));
+  return static_cast<std::uint64_t>(std::round(v));
 }
 
 std::string format_bytes(std::uint64_t bytes) {

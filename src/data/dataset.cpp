@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/os/file.hpp"
 
 namespace medfast::data {
@@ -18,12 +19,7 @@ std::string resolve_path(const std::string& base, const std::string& p) {
 namespace {
 
 Dataset from_json(const std::string& path, const std::string& section) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(os::read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(str(path, ": not valid JSON: ", e.what()));
-  }
+  const nlohmann::json j = parse_json_document(os::read_text_file(path), path);
   const std::string base = os::parent_directory(path);
   const nlohmann::json* list = nullptr;
   if (j.is_array()) {
@@ -146,13 +142,7 @@ std::map<std::int64_t, std::string> list_label_names(const nlohmann::json& list,
 
 std::map<std::int64_t, std::string> list_label_names(const std::string& path) {
   if (is_csv_list(path)) return {};
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(os::read_text_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw FormatError(str(path, ": not valid JSON: ", e.what()));
-  }
-  return list_label_names(j, path);
+  return list_label_names(parse_json_document(os::read_text_file(path), path), path);
 }
 
 Dataset select_fold(const Dataset& dataset, int fold, bool validation) {

@@ -152,6 +152,32 @@ std::string files_of(const Sample& s, std::size_t item) {
 }
 }  // namespace
 
+// The batch as its first item's samples say (each key's shape and dtype once its pending
+// steps are applied), before the batch's other items are made.
+void Loader::check_batch_size(std::size_t b, std::size_t items, const std::vector<Sample>& samples,
+                              const std::vector<transforms::PendingSteps>& pending) const {
+  if (samples.empty()) return;
+  // Samples that live on a GPU (device caches) are batched there: the host's memory is not
+  // what they need, and only a limit given for them applies.
+  const auto& volumes = samples.front().volumes;
+  if (options_.max_batch_bytes == 0 && !volumes.empty() && !volumes.begin()->second.data.is_cpu()) return;
+  long double item_bytes = 0;
+  std::string parts;
+  for (const auto& [k, v] : samples.front().volumes) {
+    const auto [shape, dtype] = transforms::planned_output(samples.front(), pending.front(), k);
+    long double bytes = static_cast<long double>(at::elementSize(dtype));
+    for (auto n : shape) bytes *= static_cast<long double>(n);
+    item_bytes += bytes * static_cast<long double>(samples.size());
+    parts += str(parts.empty() ? "" : ", ", k, " ", at::IntArrayRef(shape), " ", dtype);
+  }
+  item_bytes += static_cast<long double>(transforms::kSampleOverheadBytes) * static_cast<long double>(samples.size());
+  transforms::check_batch_memory(
+      item_bytes * static_cast<long double>(items),
+      str("loader: batch ", b, ": ", items, " items (data.loader.batch_size ", options_.batch_size, ") x ",
+          samples.size(), " samples each (", parts, ")"),
+      options_.max_batch_bytes);
+}
+
 Batch Loader::build(std::size_t b, int worker) {
   const std::size_t bs = static_cast<std::size_t>(options_.batch_size);
   const std::size_t first = b * bs, last = std::min(first + bs, order_.size());
@@ -210,6 +236,7 @@ Batch Loader::build(std::size_t b, int worker) {
     } catch (...) {
       rethrow_with_context(str("loader: ", files_of(input, item)));
     }
+    if (p == first) check_batch_size(b, last - first, samples, pending);
   }
   trace::Range collate("collate", "loader");
   if (samples.empty()) return batch;

@@ -1,13 +1,12 @@
 #include "medfast/data/pipeline.hpp"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 
 #include "medfast/core/config.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/fields.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
@@ -17,66 +16,12 @@
 
 namespace medfast::data {
 
-namespace {
-
-nlohmann::json to_json(const YAML::Node& n) {
-  switch (n.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return nullptr;
-    case YAML::NodeType::Sequence: {
-      nlohmann::json a = nlohmann::json::array();
-      for (const auto& x : n) a.push_back(to_json(x));
-      return a;
-    }
-    case YAML::NodeType::Map: {
-      nlohmann::json o = nlohmann::json::object();
-      for (const auto& kv : n) {
-        const std::string key = kv.first.as<std::string>();
-        if (key == "label_dict" && kv.second.IsMap()) {
-          // Kept as [[name, class], ...]: the order written decides which segment wins
-          // where segments overlap, and a JSON object would sort it.
-          nlohmann::json pairs = nlohmann::json::array();
-          for (const auto& e : kv.second) pairs.push_back({e.first.as<std::string>(), to_json(e.second)});
-          o[key] = pairs;
-        } else {
-          o[key] = to_json(kv.second);
-        }
-      }
-      return o;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string s = n.Scalar();
-      if (n.Tag() == "!") return s;  // quoted: a string
-      if (s == "true" || s == "True") return true;
-      if (s == "false" || s == "False") return false;
-      if (s == "null" || s == "~") return nullptr;
-      try {
-        std::size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return i;
-      } catch (const std::exception&) {
-      }
-      try {
-        std::size_t used = 0;
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
-      } catch (const std::exception&) {
-      }
-      return s;
-    }
-  }
-  return nullptr;
-}
-
-
-}  // namespace
-
 nlohmann::json parse_yaml(const std::string& text, const std::string& what) {
-  try {
-    return to_json(YAML::Load(text));
-  } catch (const YAML::Exception& e) {
-    throw FormatError(str(what, ": not valid YAML/JSON: ", e.what()));
-  }
+  // A label_dict keeps its order, [[name, class], ...]: the order written decides which
+  // segment wins where segments overlap, and a JSON object would sort it.
+  DocumentOptions options;
+  options.ordered_keys = {"label_dict"};
+  return parse_yaml_document(text, what, options);
 }
 
 nlohmann::json load_yaml_as_json(const std::string& path) { return parse_yaml(os::read_text_file(path), path); }
@@ -309,6 +254,7 @@ transforms::RandomChain make_random_chain(const PipelineConfig& c) {
   try {
     transforms::RandomChain chain = transforms::make_random_chain(c.random, c.seed);
     chain.set_max_output_bytes(c.max_volume_bytes);
+    chain.set_max_batch_bytes(c.loader.max_batch_bytes);
     return chain;
   } catch (Error& e) {
     e.add_context(str(c.path, ": data.random"));

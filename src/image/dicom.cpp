@@ -312,6 +312,34 @@ Image decode_series(const std::shared_ptr<const Series>& series, const ReadOptio
   return image;
 }
 
+/// Before anything is allocated: every file's pixel data against what its header announces
+/// (a header may claim 65535 x 65535 pixels, or 100000 frames, over a few KB of data); the
+/// same checks with_pixels makes once a file is read whole.
+void check_pixel_data(const Series& s) {
+  if (s.bits_allocated != 8 && s.bits_allocated != 16 && s.bits_allocated != 32) return;  // refused by read_series
+  std::string why;
+  const Syntax syntax = classify(s.transfer_syntax, &why);
+  std::map<std::string, std::uint64_t> frames;
+  for (const Slice& sl : s.slices) ++frames[sl.file];
+  for (std::size_t i = 0; i < s.files.size() && i < s.pixel_bytes.size(); ++i) {
+    const std::uint64_t have = s.pixel_bytes[i];
+    if (have == kUnknownPixelBytes) continue;
+    const std::uint64_t f = frames[s.files[i]];
+    // At most 65535 x 65535 x 10^6 frames x 4 bytes: within 64 bits.
+    const std::uint64_t expected = static_cast<std::uint64_t>(s.rows) * static_cast<std::uint64_t>(s.columns) * f *
+                                   static_cast<std::uint64_t>(s.bits_allocated / 8);
+    if (syntax == Syntax::native && have < expected) {
+      throw FormatError(str(s.files[i], ": ", name_of(PixelData), " holds ", have, " bytes, expected ", expected, " for ",
+                            s.rows, " rows x ", s.columns, " columns x ", f, " frame(s) of ", s.bits_allocated, " bits"));
+    }
+    if (syntax == Syntax::compressed && expected > (std::uint64_t(256) << 20) && expected / 1000 > have) {
+      throw FormatError(str(s.files[i], ": ", have, " bytes of compressed ", name_of(PixelData), " would decode to ",
+                            expected, " bytes (", s.rows, " rows x ", s.columns, " columns x ", f,
+                            " frame(s)), over 1000 times their size: refused as damaged"));
+    }
+  }
+}
+
 const Series& pick(const Scan& sc, const std::string& path, const std::string& series_uid) {
   std::vector<const Series*> images;
   for (const Series& s : sc.series) {
@@ -343,6 +371,7 @@ Image read_series(const std::string& path, const ReadOptions& options) {
     log::info("dicom: ", path, ": series ", series->series_uid, " has ", series->files.size(),
               " multi-frame files; their frames are stacked as one volume");
   }
+  check_pixel_data(*series);  // before the geometry: 100000 frames over one frame's data are no geometry problem
   check_geometry(*series, path);
   std::string why;
   if (classify(series->transfer_syntax, &why) == Syntax::unsupported) {

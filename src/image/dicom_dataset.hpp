@@ -174,6 +174,9 @@ struct Parsed {
   std::string transfer_syntax;  ///< from the file meta ("" without meta)
   Node dataset;
   bool reached_pixels = false;  ///< the pixel data element was found
+  /// header_only: where the pixel data's value starts (0: not reached, or its element
+  /// header is cut off) and the length it declares (0xffffffff: encapsulated).
+  std::size_t pixel_value = 0, pixel_length = 0;
 };
 
 /// Walks a whole file's elements (to the pixel data when `header_only`); FormatError
@@ -194,6 +197,9 @@ struct Header {
   bool multi_frame = false, is_seg = false;
   bool is_rtstruct = false;  ///< an RT Structure Set (is_seg too: a label object); segments are its ROIs
   std::vector<Slice> slices;
+  /// Bytes the pixel data holds (read_header_of: its declared length within the file);
+  /// kUnknownPixelBytes where it was not read.
+  std::uint64_t pixel_bytes = kUnknownPixelBytes;
   // SEG: per frame, the segment and the source image (SOP instance) it was derived from.
   std::vector<int> frame_segment;
   std::vector<std::string> frame_source;

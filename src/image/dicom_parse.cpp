@@ -193,6 +193,8 @@ class Parser {
     explicit_ = ts.empty() ? (at + 6 <= size_ && is_vr(p_[at + 4], p_[at + 5])) : ts != "1.2.840.10008.1.2";
     walk(at, size_, 0, false, out.dataset);
     out.reached_pixels = reached_pixels_;
+    out.pixel_value = pixel_value_;
+    out.pixel_length = pixel_length_;
     return out;
   }
 
@@ -263,7 +265,10 @@ class Parser {
       }
       if (depth == 0 && tag == 0x7fe00010) {
         reached_pixels_ = true;
-        if (header_only_) return end;
+        if (header_only_) {
+          pixel_element(at);
+          return end;
+        }
       }
       std::size_t value = 0, length = 0;
       bool sequence = false;
@@ -348,9 +353,31 @@ class Parser {
     fail(at, "encapsulated pixel data without its delimiter");
   }
 
+  // Where the pixel data's value starts and the length its element header declares (read
+  // without the bounds check: a header scan holds only the file's first bytes).
+  void pixel_element(std::size_t at) {
+    if (explicit_) {
+      if (at + 6 > size_) return;
+      if (long_form(p_[at + 4], p_[at + 5])) {
+        if (at + 12 > size_) return;
+        pixel_value_ = at + 12;
+        pixel_length_ = u32(at + 8);
+      } else {
+        if (at + 8 > size_) return;
+        pixel_value_ = at + 8;
+        pixel_length_ = u16(at + 6);
+      }
+    } else {
+      if (at + 8 > size_) return;
+      pixel_value_ = at + 8;
+      pixel_length_ = u32(at + 4);
+    }
+  }
+
   const unsigned char* p_;
   std::size_t size_;
   std::string file_;
+  std::size_t pixel_value_ = 0, pixel_length_ = 0;
   bool header_only_ = false;
   bool explicit_ = true;
   bool reached_pixels_ = false;
@@ -615,17 +642,27 @@ std::optional<Header> read_header_unguarded(const std::string& file, bool phi) {
   constexpr std::size_t kPrefix = 16 << 10;  // CT headers are a few KiB; longer ones are read whole
   std::vector<char> bytes = read_bytes(file, kPrefix);
   const std::uint64_t size = os::stat(file).size;
+  // The header, with what its pixel data can hold: the length its element declares, within
+  // the file (an encapsulated one, of undefined length: the rest of the file).
+  const auto header_of = [&](const Parsed& p) {
+    Header h = parse_header(p, file, phi);
+    if (p.pixel_value > 0 && p.pixel_value <= size) {
+      const std::uint64_t rest = size - p.pixel_value;
+      h.pixel_bytes = p.pixel_length == 0xffffffffu ? rest : std::min<std::uint64_t>(p.pixel_length, rest);
+    }
+    return h;
+  };
   try {
     if (bytes.size() < size) {
       try {
         const Parsed p = parse_bytes(bytes.data(), bytes.size(), file, /*header_only=*/true);
-        if (p.reached_pixels) return parse_header(p, file, phi);
+        if (p.reached_pixels && p.pixel_value > 0) return header_of(p);
       } catch (const FormatError&) {
         // the header runs past the prefix: parse the whole file
       }
       bytes = read_bytes(file);
     }
-    return parse_header(parse_bytes(bytes.data(), bytes.size(), file, /*header_only=*/true), file, phi);
+    return header_of(parse_bytes(bytes.data(), bytes.size(), file, /*header_only=*/true));
   } catch (const FormatError&) {
     const bool dicm = bytes.size() >= 132 && std::memcmp(bytes.data() + 128, "DICM", 4) == 0;
     if (!dicm) return std::nullopt;  // not DICOM at all (a README, a NIfTI...)

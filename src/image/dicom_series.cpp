@@ -75,6 +75,7 @@ Series series_of(const std::vector<const Header*>& members, bool phi) {
   if (phi) s.phi = first.phi;
   for (const Header* h : members) {
     s.files.push_back(h->file);
+    s.pixel_bytes.push_back(h->pixel_bytes);
     s.slices.insert(s.slices.end(), h->slices.begin(), h->slices.end());
   }
   const Slice& any = s.slices.front();

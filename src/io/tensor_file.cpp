@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/io/tensor_io.hpp"
 #include "medfast/os/file.hpp"
 
@@ -126,7 +127,7 @@ at::Tensor load_tensor(const std::string& path, const std::string& device, const
   at::ScalarType dtype;
   std::uint64_t n = 0;
   try {
-    meta = nlohmann::json::parse(json);
+    meta = parse_json_document(json, str(path, ": header"));
     const auto it = dtypes().find(meta.at("dtype").get<std::string>());
     if (it == dtypes().end()) throw bad(str("unknown dtype ", meta.at("dtype").dump()));
     dtype = it->second;

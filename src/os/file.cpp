@@ -100,8 +100,32 @@ FileInfo to_info(const struct ::stat& st) {
 
 }  // namespace
 
+namespace {
+
+// What a path that is not a regular file is, for the message that refuses it.
+const char* kind_of(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISDIR(m)) return "a directory";
+  return "not a regular file";
+}
+
+[[noreturn]] void refuse_irregular(const std::string& path, mode_t m) {
+  throw OsError(str("cannot open ", path, ": ", kind_of(m), ", not a regular file (medfast reads and writes only "
+                    "regular files: a FIFO, socket or device could block or never end)"),
+                ENODEV);  // not EINVAL: that is how a file system refuses O_DIRECT (io/file_handle.cpp)
+}
+
+}  // namespace
+
 File File::open(const std::string& path, Mode mode, int extra_flags, mode_t permissions) {
-  int flags = O_CLOEXEC | extra_flags;
+  // Only regular files (and directories asked for with O_DIRECTORY) are opened. Opening a
+  // FIFO waits for its other end, forever where there is none, so the open is made
+  // O_NONBLOCK (it returns at once, or fails with ENXIO for a writer without a reader),
+  // fstat refuses anything else with the path, and O_NONBLOCK is cleared again.
+  int flags = O_CLOEXEC | O_NONBLOCK | extra_flags;
   switch (mode) {
     case Mode::read: flags |= O_RDONLY; break;
     case Mode::write: flags |= O_WRONLY | O_CREAT | O_TRUNC; break;
@@ -113,10 +137,23 @@ File File::open(const std::string& path, Mode mode, int extra_flags, mode_t perm
   do {
     fd = ::open(path.c_str(), flags, permissions);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) throw_os(str("cannot open ", path), errno);
-  File f;
+  if (fd < 0) {
+    const int err = errno;
+    struct ::stat st {};
+    if (err == ENXIO && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) refuse_irregular(path, st.st_mode);
+    throw_os(str("cannot open ", path), err);
+  }
+  File f;  // closes fd on the way out of a refusal
   f.fd_ = fd;
   f.path_ = path;
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0) throw_os(str("cannot stat ", path), errno);
+  const bool directory_asked = (extra_flags & O_DIRECTORY) != 0;
+  if (!S_ISREG(st.st_mode) && !(directory_asked && S_ISDIR(st.st_mode))) refuse_irregular(path, st.st_mode);
+  if ((extra_flags & O_NONBLOCK) == 0) {
+    const int now = ::fcntl(fd, F_GETFL);
+    if (now < 0 || ::fcntl(fd, F_SETFL, now & ~O_NONBLOCK) != 0) throw_os(str("cannot set the flags of ", path), errno);
+  }
   return f;
 }
 

@@ -1,13 +1,17 @@
 #include "medfast/os/memory.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "medfast/core/error.hpp"
@@ -55,6 +59,49 @@ void* map_huge(std::size_t rounded) {
 }
 
 }  // namespace
+
+namespace {
+
+// A small file of /proc or /sys whole ("" where it cannot be read): their size is 0 to stat.
+std::string read_small_file(const char* path) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || text.size() > (1u << 20)) break;
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+// The first number of `text` after `key` (0 where absent); "max" reads as the largest.
+std::uint64_t number_after(const std::string& text, const std::string& key) {
+  const auto at = text.find(key);
+  if (at == std::string::npos) return 0;
+  const char* p = text.c_str() + at + key.size();
+  while (*p == ' ' || *p == '\t' || *p == ':') ++p;
+  if (std::strncmp(p, "max", 3) == 0) return ~std::uint64_t{0};
+  return std::strtoull(p, nullptr, 10);
+}
+
+}  // namespace
+
+std::uint64_t available_memory_bytes() {
+  const std::uint64_t kib = number_after(read_small_file("/proc/meminfo"), "MemAvailable");
+  std::uint64_t available = kib * 1024;
+  // A cgroup v2 limit (a container's): what is left of it.
+  const std::uint64_t limit = number_after(read_small_file("/sys/fs/cgroup/memory.max"), "");
+  const std::uint64_t used = number_after(read_small_file("/sys/fs/cgroup/memory.current"), "");
+  if (limit > 0 && limit != ~std::uint64_t{0}) {
+    const std::uint64_t left = limit > used ? limit - used : 0;
+    available = available == 0 ? left : std::min(available, left);
+  }
+  return available;
+}
 
 void set_buffer_pool_limit(std::uint64_t bytes) {
   {

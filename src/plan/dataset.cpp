@@ -13,6 +13,7 @@
 #include <set>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/stats.hpp"
 #include "medfast/core/thread_pool.hpp"
@@ -249,7 +250,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   fp.listed = all.items.size();
   if (all.items.empty()) throw FormatError(str(fp.list, ": the training section lists no cases"));
   if (!data::is_csv_list(fp.list)) {
-    const nlohmann::json raw = nlohmann::json::parse(os::read_text_file(fp.list));
+    const nlohmann::json raw = parse_json_document(os::read_text_file(fp.list), fp.list);
     fp.channel_names = read_channel_names(raw, fp.list);
     fp.label_names = data::list_label_names(raw, fp.list);
   }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/units.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/version.hpp"
@@ -93,8 +94,8 @@ RunData read_run(const std::string& dir) {
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
+    nlohmann::json e = parse_json_document(line, str(metrics, ": line ", n));
     try {
-      nlohmann::json e = nlohmann::json::parse(line);
       if (!e.is_object() || !e.contains("epoch") || !e["epoch"].is_number_integer()) {
         throw FormatError("an object with a whole-number \"epoch\" was expected");
       }
@@ -113,11 +114,7 @@ RunData read_run(const std::string& dir) {
   for (const char* f : {"config.json", "machine.json"}) {
     const std::string path = dir + "/" + f;
     if (!os::exists(path)) continue;
-    try {
-      (std::string(f) == "config.json" ? r.config : r.machine) = nlohmann::json::parse(os::read_text_file(path));
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str(path, ": ", e.what()));
-    }
+    (std::string(f) == "config.json" ? r.config : r.machine) = parse_json_document(os::read_text_file(path), path);
   }
   const std::string prof = dir + "/profiler";
   if (os::exists(prof)) {

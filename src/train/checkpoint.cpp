@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/nn/layout.hpp"
@@ -51,9 +52,9 @@ Parts read_parts(const std::string& path) {
   const std::uint64_t got = XXH3_64bits(bytes.data() + kHeader, j + a);
   if (want != got) throw fail("damaged: checksum mismatch");
   try {
-    p.meta = nlohmann::json::parse(bytes.data() + kHeader, bytes.data() + kHeader + j);
-  } catch (const nlohmann::json::exception& e) {
-    throw fail(str("damaged JSON document: ", e.what()));
+    p.meta = parse_json_document(std::string(bytes.data() + kHeader, j), "JSON document");
+  } catch (const FormatError& e) {
+    throw fail(str("damaged: ", e.message()));
   }
   p.archive_offset = kHeader + j;
   p.archive_size = a;

@@ -9,10 +9,37 @@
 #include <ATen/Dispatch.h>
 
 #include "medfast/core/error.hpp"
+#include "medfast/core/units.hpp"
+#include "medfast/os/memory.hpp"
 
 namespace medfast::transforms {
 
 std::vector<Sample> RandomTransform::expand(const Sample& sample, Rng&) const { return {sample}; }
+
+Expansion RandomTransform::expansion(const Sample& sample) const {
+  const std::uint64_t each = sample.bytes() + kSampleOverheadBytes;
+  return {static_cast<long double>(samples()) * each, str(samples(), " samples of ", format_bytes(each))};
+}
+
+void check_batch_memory(long double bytes, const std::string& what, std::uint64_t max_batch_bytes) {
+  if (bytes <= static_cast<long double>(kBatchCheckFloorBytes) && (max_batch_bytes == 0 || bytes <= max_batch_bytes)) {
+    return;
+  }
+  std::string limit;
+  std::uint64_t allowed = max_batch_bytes;
+  if (max_batch_bytes > 0) {
+    limit = str("data.loader.max_batch_bytes (", format_bytes(max_batch_bytes), ")");
+  } else {
+    allowed = os::available_memory_bytes();
+    if (allowed == 0) return;  // not known here
+    limit = str("the memory available (", format_bytes(allowed),
+                ": MemAvailable, within a cgroup's limit; data.loader.max_batch_bytes sets another limit)");
+  }
+  if (bytes <= static_cast<long double>(allowed)) return;
+  // Past 2^64 bytes (num_samples: 10^18) format_bytes cannot say how much.
+  const std::string amount = bytes < 1.8e19L ? format_bytes(static_cast<std::uint64_t>(bytes)) : "more than 16 EiB";
+  throw ValueError(str(what, " would take about ", amount, ", more than ", limit));
+}
 bool RandomTransform::compose(SpatialPlan&, const Sample&, Rng&) const { return false; }
 bool RandomTransform::compose_index(IndexPlan&, const Sample&, Rng&) const { return false; }
 
@@ -245,6 +272,16 @@ std::vector<Sample> RandomChain::run(const Sample& input, std::uint64_t epoch, s
     try {
       if (tr->expands()) {
         for (std::size_t k = 0; k < samples.size(); ++k) flush(k);
+        // What the expansion would make, before it makes it (num_samples: 10^8 crops).
+        long double need = 0;
+        std::string what;
+        for (const auto& s : samples) {
+          const Expansion e = tr->expansion(s);
+          need += e.bytes;
+          if (what.empty()) what = e.what;
+        }
+        if (samples.size() > 1) what = str(samples.size(), " samples, each to ", what);
+        check_batch_memory(need, what, max_batch_bytes_);
         std::vector<Sample> out;
         for (auto& s : samples) {
           for (auto& m : tr->expand(s, item_rng)) out.push_back(std::move(m));

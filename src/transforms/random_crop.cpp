@@ -82,6 +82,27 @@ class RandCropByPosNegLabel final : public RandomWith<RandCropByPosNegLabelOptio
   }
   std::size_t samples() const override { return static_cast<std::size_t>(o_.num_samples); }
   bool expands() const override { return true; }
+  // num_samples crops: each key of keys at spatial_size (cut to the image with
+  // allow_smaller), the sample's other volumes as they are; in their dtypes.
+  Expansion expansion(const Sample& s) const override {
+    long double each = kSampleOverheadBytes;
+    std::string parts;
+    for (const auto& [key, v] : s.volumes) {
+      if (v.data.dim() != 4) continue;  // a wrong shape is expand()'s error to name
+      const bool cropped = std::find(o_.keys.begin(), o_.keys.end(), key) != o_.keys.end();
+      std::array<std::int64_t, 4> shape{v.data.size(0), v.data.size(1), v.data.size(2), v.data.size(3)};
+      if (cropped) {
+        for (int a = 0; a < 3; ++a) shape[a + 1] = o_.allow_smaller ? std::min(o_.spatial_size[a], shape[a + 1]) : o_.spatial_size[a];
+      }
+      long double bytes = static_cast<long double>(v.data.element_size());
+      for (auto n : shape) bytes *= static_cast<long double>(n);
+      each += bytes;
+      parts += str(parts.empty() ? "" : ", ", key, " [", shape[0], ", ", shape[1], ", ", shape[2], ", ", shape[3], "] ",
+                   v.data.scalar_type());
+    }
+    return {each * static_cast<long double>(o_.num_samples),
+            str("num_samples ", o_.num_samples, " crops (each ", parts, ")")};
+  }
   void apply(Sample&, Rng&) const override { throw Error("RandCropByPosNegLabel: internal error: apply() on an expanding transform"); }
 
   std::vector<Sample> expand(const Sample& s, Rng& rng) const override {

@@ -1,6 +1,8 @@
 // One declaration per option (core/fields.hpp): reading, writing back, the key table.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,50 @@ TEST(Fields, ErrorsNameTheKeyAndUnknownKeysListTheDeclaredOnes) {
   // One number stands for a list of whole numbers only if it is whole itself.
   EXPECT_VALUE_ERROR(read(R"({"shape": 2.5})"), "toy.shape: expected a list of whole numbers");
   EXPECT_VALUE_ERROR(read(R"({"shape": 2.0})"), "toy.shape: expected a list of whole numbers");
+}
+
+// Numbers of every width, for the range checks made before a JSON number is narrowed.
+struct WidthOptions {
+  int count = 1;
+  std::uint8_t small = 0;
+  float scale = 1;
+  double rate = 0.5;
+  std::array<int, 3> size{1, 1, 1};
+  std::vector<int> list;
+  std::array<float, 2> range{0, 0};
+  static constexpr auto fields() {
+    using O = WidthOptions;
+    return std::make_tuple(field("count", &O::count, ""), field("small", &O::small, ""), field("scale", &O::scale, ""),
+                           field("rate", &O::rate, ""), field("size", &O::size, "").repeats(3),
+                           field("list", &O::list, ""), field("range", &O::range, "").symmetric());
+  }
+};
+
+TEST(Fields, NumbersAreRangeCheckedBeforeNarrowingNamingTheKeyAndTheLimit) {
+  const auto error = [](const std::string& text) { return test::value_error_of([&] { read<WidthOptions>(text); }); };
+  // A batch_size of 1e12 once wrapped to -2147483648.
+  EXPECT_EQ(error(R"({"count": 1e12})"),
+            "toy.count: 1000000000000.0 is out of range: expected a whole number in -2147483648..2147483647");
+  EXPECT_TRUE(test::contains_all(error(R"({"count": 3000000000})"), {"toy.count: 3000000000 is out of range", "2147483647"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"count": -1e300})"), {"toy.count: ", "is out of range"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"small": 300})"), {"toy.small: 300 is out of range: expected a whole number in 0..255"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"size": 10000000000})"), {"toy.size: 10000000000 is out of range", "2147483647"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"size": [1, 2, 3000000000]})"), {"toy.size: 3000000000 is out of range"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"list": [1, 5000000000]})"), {"toy.list: 5000000000 is out of range"}));
+  // An optimizer.lr of 1e300 once failed in libtorch's first update ("cannot be converted to
+  // type float without overflow") without the key.
+  EXPECT_TRUE(test::contains_all(error(R"({"rate": 1e300})"),
+                                 {"toy.rate: 1e+300 is out of range: expected a number of magnitude at most 3.40282e+38"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"scale": -1e39})"), {"toy.scale: -1e+39 is out of range"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"range": 1e39})"), {"toy.range: 1e+39 is out of range"}));
+  EXPECT_TRUE(test::contains_all(error(R"({"range": [0, 1e39]})"), {"toy.range: 1e+39 is out of range"}));
+  // The largest that fit read as written.
+  const auto o = read<WidthOptions>(R"({"count": 2147483647, "small": 255, "rate": 1e38, "size": 7, "range": 2})");
+  EXPECT_EQ(o.count, 2147483647);
+  EXPECT_EQ(o.small, 255);
+  EXPECT_EQ(o.rate, 1e38);
+  EXPECT_EQ(o.size, (std::array<int, 3>{7, 7, 7}));
+  EXPECT_EQ(o.range, (std::array<float, 2>{-2, 2}));
 }
 
 struct MisdeclaredOptions {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -225,6 +226,45 @@ TEST(Loader, OptionsAreValidated) {
   o.threads = 2;
   EXPECT_NO_THROW(o.validate());
   EXPECT_THROW(Loader(0, item, chain(), o), ValueError);
+}
+
+// A batch's memory is estimated before it is made and refused where it cannot fit: the
+// crops of num_samples before they are made (10^8 of them once grew to 5 GB of samples and
+// ended in std::bad_alloc after 24 s), and a batch from its first item's samples before the
+// other items are made; against max_batch_bytes, or the memory available.
+TEST(Loader, ABatchThatCannotFitIsRefusedBeforeItIsMade) {
+  const auto crops = [](const std::string& num_samples, const std::string& size = "8") {
+    return transforms::make_random_chain(nlohmann::json::parse(
+        R"([{"name": "RandCropByPosNegLabel", "keys": ["image", "label"], "spatial_size": )" + size +
+        R"(, "num_samples": )" + num_samples + "}]"), 7);
+  };
+  {
+    Loader l(4, item, crops("100000000", "16"), opts(1, 1, 2));  // about 2 TB
+    const auto t0 = std::chrono::steady_clock::now();
+    l.start(0);
+    const std::string m = test::value_error_of([&] { l.next(); });
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+    EXPECT_TRUE(test::contains_all(m, {"loader: item ", "/data/case_", "random transform 0 (RandCropByPosNegLabel): num_samples 100000000 crops (each image [1, 16, 16, 16] Float, "
+                                       "label [1, 16, 16, 16] Byte) would take about ", "more than the memory available ("}));
+  }
+  // With max_batch_bytes: 2 items x 2 crops of 8^3 float32 and uint8 (2.5 KiB each, and
+  // 1 KiB of each sample's bookkeeping) is 14 KiB.
+  LoaderOptions o = opts(1, 1, 2);
+  o.max_batch_bytes = 8 << 10;
+  Loader small(4, item, crops("2"), o);
+  small.start(0);
+  EXPECT_TRUE(test::contains_all(test::value_error_of([&] { small.next(); }),
+                                 {"loader: batch 0: 2 items (data.loader.batch_size 2) x 2 samples each (image [1, 8, 8, 8] "
+                                  "Float, label [1, 8, 8, 8] Byte) would take about 14.00 KiB, more than data.loader.max_batch_bytes (8.00 KiB)"}));
+  o.max_batch_bytes = 16 << 10;
+  Loader fits(4, item, crops("2"), o);
+  EXPECT_EQ(epoch(fits, 0).size(), 2u);
+  // The crops of one item against it, before they are made.
+  auto chain = crops("100");
+  chain.set_max_batch_bytes(64 << 10);
+  EXPECT_TRUE(test::contains_all(test::value_error_of([&] { chain.run(item(0), 0, 0); }),
+                                 {"random transform 0 (RandCropByPosNegLabel): num_samples 100 crops",
+                                  "would take about 350.00 KiB, more than data.loader.max_batch_bytes (64.00 KiB)"}));
 }
 
 }  // namespace

@@ -1066,6 +1066,29 @@ def main():
         except ValueError:
             pass
 
+    # Headers that announce far more pixels than the file holds: refused from the header and
+    # the pixel data's length before anything of the announced size is allocated (65535 x
+    # 65535 x 3 slices of 16 bits once asked for a 24 GiB buffer; 100000 frames over one
+    # frame's data were called "frames at the same position").
+    huge_uid = uid("error", "huge rows")
+    for z in range(3):
+        ds = new_dataset(CT_IMAGE, uid(huge_uid, z), huge_uid, "CT", 13)
+        ds.InstanceNumber, ds.ImageOrientationPatient = z + 1, ["1", "0", "0", "0", "1", "0"]
+        ds.ImagePositionPatient, ds.PixelSpacing, ds.SliceThickness = ["0", "0", ds_str(2 * z)], ["1", "1"], "2"
+        set_pixels(ds, np.zeros((64, 64), np.int16))  # 8 KB of pixel data
+        ds.Rows = ds.Columns = 65535
+        save(ds, os.path.join(err_dir("huge_rows"), f"slice{z}.dcm"))
+    add_error("huge_rows", err_dir("huge_rows"), ["PixelData", "holds 8192 bytes", "65535 rows x 65535 columns"])
+    frames_uid = uid("error", "frames past data")
+    ds = new_dataset(CT_IMAGE, uid(frames_uid, 0), frames_uid, "CT", 14)
+    ds.InstanceNumber, ds.ImageOrientationPatient = 1, ["1", "0", "0", "0", "1", "0"]
+    ds.ImagePositionPatient, ds.PixelSpacing, ds.SliceThickness = ["0", "0", "0"], ["1", "1"], "1"
+    set_pixels(ds, hu_stored[0])
+    ds.NumberOfFrames = 100000
+    save(ds, os.path.join(err_dir("frames_past_data"), "frames.dcm"))
+    add_error("frames_past_data", err_dir("frames_past_data"),
+              ["frames.dcm", "PixelData", f"holds {ROWS * COLS * 2} bytes", "x 100000 frame(s)"])
+
     os.makedirs(err_dir("not_dicom"))
     with open(os.path.join(err_dir("not_dicom"), "notes.txt"), "w") as f:
         f.write("Not DICOM. Patient Doe^Jane, PHI-12345, born 19700101, ACC-99999, General Hospital.\n")

@@ -4,8 +4,11 @@
 // several series in a folder, enhanced multi-frame CT, JPEG lossless, JPEG-LS and RLE),
 // SEG placement by label_dict, and bad inputs naming the file and the tag.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "medfast/core/log.hpp"
@@ -143,6 +146,35 @@ TEST(DicomErrors, BadInputsNameTheFileAndTheTag) {
           << name << ": '" << fragment.get<std::string>() << "' not in: " << message;
     }
   }
+}
+
+// Headers that announce far more pixels than their files hold (65535 x 65535 over 8 KB,
+// 100000 frames over one) are refused by the pixel data's length before the volume is
+// allocated: read here with the address space limited to 2 GiB more than the process maps
+// now. Before, the 65535 x 65535 series asked for 24 GiB first, and the frames were
+// called "frames at the same position".
+TEST(DicomErrors, AnnouncedSizesAreCheckedAgainstThePixelDataBeforeAllocating) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer reserves terabytes of address space: no limit can be set here";
+#endif
+  std::uint64_t pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  ASSERT_GT(pages, 0u);
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &old), 0);
+  struct Restore {
+    rlimit limit;
+    ~Restore() { ::setrlimit(RLIMIT_AS, &limit); }
+  } restore{old};
+  rlimit tight = old;
+  tight.rlim_cur = pages * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) + (std::uint64_t{2} << 30);
+  if (old.rlim_max != RLIM_INFINITY && tight.rlim_cur > old.rlim_max) tight.rlim_cur = old.rlim_max;
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &tight), 0);
+  const auto read = [](const std::string& name) {
+    return test::error_of<FormatError>([&] { dicom::read_series(dicom_dir() + "/errors/" + name); });
+  };
+  EXPECT_TRUE(test::contains_all(read("huge_rows"), {"/errors/huge_rows/slice", "PixelData (7FE0,0010) holds 8192 bytes, expected 8589672450 for 65535 rows x 65535 columns x 1 frame(s) of 16 bits"}));
+  EXPECT_TRUE(test::contains_all(read("frames_past_data"), {"/errors/frames_past_data/frames.dcm: PixelData (7FE0,0010) holds 2460 bytes, expected 246000000 for 30 rows x 41 columns x 100000 frame(s) of 16 bits"}));
 }
 
 }  // namespace

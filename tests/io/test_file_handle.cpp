@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +70,29 @@ TEST_P(Conformance, ReadsPastTheEndAreShortAndReadExactNamesTheFile) {
   EXPECT_EQ(f.read(out.data(), 20000, 0), 10000u);
   const std::string m = test::error_of<FormatError>([&] { f.read_exact(out.data(), 4096, 8192); });
   EXPECT_TRUE(test::contains_all(m, {dir / "f", "offset 8192", "4096 bytes"}));
+}
+
+// Every backend refuses a FIFO (a socket, a device) at open, naming it, instead of
+// waiting for a writer forever; for writing too.
+TEST_P(Conformance, AFifoIsRefusedAtOpenNotWaitedOn) {
+  const std::string fifo = dir / "entry.mfc";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  auto opened = std::async(std::launch::async, [&] {
+    return test::error_of<OsError>([&] { FileHandle::open(fifo, FileHandle::Mode::read, options()); }) + "\n" +
+           test::error_of<OsError>([&] { FileHandle::open(fifo, FileHandle::Mode::write, options()); });
+  });
+  if (opened.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const int w = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);  // lets a blocked open return
+    ADD_FAILURE() << "open() of a FIFO blocked";
+    opened.wait();
+    ::close(w);
+    return;
+  }
+  const std::string m = opened.get();
+  EXPECT_EQ(m, "cannot open " + fifo + ": a FIFO, not a regular file (medfast reads and writes only regular files: "
+                "a FIFO, socket or device could block or never end)\ncannot open " + fifo +
+                ": a FIFO, not a regular file (medfast reads and writes only regular files: a FIFO, socket or device "
+                "could block or never end)");
 }
 
 TEST_P(Conformance, WritesThenReadsBackWithoutPaddingOrDamage) {

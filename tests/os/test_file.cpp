@@ -1,9 +1,18 @@
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "medfast/core/error.hpp"
@@ -49,6 +58,66 @@ TEST(OsFile, MissingFileIsAnOsErrorWithThePath) {
     EXPECT_EQ(e.errno_value(), ENOENT);
     EXPECT_TRUE(test::contains_all(e.what(), {path, std::strerror(ENOENT)}));
   });
+}
+
+// Runs fn on a thread and waits at most `seconds`; a call that blocks past that (an open
+// of a FIFO waits for a writer) fails the test instead of hanging it, and `release` then
+// unblocks it so that the thread can end.
+template <typename Fn>
+bool finishes_within(double seconds, Fn&& fn, const std::function<void()>& release) {
+  std::promise<void> done;
+  std::future<void> f = done.get_future();
+  std::thread t([&] {
+    fn();
+    done.set_value();
+  });
+  const bool in_time = f.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+  if (!in_time) release();
+  t.join();
+  return in_time;
+}
+
+// A FIFO, a socket, a device or a directory given as a file is refused at open, with its
+// path and what it is, at once: opening a FIFO used to wait for a writer forever (train,
+// info, plan, infer and cache verify hung with no output).
+TEST(OsFile, NonRegularFilesAreRefusedAtOpenWithThePath) {
+  test::TempDir dir;
+  const std::string fifo = dir / "image.nii.gz";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const auto release = [&] {  // an open() blocked for its other end returns once that opens
+    const int other = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+    if (other >= 0) ::close(other);
+  };
+  for (const File::Mode mode : {File::Mode::read, File::Mode::write, File::Mode::read_write}) {
+    std::string m;
+    EXPECT_TRUE(finishes_within(5.0, [&] { m = test::error_of<OsError>([&] { File::open(fifo, mode); }); }, release));
+    EXPECT_TRUE(test::contains_all(m, {"cannot open " + fifo + ": a FIFO, not a regular file"}));
+  }
+  std::string text;
+  EXPECT_TRUE(finishes_within(5.0, [&] { text = test::error_of<OsError>([&] { read_text_file(fifo); }); }, release));
+  EXPECT_TRUE(test::contains_all(text, {fifo, "a FIFO"}));
+
+  const std::string sock = dir / "entry.mfc";
+  const int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(s, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, sock.c_str(), sizeof addr.sun_path - 1);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  EXPECT_TRUE(test::contains_all(test::error_of<OsError>([&] { File::open(sock, File::Mode::read); }),
+                                 {"cannot open " + sock + ": a socket, not a regular file"}));
+  ::close(s);
+  EXPECT_TRUE(test::contains_all(test::error_of<OsError>([&] { File::open("/dev/null", File::Mode::read); }),
+                                 {"cannot open /dev/null: a character device"}));
+  EXPECT_TRUE(test::contains_all(test::error_of<OsError>([&] { File::open(dir.path(), File::Mode::read); }),
+                                 {"cannot open " + dir.path() + ": a directory"}));
+  // A directory asked for as one still opens (fsync of a folder), and regular files as before.
+  EXPECT_NO_THROW(sync_directory(dir.path()));
+  test::write_file(dir / "plain", "abc");
+  EXPECT_EQ(read_text_file(dir / "plain"), "abc");
+  // The descriptor of a regular file blocks as usual: O_NONBLOCK was cleared after the check.
+  const File f = File::open(dir / "plain", File::Mode::read);
+  EXPECT_EQ(::fcntl(f.fd(), F_GETFL) & O_NONBLOCK, 0);
 }
 
 TEST(OsFile, EintrAndShortReadsAreRetried) {

@@ -15,7 +15,9 @@
 ///   Style::argument  "Spacing: argument pixdim: expected ... (arguments given: keys, pixdim)"
 ///                    "Spacing: unknown argument 'pixdims' (known: keys, pixdim, mode)"
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
@@ -24,6 +26,11 @@
 #include "medfast/core/error.hpp"
 
 namespace medfast {
+
+/// The largest magnitude of a number in a config (float32's largest, about 3.4e38): the
+/// numbers reach float32 tensors (a learning rate of 1e300 would overflow in the first
+/// update, far from the key that set it).
+inline constexpr double kMaxConfigNumber = static_cast<double>(std::numeric_limits<float>::max());
 
 /// A config value that is missing, of the wrong type, unknown or out of range.
 class ConfigError : public ValueError {
@@ -75,8 +82,39 @@ class ConfigReader {
   ConfigReader& read(const std::string& key, T& field) {
     const nlohmann::json& v = raw(key);
     if (v.is_null()) return *this;
-    if (!convert(v, field)) fail(key, str("expected ", describe(field), ", got ", v.dump()));
+    std::string why;
+    if (!convert(v, field, why)) fail(key, why.empty() ? str("expected ", describe(field), ", got ", v.dump()) : why);
     return *this;
+  }
+  /// The number `v` (read from `key`) as T: ConfigError naming the key and T's limits
+  /// where it does not fit (checked before narrowing, see range_problem).
+  template <typename T>
+  T narrow(const std::string& key, const nlohmann::json& v) const {
+    static_assert(std::is_arithmetic_v<T> && !std::is_same_v<T, bool>, "ConfigReader::narrow: a number type");
+    const std::string why = range_problem<T>(v);
+    if (!why.empty()) fail(key, why);
+    return v.get<T>();
+  }
+  /// Why the number `v` does not fit T ("" where it does): whole numbers outside T's range
+  /// (a batch_size of 1e12 is not an int), and numbers that are not finite or are larger in
+  /// magnitude than kMaxConfigNumber.
+  template <typename T>
+  static std::string range_problem(const nlohmann::json& v) {
+    if constexpr (std::is_integral_v<T>) {
+      using limits = std::numeric_limits<T>;
+      long double x = 0;  // exact for every 64-bit whole number
+      if (v.is_number_unsigned()) x = static_cast<long double>(v.get<std::uint64_t>());
+      else if (v.is_number_integer()) x = static_cast<long double>(v.get<std::int64_t>());
+      else x = static_cast<long double>(v.get<double>());
+      if (x >= static_cast<long double>(limits::min()) && x <= static_cast<long double>(limits::max())) return "";
+      return str(v.dump(), " is out of range: expected a whole number in ", +limits::min(), "..", +limits::max());
+    } else {
+      const double x = v.get<double>();
+      if (!std::isfinite(x)) return str("expected a finite number, got ", v.dump());
+      if (std::fabs(x) <= kMaxConfigNumber) return "";
+      return str(v.dump(), " is out of range: expected a number of magnitude at most ", kMaxConfigNumber,
+                 " (float32's largest: the tensors it reaches are float32)");
+    }
   }
   /// The value of `key`, or `fallback` when absent.
   template <typename T>
@@ -101,23 +139,27 @@ class ConfigReader {
   std::vector<std::string> per_key(const std::string& key, const std::string& fallback, std::size_t count);
 
  private:
+  // False where `v` is not a T; `why` says so where the type is right and the value is not
+  // (out of range), else the caller's "expected <type>, got <value>" applies.
   template <typename T>
-  static bool convert(const nlohmann::json& v, T& out) {
+  static bool convert(const nlohmann::json& v, T& out, std::string& why) {
     if constexpr (std::is_same_v<T, bool>) {
       if (!v.is_boolean()) return false;
       out = v.get<bool>();
     } else if constexpr (std::is_integral_v<T>) {
       // Some YAML writers emit 50 as 50.0: a whole float is a whole number.
-      if (v.is_number_integer()) {
-        if (std::is_unsigned_v<T> && v.get<std::int64_t>() < 0 && !v.is_number_unsigned()) return false;
-        out = v.get<T>();
-      } else if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<std::int64_t>(v.get<double>()))) {
-        out = static_cast<T>(v.get<double>());
-      } else {
+      if (v.is_number_float() && !(std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>()))) {
         return false;
       }
+      if (!v.is_number()) return false;
+      if (std::is_unsigned_v<T> && !v.is_number_unsigned() && v.get<double>() < 0) return false;
+      why = range_problem<T>(v);
+      if (!why.empty()) return false;
+      out = v.is_number_float() ? static_cast<T>(v.get<double>()) : v.get<T>();
     } else if constexpr (std::is_floating_point_v<T>) {
       if (!v.is_number()) return false;
+      why = range_problem<T>(v);
+      if (!why.empty()) return false;
       out = v.get<T>();
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!v.is_string()) return false;
@@ -128,14 +170,14 @@ class ConfigReader {
       if (!v.is_array()) return false;
       T items(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!convert(v[i], items[i])) return false;
+        if (!convert(v[i], items[i], why)) return false;
       }
       out = std::move(items);
     } else if constexpr (is_array<T>::value) {
       if (!v.is_array() || v.size() != std::tuple_size<T>::value) return false;
       T items{};
       for (std::size_t i = 0; i < v.size(); ++i) {
-        if (!convert(v[i], items[i])) return false;
+        if (!convert(v[i], items[i], why)) return false;
       }
       out = items;
     } else {

@@ -255,13 +255,14 @@ void read_plain_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   }
   if constexpr (is_number_array<M>::value) {
     if (f.symmetric_range && value.size() == 2) {
+      using V = typename M::value_type;
       if (r.has(f.key) && r.raw(f.key).is_number()) {
-        const auto x = r.raw(f.key).template get<typename M::value_type>();
+        const auto x = r.template narrow<V>(f.key, r.raw(f.key));
         value = {-x, x};
         return;
       }
       const auto given = r.numbers(f.key, 2, {static_cast<double>(value[0]), static_cast<double>(value[1])});
-      value = {static_cast<typename M::value_type>(given[0]), static_cast<typename M::value_type>(given[1])};
+      value = {r.template narrow<V>(f.key, given[0]), r.template narrow<V>(f.key, given[1])};
       return;
     }
     if (f.repeat > 0) {  // ConfigReader's one-or-N reads: their messages say which (required too)
@@ -274,7 +275,7 @@ void read_plain_field(ConfigReader& r, T& options, const Field<T, M>& f) {
         if constexpr (std::is_integral_v<V>) return r.integers(f.key, value.size());
         else return r.numbers(f.key, value.size());
       }();
-      for (std::size_t i = 0; i < value.size(); ++i) value[i] = static_cast<V>(read[i]);
+      for (std::size_t i = 0; i < value.size(); ++i) value[i] = r.template narrow<V>(f.key, read[i]);
       return;
     }
   }

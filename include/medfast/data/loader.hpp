@@ -43,6 +43,9 @@ struct LoaderOptions {
   bool drop_last = false;
   int repeats = 1;  ///< times each batch is yielded (MONAI ThreadDataLoader)
   std::string device = "auto";  ///< auto (a GPU where one is usable) | cpu | cuda[:N]
+  /// The largest a batch may be, estimated before it is made (from its first item's samples,
+  /// and a crop's num_samples before the crops are made); 0: the memory available then.
+  std::uint64_t max_batch_bytes = 0;
   bool pin_memory = false;
   int rank = 0, world_size = 1;  ///< set by the trainer under DDP (not config keys)
   /// Set by the trainer for a channels-last network (not a config key): 5-D batches are
@@ -59,7 +62,12 @@ struct LoaderOptions {
                            field("repeats", &O::repeats, "times each batch is yielded (MONAI's ThreadDataLoader)"),
                            field("prefetch", &O::prefetch, "batches built ahead of the training step"),
                            field("pin_memory", &O::pin_memory, "page-locked host batches (for CUDA copies)"),
-                           field("device", &O::device, "where batches are delivered: auto (a GPU where one is usable, else the CPU) | cpu | cuda[:N]"));
+                           field("device", &O::device, "where batches are delivered: auto (a GPU where one is usable, else the CPU) | cpu | cuda[:N]"),
+                           field("max_batch_bytes", &O::max_batch_bytes,
+                                 "largest batch in bytes, estimated before it is made (items x crops x each key's shape "
+                                 "and dtype); larger ones are refused (0: the memory available then: MemAvailable, "
+                                 "within a cgroup's limit)")
+                               .written_when_set());
   }
   void validate() const;
 };
@@ -108,6 +116,8 @@ class Loader {
  private:
   void work(int worker);
   Batch build(std::size_t b, int worker);
+  void check_batch_size(std::size_t b, std::size_t items, const std::vector<Sample>& samples,
+                        const std::vector<transforms::PendingSteps>& pending) const;
 
   std::size_t size_;
   Source source_;

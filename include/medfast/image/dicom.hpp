@@ -67,6 +67,8 @@ struct Segment {
   const std::string& key() const { return description.empty() ? label : description; }
 };
 
+inline constexpr std::uint64_t kUnknownPixelBytes = ~std::uint64_t{0};
+
 /// A series as found in a folder (or one file), its slices sorted along the normal.
 struct Series {
   std::string series_uid, study_uid, modality, description, sop_class_uid, transfer_syntax;
@@ -76,6 +78,10 @@ struct Series {
   std::array<double, 2> pixel_spacing{};   ///< PixelSpacing: between rows, between columns
   std::vector<Slice> slices;
   std::vector<std::string> files;          ///< every file of the series
+  /// Per file (as `files`): the bytes its pixel data holds, from its element's length
+  /// within the file's size (kUnknownPixelBytes where not known), checked against what
+  /// its header announces before a volume is allocated.
+  std::vector<std::uint64_t> pixel_bytes;
   double slice_thickness = 0;              ///< SliceThickness (spacing of a one-slice series)
   double slice_spacing = 0;                ///< median distance between consecutive slices
   double largest_deviation = 0;            ///< largest |distance - median| (mm)

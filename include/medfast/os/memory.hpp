@@ -25,6 +25,11 @@ std::uint64_t buffer_pool_bytes();
 /// Returns every pooled buffer to the OS.
 void trim_buffer_pool();
 
+/// Bytes of memory this process could still take without swapping: the kernel's
+/// MemAvailable (/proc/meminfo), within a cgroup's memory limit less its usage where one is
+/// set (a container's). 0 where neither can be read.
+std::uint64_t available_memory_bytes();
+
 /// A move-only, 4 KiB-aligned (2 MiB for large sizes) block of host memory.
 class Buffer {
  public:

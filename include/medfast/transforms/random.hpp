@@ -82,6 +82,25 @@ std::pair<std::vector<std::int64_t>, at::ScalarType> planned_output(const Sample
 /// (one gather or one resampling from the cached volume straight into the batch).
 void write_into(const Sample& sample, const PendingSteps& pending, const std::string& key, at::Tensor dst);
 
+/// What the samples an expanding transform makes of one input would take, estimated
+/// before it makes them (RandomChain::run checks it against the batch's limit).
+struct Expansion {
+  long double bytes = 0;  ///< their tensors once made (a batch stacks them), and each sample's bookkeeping
+  std::string what;       ///< what they are, for the message that refuses them
+};
+
+/// Bytes a sample takes besides its tensors (its maps, metadata, tensor headers): counted
+/// per sample, so that num_samples: 10^8 of a tiny crop is refused for its bookkeeping too.
+inline constexpr std::uint64_t kSampleOverheadBytes = 1024;
+/// Estimates below this pass without asking the OS what memory is available (a read of
+/// /proc per item would cost more than the check is worth).
+inline constexpr std::uint64_t kBatchCheckFloorBytes = 64ull << 20;
+
+/// ValueError "<what> would take about <bytes>, more than <limit>" where `bytes` exceeds the
+/// batch limit: `max_batch_bytes` (data.loader.max_batch_bytes) where it is > 0, else the memory available
+/// now (os::available_memory_bytes(); no check where that is unknown).
+void check_batch_memory(long double bytes, const std::string& what, std::uint64_t max_batch_bytes);
+
 class RandomTransform {
  public:
   virtual ~RandomTransform() = default;
@@ -98,6 +117,9 @@ class RandomTransform {
   virtual bool expands() const { return false; }
   /// For multi-sample transforms: the outputs of one input.
   virtual std::vector<Sample> expand(const Sample& sample, Rng& item_rng) const;
+  /// What expand() would make of `sample`, before it makes it (default: samples() copies of
+  /// the sample as it is).
+  virtual Expansion expansion(const Sample& sample) const;
   /// Spatial transforms that can be composed extend `plan` (drawing from
   /// `rng` exactly as apply() would) and return true; others return false.
   virtual bool compose(SpatialPlan& plan, const Sample& sample, Rng& rng) const;
@@ -139,6 +161,9 @@ class RandomChain {
   /// The largest output its transforms may allocate (transforms::max_output_bytes() while
   /// it runs); unset, the limit of the thread that runs it.
   void set_max_output_bytes(std::uint64_t bytes) { max_output_bytes_ = bytes; }
+  /// The largest the samples of one item may be, estimated before an expanding transform
+  /// (num_samples crops) makes them: data.loader.max_batch_bytes (0: the memory available).
+  void set_max_batch_bytes(std::uint64_t bytes) { max_batch_bytes_ = bytes; }
 
  private:
   std::vector<RandomTransformPtr> transforms_;
@@ -146,6 +171,7 @@ class RandomChain {
   std::uint64_t seed_ = 0;
   bool fuse_index_ = true;
   std::optional<std::uint64_t> max_output_bytes_;
+  std::uint64_t max_batch_bytes_ = 0;
 };
 
 /// Builds a random chain from [{"name": ..., args}, ...]; deterministic
