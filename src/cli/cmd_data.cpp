@@ -29,6 +29,7 @@ struct SynthArgs {
   std::string modality = "CT";
   std::uint64_t seed = 0;
   std::string format = "nifti";
+  std::string kind = "spleen";
   bool overwrite = false;
   bool json = false;
 };
@@ -178,7 +179,10 @@ Command register_data(CLI::App& root) {
   auto* data = root.add_subcommand("data", "Datasets");
   data->require_subcommand(1);
   auto* synth = data->add_subcommand(
-      "synth", "Write a synthetic spleen-like CT dataset in the Medical Segmentation Decathlon layout");
+      "synth",
+      "Write a synthetic dataset in the Medical Segmentation Decathlon layout: spleen-like CT (Task09), or with "
+      "--kind brats brain-tumour MR (Task01: 4 channels FLAIR, T1w, t1gd, T2w; labels 1 edema, 2 non-enhancing, "
+      "3 enhancing tumour)");
   auto a = std::make_shared<SynthArgs>();
   synth->add_option("--out", a->out, "Output folder (imagesTr/, labelsTr/, dataset.json)")->required();
   synth->add_option("--cases", a->cases, "Number of cases")->capture_default_str();
@@ -192,6 +196,11 @@ Command register_data(CLI::App& root) {
                     "CT: Hounsfield units; MR: T1-like intensities, 0 outside the body, scaled per case (NIfTI only)")
       ->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed: the same seed writes the same files")->capture_default_str();
+  synth
+      ->add_option("--kind", a->kind,
+                   "spleen: spleen-like abdominal CT (MSD Task09); brats: MSD Task01-shaped brain tumour MR, 4-D "
+                   "images of 4 channels (default grid 240,240,155 at 1 mm; NIfTI only)")
+      ->capture_default_str();
   synth
       ->add_option("--format", a->format,
                    "nifti: the MSD layout; dicom: an NSCLC-like set (per case a CT series folder, and the lesion as "
@@ -243,11 +252,15 @@ Command register_data(CLI::App& root) {
 
   Command c;
   c.app = data;
-  c.run = [a, ca, ka, convert, check](Context& ctx) {
+  c.run = [a, ca, ka, convert, check, synth](Context& ctx) {
     if (convert->parsed()) return run_convert(*ca, ctx);
     if (check->parsed()) return run_check(*ka, ctx);
     SynthOptions o;
     o.out_dir = a->out;
+    o.set_kind(a->kind);  // first: brats sets Task01's grid, which --size and --spacing then change
+    if (o.kind == "brats" && synth->count("--modality") > 0) {
+      throw ValueError("data synth: --modality does not apply to --kind brats (4 MR channels: FLAIR, T1w, t1gd, T2w)");
+    }
     o.set_cases(a->cases);
     if (!a->size.empty()) o.set_size(a->size);
     if (!a->spacing.empty()) {
@@ -255,7 +268,7 @@ Command register_data(CLI::App& root) {
       for (const auto& w : a->spacing) spec += (spec.empty() ? "" : ",") + w;
       o.set_spacing_spec(spec);
     }
-    o.set_modality(a->modality);
+    if (o.kind != "brats") o.set_modality(a->modality);
     o.seed = a->seed;
     o.threads = ctx.settings.threads();
     o.gzip_level = static_cast<int>(ctx.settings.get_int("gzip_level"));

@@ -57,11 +57,16 @@ SynthOptions read_synth(const nlohmann::json& spec, const std::string& path, con
       r.fail(key, e.what());
     }
   };
+  checked("kind", [&] { o.set_kind(given.kind); });  // first: brats sets Task01's grid
+  const bool brats = o.kind == "brats";
+  if (brats && spec.contains("modality")) {
+    r.fail("modality", "does not apply to kind brats (4 MR channels: FLAIR, T1w, t1gd, T2w)");
+  }
   checked("cases", [&] { o.set_cases(given.cases); });
   if (!given.size.empty()) checked("size", [&] { o.set_size(given.size); });
-  checked("spacing", [&] { o.set_spacing(given.spacing); });
+  if (!brats || spec.contains("spacing")) checked("spacing", [&] { o.set_spacing(given.spacing); });
   checked("spacing_max", [&] { o.set_spacing_max(given.spacing_max); });
-  checked("modality", [&] { o.set_modality(given.modality); });
+  if (!brats) checked("modality", [&] { o.set_modality(given.modality); });
   checked("format", [&] { o.set_format(given.format); });
   o.seed = given.seed;
   o.threads = settings.threads();

@@ -29,6 +29,17 @@ SynthOptions& SynthOptions::set_format(const std::string& v) {
   return *this;
 }
 
+SynthOptions& SynthOptions::set_kind(const std::string& v) {
+  if (v != "spleen" && v != "brats") throw ValueError(str("data synth: --kind is '", v, "'; expected spleen or brats"));
+  kind = v;
+  if (v == "brats") {
+    size_min = size_max = kBratsSynthSize;
+    spacing = kBratsSynthSpacing;
+    spacing_max = {0, 0, 0};
+  }
+  return *this;
+}
+
 namespace {
 
 /// An option's "X,Y,Z" where each entry is a value or a range "lo-hi": per axis [lo, hi]
@@ -132,6 +143,8 @@ void SynthOptions::validate() const {
   }
   if (cases < 1) throw ValueError(str("data synth: cases is ", cases, "; expected at least 1"));
   if (modality != "CT" && modality != "MR") throw ValueError(str("data synth: modality is '", modality, "'; expected CT or MR"));
+  if (kind != "spleen" && kind != "brats") throw ValueError(str("data synth: kind is '", kind, "'; expected spleen or brats"));
+  if (kind == "brats" && format != "nifti") throw ValueError("data synth: --kind brats is written as NIfTI only (--format nifti)");
   if (modality == "MR" && format == "dicom") throw ValueError("data synth: --modality MR is written as NIfTI only (--format nifti)");
 }
 
@@ -148,8 +161,116 @@ struct Ellipsoid {
 
 }  // namespace
 
+namespace {
+
+/// Shifts a voxel's squared ellipsoid distance by a smooth bump of its direction, so that
+/// the tumour's borders are not plain ellipsoids (a low-order angular ripple, +-`amount`).
+double rippled(double d2, double dx, double dy, double dz, const std::array<double, 3>& phase, double amount) {
+  const double r = std::sqrt(dx * dx + dy * dy + dz * dz) + 1e-9;
+  const double ripple = std::sin(3 * dx / r + phase[0]) * std::cos(2 * dy / r + phase[1]) * std::sin(2 * dz / r + phase[2]);
+  return d2 * (1 + amount * ripple);
+}
+
+/// kind brats: one MSD Task01-shaped case (see synth.hpp).
+SynthCase make_brats_case(const SynthOptions& o, int index) {
+  Rng rng(derive_seed({o.seed, static_cast<std::uint64_t>(index), 0xb7a5}));
+  std::array<std::int64_t, 3> n{};
+  for (int i = 0; i < 3; ++i) n[i] = rng.integer(o.size_min[i], o.size_max[i]);
+  const auto [nx, ny, nz] = n;
+  const auto [sx, sy, sz] = o.spacing_of(index);
+  // The brain: an ellipsoid filling most of the field of view; ventricles (CSF) near its
+  // centre; a tumour in one hemisphere: edema around a core whose rim enhances.
+  const Ellipsoid brain{nx / 2.0 + rng.uniform(-0.02, 0.02) * nx, ny / 2.0 + rng.uniform(-0.02, 0.02) * ny,
+                        nz / 2.0, nx * rng.uniform(0.36, 0.42), ny * rng.uniform(0.40, 0.46), nz * rng.uniform(0.38, 0.44)};
+  const Ellipsoid ventricles{brain.cx, brain.cy - brain.ry * 0.05, brain.cz + brain.rz * 0.1, brain.rx * 0.12,
+                             brain.ry * 0.3, brain.rz * 0.2};
+  const double side = rng.uniform(0, 1) < 0.5 ? -1 : 1;
+  Ellipsoid edema{};
+  edema.rx = brain.rx * rng.uniform(0.35, 0.5);
+  edema.ry = brain.ry * rng.uniform(0.32, 0.48);
+  edema.rz = brain.rz * rng.uniform(0.35, 0.5);
+  edema.cx = brain.cx + side * brain.rx * rng.uniform(0.25, 0.4);
+  edema.cy = brain.cy + brain.ry * rng.uniform(-0.3, 0.3);
+  edema.cz = brain.cz + brain.rz * rng.uniform(-0.25, 0.25);
+  const double core_scale = rng.uniform(0.5, 0.7);
+  const Ellipsoid core{edema.cx + edema.rx * rng.uniform(-0.15, 0.15), edema.cy + edema.ry * rng.uniform(-0.15, 0.15),
+                       edema.cz + edema.rz * rng.uniform(-0.15, 0.15), edema.rx * core_scale,
+                       edema.ry * core_scale, edema.rz * core_scale};
+  const double necrosis = rng.uniform(0.55, 0.75);  // the non-enhancing centre's share of the core's radius
+  const std::array<double, 3> phase{rng.uniform(0, 6.28), rng.uniform(0, 6.28), rng.uniform(0, 6.28)};
+  // Per channel (FLAIR, T1w, t1gd, T2w): brain, CSF, edema, non-enhancing, enhancing.
+  constexpr double kValue[4][5] = {{420, 120, 780, 620, 680},
+                                   {520, 180, 430, 300, 440},
+                                   {510, 190, 430, 320, 960},
+                                   {360, 900, 720, 820, 660}};
+  std::array<double, 4> scale{};
+  for (auto& f : scale) f = rng.uniform(0.6, 1.6);  // MR channels are not calibrated, each its own
+  const double noise_sd = rng.uniform(15, 30);
+
+  at::Tensor image = at::empty({4, nz, ny, nx}, at::kShort);  // file order: x fastest, channel last
+  at::Tensor label = at::empty({nz, ny, nx}, at::kByte);
+  auto* img = image.data_ptr<std::int16_t>();
+  auto* lab = label.data_ptr<std::uint8_t>();
+  const std::size_t plane = static_cast<std::size_t>(nx * ny * nz);
+  parallel_for(static_cast<std::size_t>(nz), o.threads, [&](std::size_t k) {
+    Rng noise(derive_seed({o.seed, static_cast<std::uint64_t>(index), k, 0xb7a5}));
+    const double z = static_cast<double>(k);
+    for (std::int64_t j = 0; j < ny; ++j) {
+      for (std::int64_t i = 0; i < nx; ++i) {
+        const double x = static_cast<double>(i), y = static_cast<double>(j);
+        const std::size_t at = (static_cast<std::size_t>(k) * ny + j) * nx + i;
+        std::uint8_t l = 0;
+        int tissue = -1;  // -1 outside the brain
+        if (brain.value(x, y, z) <= 1.0) {
+          tissue = ventricles.value(x, y, z) <= 1.0 ? 1 : 0;
+          const double ex = (x - edema.cx) / edema.rx, ey = (y - edema.cy) / edema.ry, ez = (z - edema.cz) / edema.rz;
+          const double cx = (x - core.cx) / core.rx, cy = (y - core.cy) / core.ry, cz = (z - core.cz) / core.rz;
+          const double core_d2 = rippled(cx * cx + cy * cy + cz * cz, cx, cy, cz, phase, 0.25);
+          if (core_d2 <= 1.0) {
+            const bool centre = core_d2 <= necrosis * necrosis;
+            l = centre ? 2 : 3;
+            tissue = centre ? 3 : 4;
+          } else if (rippled(ex * ex + ey * ey + ez * ez, ex, ey, ez, phase, 0.3) <= 1.0) {
+            l = 1;
+            tissue = 2;
+          }
+        }
+        lab[at] = l;
+        for (int c = 0; c < 4; ++c) {
+          double v = 0;
+          if (tissue >= 0) v = std::max(1.0, (kValue[c][tissue] + noise.normal() * noise_sd) * scale[c]);
+          img[static_cast<std::size_t>(c) * plane + at] = static_cast<std::int16_t>(std::lround(std::min(32000.0, v)));
+        }
+      }
+    }
+  });
+
+  Affine a;  // LPS, as the spleen kind's: orientation code is exercised
+  a(0, 0) = -sx;
+  a(1, 1) = -sy;
+  a(2, 2) = sz;
+  a(0, 3) = sx * (nx - 1) / 2.0;
+  a(1, 3) = sy * (ny - 1) / 2.0;
+  a(2, 3) = -sz * (nz - 1) / 2.0;
+  SynthCase c;
+  c.image.data = image.permute({3, 2, 1, 0});
+  c.image.affine = a;
+  c.image.meta.qform_code = 1;
+  c.image.meta.sform_code = 1;
+  c.image.meta.xyzt_units = 2 + 8;
+  c.image.meta.descrip = "medfast data synth: brain tumour, FLAIR T1w t1gd T2w";
+  c.label.data = label.permute({2, 1, 0});
+  c.label.affine = a;
+  c.label.meta = c.image.meta;
+  c.label.meta.descrip = "medfast data synth: 1 edema 2 non-enhancing 3 enhancing";
+  return c;
+}
+
+}  // namespace
+
 SynthCase make_synth_case(const SynthOptions& o, int index) {
   o.validate();
+  if (o.kind == "brats") return make_brats_case(o, index);
   Rng rng(derive_seed({o.seed, static_cast<std::uint64_t>(index), 0x5e11}));
   std::array<std::int64_t, 3> n{};
   for (int i = 0; i < 3; ++i) n[i] = rng.integer(o.size_min[i], o.size_max[i]);
@@ -318,7 +439,8 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
   const auto write_opts = NiftiWriteOptions().set_gzip_level(o.gzip_level).set_threads(o.threads);
   for (int i = 0; i < o.cases; ++i) {
     const SynthCase c = make_synth_case(o, i);
-    const std::string name = str("spleen_", i, ".nii.gz");
+    const std::string name = o.kind == "brats" ? str("BRATS_", i < 10 ? "00" : i < 100 ? "0" : "", i, ".nii.gz")
+                                               : str("spleen_", i, ".nii.gz");
     r.images[i] = "imagesTr/" + name;
     r.labels[i] = "labelsTr/" + name;
     write_nifti(o.out_dir + "/" + r.images[i], c.image, write_opts);
@@ -327,6 +449,7 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
   }
   nlohmann::json ds;
   const bool mr = o.modality == "MR";
+  const bool brats = o.kind == "brats";
   ds["name"] = mr ? "OrganSynthMR" : "SpleenSynth";
   ds["description"] = mr ? "Synthetic abdominal MR-like (T1) volumes with one organ, written by medfast data synth"
                          : "Synthetic spleen-like abdominal CT written by medfast data synth";
@@ -335,6 +458,15 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
   ds["tensorImageSize"] = "3D";
   ds["modality"] = {{"0", o.modality}};
   ds["labels"] = {{"0", "background"}, {"1", "spleen"}};
+  if (brats) {  // as MSD Task01's dataset.json
+    ds["name"] = "BRATS";
+    ds["description"] =
+        "Synthetic MSD Task01 (BrainTumour)-shaped MR volumes: 4 channels, edema, non-enhancing and enhancing "
+        "tumour nested, written by medfast data synth";
+    ds["tensorImageSize"] = "4D";
+    ds["modality"] = {{"0", "FLAIR"}, {"1", "T1w"}, {"2", "t1gd"}, {"3", "T2w"}};
+    ds["labels"] = {{"0", "background"}, {"1", "edema"}, {"2", "non-enhancing tumor"}, {"3", "enhancing tumour"}};
+  }
   ds["numTraining"] = o.cases;
   ds["numTest"] = 0;
   ds["training"] = nlohmann::json::array();
@@ -347,7 +479,8 @@ SynthResult synthesize_dataset(const SynthOptions& o) {
                          {"size_max", o.size_max},
                          {"spacing", o.spacing}};
   if (o.spacing_max != std::array<double, 3>{0, 0, 0}) ds["medfast_synth"]["spacing_max"] = o.spacing_max;
-  if (mr) ds["medfast_synth"]["modality"] = o.modality;
+  if (mr && !brats) ds["medfast_synth"]["modality"] = o.modality;
+  if (brats) ds["medfast_synth"]["kind"] = o.kind;
   const std::string text = ds.dump(2) + "\n";
   os::write_text_file(o.out_dir + "/dataset.json", text);
   r.bytes += text.size();

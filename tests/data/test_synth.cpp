@@ -7,6 +7,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/data/synth.hpp"
 #include "medfast/image/nifti.hpp"
+#include "medfast/os/file.hpp"
 #include "test_util.hpp"
 
 namespace medfast {
@@ -155,6 +156,93 @@ TEST(Synth, SpacingDrawnPerCaseAndMrLikeIntensities) {
   SynthOptions dicom_mr = mr;
   dicom_mr.set_format("dicom");
   EXPECT_THROW(synthesize_dataset(dicom_mr), ValueError);
+}
+
+}  // namespace
+}  // namespace medfast
+
+namespace medfast {
+namespace {
+
+SynthOptions small_brats(std::uint64_t seed, int threads = 1) {
+  SynthOptions o;
+  o.set_kind("brats");
+  o.set_size("48,40,32");
+  o.seed = seed;
+  o.threads = threads;
+  o.cases = 2;
+  return o;
+}
+
+// kind brats: MSD Task01's shape (4-D, 4 channels last, labels 0..3 as MSD numbers them) with
+// the tumour's sub-regions nested and each channel's contrast where MR shows it.
+TEST(Synth, BratsCasesAreTask01Shaped) {
+  const auto c = make_synth_case(small_brats(2), 0);
+  const auto& img = c.image.data;
+  ASSERT_EQ(img.dim(), 4);
+  EXPECT_EQ(img.sizes(), (std::vector<std::int64_t>{48, 40, 32, 4}));
+  EXPECT_EQ(c.label.data.sizes(), (std::vector<std::int64_t>{48, 40, 32}));
+  EXPECT_EQ(c.label.data.scalar_type(), at::kByte);
+  EXPECT_EQ(c.image.affine, c.label.affine);
+  EXPECT_DOUBLE_EQ(c.image.spacing()[0], 1.0);
+  EXPECT_DOUBLE_EQ(c.image.spacing()[2], 1.0);
+  const auto label = c.label.data.to(at::kLong);
+  // Every label present, edema the largest and the whole tumour a small part of the brain.
+  const auto count = [&](int v) { return (label == v).sum().item<std::int64_t>(); };
+  const auto brain = (img.select(3, 0) > 0).sum().item<std::int64_t>();
+  for (int v = 1; v <= 3; ++v) EXPECT_GT(count(v), 20) << "label " << v;
+  EXPECT_GT(count(1), count(2));
+  EXPECT_LT(count(1) + count(2) + count(3), brain / 4);
+  // Skull-stripped: every channel 0 outside the brain, positive inside.
+  const auto outside = img.select(3, 0) == 0;
+  for (int ch = 0; ch < 4; ++ch) {
+    const auto channel = img.select(3, ch);
+    EXPECT_EQ(channel.masked_select(outside).abs().sum().item<std::int64_t>(), 0) << ch;
+    EXPECT_EQ((channel.masked_select(outside.logical_not()) <= 0).sum().item<std::int64_t>(), 0) << ch;
+  }
+  // Nested: the enhancing rim (3) and the non-enhancing centre (2) lie inside the tumour, and
+  // the rim surrounds the centre: each centre voxel's neighbours along x are tumour core.
+  const auto mean_in = [&](int ch, int v) {
+    return img.select(3, ch).masked_select(label == v).to(at::kDouble).mean().item<double>();
+  };
+  const auto brain_mask = (label == 0) & (img.select(3, 0) > 0);
+  const double flair_brain = img.select(3, 0).masked_select(brain_mask).to(at::kDouble).mean().item<double>();
+  const double t1gd_brain = img.select(3, 2).masked_select(brain_mask).to(at::kDouble).mean().item<double>();
+  EXPECT_GT(mean_in(0, 1), 1.4 * flair_brain);  // FLAIR: edema bright
+  EXPECT_GT(mean_in(2, 3), 1.4 * t1gd_brain);   // t1gd: the rim enhances
+  EXPECT_LT(mean_in(2, 2), t1gd_brain);         // the centre does not
+  const auto centre = (label == 2);
+  const auto core = (label >= 2);
+  const auto inner = centre.slice(0, 1, 47) & core.slice(0, 0, 46) & core.slice(0, 2, 48);
+  EXPECT_EQ(inner.sum().item<std::int64_t>(), centre.slice(0, 1, 47).sum().item<std::int64_t>());
+  // Deterministic for a seed, whatever the thread count.
+  const auto d = make_synth_case(small_brats(2, 3), 0);
+  EXPECT_TRUE(at::equal(img, d.image.data));
+  EXPECT_TRUE(at::equal(c.label.data, d.label.data));
+}
+
+TEST(Synth, BratsDatasetIsMsdTask01AndReadsBack) {
+  test::TempDir dir;
+  auto o = small_brats(4);
+  o.out_dir = dir / "ds";
+  synthesize_dataset(o);
+  const auto ds = nlohmann::json::parse(test::read_file(dir / "ds/dataset.json"));
+  EXPECT_EQ(ds["tensorImageSize"], "4D");
+  EXPECT_EQ(ds["modality"], nlohmann::json({{"0", "FLAIR"}, {"1", "T1w"}, {"2", "t1gd"}, {"3", "T2w"}}));
+  EXPECT_EQ(ds["labels"]["1"], "edema");
+  EXPECT_EQ(ds["labels"]["3"], "enhancing tumour");
+  EXPECT_EQ(ds["training"][1]["image"], "./imagesTr/BRATS_001.nii.gz");
+  const Volume v = read_nifti(o.out_dir + "/imagesTr/BRATS_001.nii.gz");
+  EXPECT_TRUE(at::equal(v.data, make_synth_case(o, 1).image.data));
+  // Options that do not apply are refused, naming them.
+  SynthOptions dicom = small_brats(0);
+  dicom.format = "dicom";
+  EXPECT_NE(test::value_error_of([&] { dicom.validate(); }).find("--kind brats"), std::string::npos);
+  EXPECT_THROW(SynthOptions().set_kind("liver"), ValueError);
+  const auto r = test::run(test::medfast_binary() + " data synth --kind brats --modality MR --out " + (dir / "x"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--modality does not apply to --kind brats"), std::string::npos) << r.err;
+  EXPECT_FALSE(os::exists(dir / "x"));
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ TEST(ConfigKeys, EverySectionAndKindHasItsTableFromTheFieldList) {
   EXPECT_EQ(keys_of(table(tables, "data.loader")), field_keys<data::LoaderOptions>());
   EXPECT_EQ(keys_of(table(tables, "data.cache")), field_keys<data::CacheSectionOptions>());
   EXPECT_EQ(keys_of(table(tables, "data.synth")),
-            (std::vector<std::string>{"cases", "size", "spacing", "spacing_max", "seed", "format", "modality"}));
+            (std::vector<std::string>{"cases", "size", "spacing", "spacing_max", "seed", "format", "modality", "kind"}));
   EXPECT_EQ(keys_of(table(tables, "train")), field_keys<TrainOptions>());
   EXPECT_EQ(keys_of(table(tables, "validation.sliding_window")), field_keys<SlidingWindowOptions>());
   for (const auto& name : nn::network_names()) {

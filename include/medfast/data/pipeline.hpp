@@ -72,6 +72,7 @@ struct SynthSectionOptions {
   std::uint64_t seed = 0;
   std::string format = "nifti";
   std::string modality = "CT";
+  std::string kind = "spleen";
   static constexpr auto fields() {
     using O = SynthSectionOptions;
     return std::make_tuple(
@@ -84,7 +85,11 @@ struct SynthSectionOptions {
         field("seed", &O::seed, "the same seed writes the same files"),
         field("format", &O::format, "nifti: the MSD layout; dicom: CT series with a SEG and an RTSTRUCT per case")
             .one_of("nifti,dicom"),
-        field("modality", &O::modality, "CT: Hounsfield units; MR: T1-like intensities (NIfTI only)").one_of("CT,MR"));
+        field("modality", &O::modality, "CT: Hounsfield units; MR: T1-like intensities (NIfTI only)").one_of("CT,MR"),
+        field("kind", &O::kind,
+              "spleen: spleen-like CT (MSD Task09); brats: MSD Task01-shaped brain tumour MR, 4 channels (its grid "
+              "240,240,155 at 1 mm where size and spacing are not given)")
+            .one_of("spleen,brats"));
   }
 };
 

@@ -8,6 +8,13 @@
 /// LPS, not RAS, so orientation and spacing code is exercised. Options make the
 /// planner's test sets: a spacing drawn per case, MR-like intensities.
 ///
+/// `kind` brats writes an MSD Task01 (BrainTumour)-shaped set instead: 4-D images of 4 MR
+/// channels in MSD's order (FLAIR, T1w, t1gd, T2w; 0 outside the brain, as skull-stripped
+/// BraTS images are) and labels 0..3 as MSD labels them (1 edema, 2 non-enhancing tumour,
+/// 3 enhancing tumour), the tumour's sub-regions nested: edema around a core whose rim
+/// enhances around a non-enhancing centre, so that BraTS's regions (WT 1|2|3, TC 2|3,
+/// ET 3 in MSD's numbering) are nested as in the real data.
+///
 /// Each case draws from its own generator seeded with (seed, case index), and
 /// each slice's noise from (seed, case, slice), so the output is identical for
 /// a seed whatever the thread count.
@@ -25,6 +32,9 @@ inline constexpr int kDefaultSynthCases = 8;
 inline constexpr std::array<std::int64_t, 3> kDefaultSynthSizeMin{512, 512, 40};
 inline constexpr std::array<std::int64_t, 3> kDefaultSynthSizeMax{512, 512, 100};
 inline constexpr std::array<double, 3> kDefaultSynthSpacing{0.8, 0.8, 5.0};
+/// kind brats: MSD Task01's grid (240 x 240 x 155 at 1 mm).
+inline constexpr std::array<std::int64_t, 3> kBratsSynthSize{240, 240, 155};
+inline constexpr std::array<double, 3> kBratsSynthSpacing{1.0, 1.0, 1.0};
 
 /// Options of the synthetic dataset.
 struct SynthOptions {
@@ -47,8 +57,14 @@ struct SynthOptions {
   /// CT series folder (case_N/CT/, one file per slice) and a DICOM SEG (case_N/seg.dcm) with
   /// the lesion as segment "GTV-1".
   std::string format = "nifti";
+  /// "spleen": the spleen-like CT (or MR) set; "brats": MSD Task01-shaped (see the file's
+  /// comment; NIfTI only, modality not applicable).
+  std::string kind = "spleen";
 
   SynthOptions& set_cases(int v);
+  /// "spleen" or "brats"; ValueError otherwise. brats sets Task01's grid (kBratsSynthSize at
+  /// kBratsSynthSpacing): set sizes and spacings after it.
+  SynthOptions& set_kind(const std::string& v);
   /// "nifti" or "dicom"; ValueError otherwise.
   SynthOptions& set_format(const std::string& v);
   /// "X,Y,Z" where each entry is a size or a range "lo-hi".
@@ -66,7 +82,8 @@ struct SynthOptions {
   void validate() const;
 };
 
-/// One synthetic case: image (int16 HU) and label (uint8), same geometry.
+/// One synthetic case: image (int16 HU; kind brats: int16 x 4 channels, the last dim) and
+/// label (uint8), same geometry.
 struct SynthCase {
   Volume image;
   Volume label;
