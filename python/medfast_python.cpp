@@ -379,7 +379,8 @@ py::object train_run(const py::object& config, bool resume, bool overwrite, cons
                          "or `medfast train` under torchrun/srun"));
   }
   const ConfigSource src = config_from(config);
-  const std::string path = src.path == "config dict" ? "" : src.path;
+  // A dict's relative paths start at the working directory; its errors name it.
+  const std::string path = src.path == "config dict" ? "<the config dict given to medfast.train.run>" : src.path;
   const Settings settings = settings_copy();
   train::prepare_run(src.root, path, settings);  // writes data.synth's dataset when missing
   train::Trainer trainer(src.root, path, settings);

@@ -109,8 +109,11 @@ void print_epoch(const train::EpochRecord& r, int epochs) {
   if (r.dice) {
     line += str("  dice ", fmt(*r.dice));
     if (r.dice_per_class.size() > 1) {
+      const bool named = r.class_names.size() == r.dice_per_class.size();
       line += " [";
-      for (std::size_t i = 0; i < r.dice_per_class.size(); ++i) line += (i ? " " : "") + fmt(r.dice_per_class[i]);
+      for (std::size_t i = 0; i < r.dice_per_class.size(); ++i) {
+        line += (i ? " " : "") + (named ? r.class_names[i] + " " : "") + fmt(r.dice_per_class[i]);
+      }
       line += "]";
     }
   }
@@ -423,7 +426,10 @@ int run_eval(const EvalArgs& a, Context& ctx) {
     print_json(r.to_json().dump());
     return 0;
   }
-  std::printf("%-60s %s\n", "case", a.hd95 ? "dice per class | hd95 (mm)" : "dice per class");
+  std::string names;
+  for (const auto& n : r.class_names) names += (names.empty() ? "" : ", ") + n;
+  std::printf("%-60s %s%s\n", "case", a.hd95 ? "dice per class | hd95 (mm)" : "dice per class",
+              names.empty() ? "" : (" (" + names + ")").c_str());
   for (const auto& c : r.cases) {
     std::string line;
     for (double d : c.dice) line += fmt(d) + " ";
@@ -434,7 +440,10 @@ int run_eval(const EvalArgs& a, Context& ctx) {
     std::printf("%-60s %s\n", c.image.c_str(), line.c_str());
   }
   std::string per;
-  for (double d : r.mean_per_class) per += fmt(d) + " ";
+  const bool named = r.class_names.size() == r.mean_per_class.size();
+  for (std::size_t k = 0; k < r.mean_per_class.size(); ++k) {
+    per += (k ? ", " : "") + (named ? r.class_names[k] + " " : "") + fmt(r.mean_per_class[k]);
+  }
   std::printf("mean dice %s (per class: %s)\n", fmt(r.mean_dice).c_str(), per.c_str());
   if (r.mean_hd95) std::printf("mean hd95 %s mm\n", fmt(*r.mean_hd95, 2).c_str());
   if (r.nonfinite_cases > 0) {

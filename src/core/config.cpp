@@ -1,8 +1,21 @@
 #include "medfast/core/config.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 
 namespace medfast {
+
+std::string ConfigReader::numeric_text_hint(const nlohmann::json& v) {
+  if (!v.is_string()) return "";
+  const std::string t = v.get<std::string>();
+  char* end = nullptr;
+  errno = 0;
+  (void)std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || errno != 0) return "";
+  return str(" (text, not a number: write it without quotes; a YAML 1.1 reader such as PyYAML reads 1e-05 as text, "
+             "1.0e-05 as a number)");
+}
 
 ConfigReader::ConfigReader(const nlohmann::json& mapping, std::string where, Naming naming)
     : mapping_(mapping.is_null() ? nlohmann::json::object() : mapping),

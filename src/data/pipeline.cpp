@@ -124,7 +124,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   c.max_volume_bytes = settings.get_bytes("max_volume_bytes");
   ConfigReader keys(d, path + ": data");
   for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache", "validation",
-                        "synth"}) {
+                        "synth", "class_names"}) {
     keys.known(k);
   }
   keys.finish();
@@ -134,6 +134,15 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     if (!os::exists(list)) {
       throw fail("data.dataset", str(list, " does not exist yet: data.synth writes it in the step before a run ",
                                      "(data::prepare_dataset; `medfast train` and medfast.train.run take it)"));
+    }
+  }
+  if (d.contains("class_names")) {
+    const auto& names = d["class_names"];
+    const auto bad = [&] { return fail("data.class_names", str("expected a list of non-empty names, got ", names.dump())); };
+    if (!names.is_array() || names.empty()) throw bad();
+    for (const auto& n : names) {
+      if (!n.is_string() || n.get<std::string>().empty()) throw bad();
+      c.class_names.push_back(n.get<std::string>());
     }
   }
   const std::string section = d.value("section", "training");

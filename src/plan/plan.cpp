@@ -237,6 +237,36 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
 
 bool is_flow(const Ordered& v) { return !v.is_object(); }
 
+/// `v` in YAML flow style that every YAML reader types as JSON does: a float in exponent
+/// form gets a decimal point and a signed exponent (1.0e-05, not 1e-05, which YAML 1.1
+/// readers such as PyYAML take for a string); the rest as JSON writes it.
+std::string flow(const Ordered& v) {
+  if (v.is_number_float()) {
+    std::string t = v.dump();
+    const auto e = t.find_first_of("eE");
+    if (e == std::string::npos) return t;
+    std::string mantissa = t.substr(0, e), exponent = t.substr(e + 1);
+    if (mantissa.find('.') == std::string::npos) mantissa += ".0";
+    if (!exponent.empty() && exponent[0] != '-' && exponent[0] != '+') exponent = "+" + exponent;
+    return mantissa + "e" + exponent;
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + flow(v[i]);
+    return out + "]";
+  }
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      out += (first ? "" : ",") + Ordered(it.key()).dump() + ":" + flow(it.value());
+      first = false;
+    }
+    return out + "}";
+  }
+  return v.dump();
+}
+
 /// A text for a comment: line breaks (a message with a matrix, a file name) become spaces.
 std::string one_line(std::string text) {
   for (char& c : text) {
@@ -277,10 +307,10 @@ void emit(std::ostringstream& out, const Ordered& obj, const std::string& path, 
       out << pad << it.key() << ":\n";
       for (std::size_t i = 0; i < v.size(); ++i) {
         comment(str(p, "/", i), pad + "  ");
-        out << pad << "  - " << v[i].dump() << "\n";
+        out << pad << "  - " << flow(v[i]) << "\n";
       }
     } else if (is_flow(v) || (std::all_of(v.begin(), v.end(), is_flow) && v.size() <= 5 && !has_child_reason(why, p))) {
-      out << pad << it.key() << ": " << v.dump() << "\n";
+      out << pad << it.key() << ": " << flow(v) << "\n";
     } else {
       out << pad << it.key() << ":\n";
       emit(out, v, p, indent + 2, why);

@@ -286,6 +286,14 @@ std::vector<std::pair<std::string, std::string>> curve_charts(const std::vector<
   chart("training loss", [](const nlohmann::json& e) { return value_of(e, "loss"); });
   {
     std::vector<Series> s;
+    std::string names;  // the classes by the run's own names (the first run that records them)
+    for (const auto& run : runs) {
+      for (const auto& e : run.epochs) {
+        if (names.empty() && e.contains("class_names") && e["class_names"].is_array() && e["class_names"].size() > 1) {
+          for (const auto& n : e["class_names"]) names += (names.empty() ? "" : ", ") + n.get<std::string>();
+        }
+      }
+    }
     for (std::size_t r = 0; r < runs.size(); ++r) {
       s.push_back(series_of(runs[r], r, "mean", [](const nlohmann::json& e) { return value_of(e, "dice"); }));
       std::size_t classes = 0;
@@ -304,7 +312,9 @@ std::vector<std::pair<std::string, std::string>> curve_charts(const std::vector<
             /*dashed=*/true));
       }
     }
-    charts.emplace_back("validation Dice (solid: mean; dashed: each class)", svg_line_chart("validation Dice", s));
+    charts.emplace_back(names.empty() ? std::string("validation Dice (solid: mean; dashed: each class)")
+                                      : "validation Dice (solid: mean; dashed: each class, in order: " + names + ")",
+                        svg_line_chart("validation Dice", s));
   }
   chart("learning rate", [](const nlohmann::json& e) { return value_of(e, "lr"); });
   chart("data wait share of the epoch", [](const nlohmann::json& e) {

@@ -3,6 +3,8 @@
 #include <sstream>
 
 #include "medfast/nn/network.hpp"
+#include "medfast/transforms/random.hpp"
+#include "medfast/transforms/transform.hpp"
 
 namespace medfast::train {
 
@@ -80,9 +82,32 @@ nlohmann::json key_tables_json(const std::vector<KeyTable>& tables) {
   return out;
 }
 
+namespace {
+
+/// A chain with every transform's arguments written out, defaults included, under its
+/// canonical name (what the chain runs with, and what its cache key covers).
+nlohmann::json resolved_chain(const nlohmann::json& list, bool random) {
+  nlohmann::json out = nlohmann::json::array();
+  transforms::for_each_chain_item(list, random ? "random chain" : "transform chain",
+                                  [&](const std::string& name, const nlohmann::json& args) {
+                                    nlohmann::json arguments;
+                                    const std::string canonical =
+                                        random ? transforms::make_random(name, args, &arguments)->name()
+                                               : transforms::make(name, args, &arguments)->name();
+                                    nlohmann::json item = {{"name", canonical}};
+                                    item.update(arguments);
+                                    out.push_back(item);
+                                  });
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json resolved_run_config(const RunConfig& c) {
   nlohmann::json out = nlohmann::json::object();
   nlohmann::json data = c.root.at("data");
+  data["deterministic"] = resolved_chain(c.data.deterministic, false);
+  data["random"] = resolved_chain(c.data.random, true);
   data["loader"] = fields_json(c.data.loader);
   data["cache"] = fields_json(c.data.cache_options);
   if (data["cache"]["dir"] == "") data["cache"].erase("dir");

@@ -113,7 +113,8 @@ nlohmann::json EvalResult::to_json() const {
   }
   nlohmann::json per = nlohmann::json::array();
   for (double v : mean_per_class) per.push_back(nan_to_null(v));
-  nlohmann::json j{{"cases", cs}, {"mean_dice_per_class", per}, {"mean_dice", nan_to_null(mean_dice)}};
+  nlohmann::json j{{"cases", cs}, {"mean_dice_per_class", per}, {"class_names", class_names},
+                   {"mean_dice", nan_to_null(mean_dice)}};
   if (mean_hd95) j["mean_hd95"] = nan_to_null(*mean_hd95);
   j["nonfinite_cases"] = nonfinite_cases;
   return j;
@@ -179,6 +180,8 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
   }
   const at::Tensor per = dice.per_class().to(at::kDouble).contiguous();
   for (std::int64_t k = 0; k < per.numel(); ++k) r.mean_per_class.push_back(per[k].item<double>());
+  // The classes scored: every channel of a sigmoid model, the foreground ones of a softmax.
+  if (per.numel() > 0) r.class_names = metric_class_names(c, c.loss.sigmoid ? per.numel() : per.numel() + 1);
   r.mean_dice = dice.mean();
   if (hd95) r.mean_hd95 = hd.mean();
   if (r.nonfinite_cases > 0) {  // no score, rather than the mean of the other cases

@@ -165,10 +165,12 @@ OptimizerOptions OptimizerOptions::defaults(const std::string& name) {
 }
 
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object() || !j.contains("name")) {
+  if (!j.is_object()) {
     throw ConfigError(str(where, ": expected a mapping with a 'name' (", join(optimizer_names()), ")"));
   }
-  OptimizerOptions o = defaults(canonical_name(j["name"], optimizer_names(), where, "optimizer"));
+  // No name (or no section: an empty mapping): Adam, every argument its default.
+  OptimizerOptions o = defaults(j.contains("name") ? canonical_name(j["name"], optimizer_names(), where, "optimizer")
+                                                   : std::string(kDefaultOptimizer));
   ConfigReader k(j, where, ConfigReader::Naming{ConfigReader::Style::path, "argument", o.name});
   k.known("name");
   read_fields(k, o, o.name);

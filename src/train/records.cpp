@@ -36,6 +36,7 @@ nlohmann::json EpochRecord::to_json() const {
     nlohmann::json per = nlohmann::json::array();
     for (double d : dice_per_class) per.push_back(nan_to_null(d));
     j["dice_per_class"] = per;
+    if (class_names.size() == dice_per_class.size()) j["class_names"] = class_names;
   }
   if (hd95) j["hd95"] = nan_to_null(*hd95);
   if (nonfinite_validation_cases > 0) j["nonfinite_validation_cases"] = nonfinite_validation_cases;
@@ -62,6 +63,7 @@ EpochRecord EpochRecord::from_json(const nlohmann::json& j) {
   if (j.contains("dice")) {
     r.dice = null_to_nan(j["dice"]);
     for (const auto& d : j.at("dice_per_class")) r.dice_per_class.push_back(null_to_nan(d));
+    if (j.contains("class_names")) r.class_names = j["class_names"].get<std::vector<std::string>>();
   }
   if (j.contains("hd95")) r.hd95 = null_to_nan(j["hd95"]);
   r.nonfinite_validation_cases = j.value("nonfinite_validation_cases", std::int64_t{0});
@@ -89,6 +91,7 @@ nlohmann::json TrainResult::to_json() const {
       {"seconds", seconds},
       {"prepare_seconds", prepare_seconds},
       {"history", h}};
+  j["class_names"] = class_names;
   if (!best) j["no_best_checkpoint"] = no_best_checkpoint;
   if (stopped) {
     j["stopped"] = {{"signal", stopped->signal}, {"epoch", stopped->epoch}, {"step", stopped->step},
@@ -107,8 +110,10 @@ void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int
   put("epoch_loss", rec.loss);
   if (rec.dice) {
     put("val_mean_dice", *rec.dice);
+    const bool named = rec.class_names.size() == rec.dice_per_class.size();
     for (std::size_t k = 0; k < rec.dice_per_class.size(); ++k) {
-      put(str("val_dice/class_", first_class + static_cast<std::int64_t>(k)), rec.dice_per_class[k]);
+      put(named ? "val_dice/" + tag_name(rec.class_names[k]) : str("val_dice/class_", first_class + static_cast<std::int64_t>(k)),
+          rec.dice_per_class[k]);
     }
   }
   if (rec.hd95) put("val_hd95", *rec.hd95);

@@ -6,10 +6,14 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 #include <filesystem>
 #include <set>
 
 #include "medfast/core/config.hpp"
+#include "medfast/core/document.hpp"
+#include "medfast/data/dataset.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/nn/conv.hpp"
 #include "medfast/nn/direct_conv.hpp"
@@ -197,7 +201,7 @@ namespace {
 /// the built-in default).
 std::string base_of(const std::string& path, const std::string& base_dir) {
   if (!base_dir.empty()) return base_dir;
-  return path.empty() ? "." : os::parent_directory(path);
+  return path.empty() || is_config_name(path) ? "." : os::parent_directory(path);
 }
 
 /// Every section but data's lists, read and checked: what a run needs to know is right
@@ -218,7 +222,7 @@ RunConfig read_sections(const nlohmann::json& root, const std::string& path, con
   sections.finish();
   // The config's settings sit below flags and the environment.
   c.settings = data::with_config_settings(settings, root, c.path);
-  for (const char* required : {"data", "model", "optimizer"}) {
+  for (const char* required : {"data", "model"}) {
     if (!root.contains(required)) throw fail(required, "missing");
   }
   c.model = root["model"];
@@ -277,6 +281,139 @@ RunConfig read_sections(const nlohmann::json& root, const std::string& path, con
 bool prepare_run(const nlohmann::json& root, const std::string& path, const Settings& settings, std::string base_dir) {
   const RunConfig c = read_sections(root, path, settings, base_dir);
   return data::prepare_dataset(root, c.path, base_of(path, base_dir), c.settings);
+}
+
+namespace {
+
+/// The list's "labels" as value sets by name: MSD's {"1": "edema"}, nnU-Net's {"edema": 1} and
+/// its regions {"whole tumor": [1, 2, 3]}; empty for a CSV list, a list without labels or one
+/// that cannot be read (names are a nicety: the run reads the list itself and says why).
+std::vector<std::pair<std::string, std::set<std::int64_t>>> list_labels(const std::string& list) {
+  std::vector<std::pair<std::string, std::set<std::int64_t>>> out;
+  if (list.empty() || data::is_csv_list(list)) return out;
+  try {
+    const nlohmann::json j = parse_json_document(os::read_text_file(list), list);
+    if (!j.is_object() || !j.contains("labels") || !j["labels"].is_object()) return out;
+    for (const auto& [k, v] : j["labels"].items()) {
+      std::set<std::int64_t> values;
+      if (v.is_number_integer()) {
+        values.insert(v.get<std::int64_t>());
+        out.emplace_back(k, values);
+      } else if (v.is_array()) {
+        for (const auto& x : v) {
+          if (x.is_number_integer()) values.insert(x.get<std::int64_t>());
+        }
+        if (values.size() == v.size()) out.emplace_back(k, values);
+      } else if (v.is_string()) {
+        std::size_t used = 0;
+        const long long value = std::stoll(k, &used);
+        if (used == k.size()) out.emplace_back(v.get<std::string>(), std::set<std::int64_t>{value});
+      }
+    }
+  } catch (const std::exception&) {
+    out.clear();
+  }
+  return out;
+}
+
+/// The label sets of LabelToRegions' regions in a chain, or nothing.
+std::optional<std::vector<std::set<std::int64_t>>> chain_regions(const nlohmann::json& chain) {
+  for (const auto& t : chain) {
+    if (!t.is_object() || t.value("name", "") != "LabelToRegions" || !t.contains("regions")) continue;
+    std::vector<std::set<std::int64_t>> regions;
+    for (const auto& r : t["regions"]) {
+      std::set<std::int64_t> s;
+      if (r.is_number_integer()) s.insert(r.get<std::int64_t>());
+      if (r.is_array()) {
+        for (const auto& v : r) {
+          if (v.is_number_integer()) s.insert(v.get<std::int64_t>());
+        }
+      }
+      regions.push_back(s);
+    }
+    return regions;
+  }
+  return std::nullopt;
+}
+
+bool chain_has(const nlohmann::json& chain, const std::string& name) {
+  for (const auto& t : chain) {
+    if (t.is_object() && t.value("name", "") == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> metric_class_names(const RunConfig& c, std::int64_t classes) {
+  const bool each_channel = c.loss.sigmoid || classes == 1;
+  const std::int64_t count = each_channel ? classes : classes - 1;
+  const std::int64_t first = each_channel ? 0 : 1;
+  if (!c.data.class_names.empty()) {
+    if (static_cast<std::int64_t>(c.data.class_names.size()) != count) {
+      throw ConfigError(str(c.path, ": data.class_names: ", c.data.class_names.size(), " names for the ", count,
+                            " classes the metrics report (", each_channel ? "every output channel of a sigmoid model"
+                                                                          : "the foreground classes 1..out_channels-1",
+                            ")"));
+    }
+    return c.data.class_names;
+  }
+  std::vector<std::string> names;
+  const auto fallback = [&] {
+    names.clear();
+    for (std::int64_t k = 0; k < count; ++k) names.push_back(str("class_", first + k));
+    return names;
+  };
+  const nlohmann::json& chain = c.data.deterministic;
+  if (chain_has(chain, "ConvertToMultiChannelBasedOnBratsClasses")) {
+    return count == 3 ? std::vector<std::string>{"TC", "WT", "ET"} : fallback();
+  }
+  const auto labels = list_labels(c.data.dataset.source);
+  const auto name_of = [&](const std::set<std::int64_t>& values) -> std::string {
+    for (const auto& [name, set] : labels) {
+      if (set == values) return name;
+    }
+    if (values.size() < 2) return "";
+    std::string joined;
+    for (std::int64_t v : values) {
+      const std::string one = [&]() -> std::string {
+        for (const auto& [name, set] : labels) {
+          if (set == std::set<std::int64_t>{v}) return name;
+        }
+        return "";
+      }();
+      if (one.empty()) return "";
+      joined += (joined.empty() ? "" : "+") + one;
+    }
+    return joined;
+  };
+  if (const auto regions = chain_regions(chain)) {
+    if (static_cast<std::int64_t>(regions->size()) != count) return fallback();
+    for (const auto& r : *regions) {
+      const std::string n = name_of(r);
+      if (n.empty()) return fallback();
+      names.push_back(n);
+    }
+    return names;
+  }
+  // Several sigmoid channels without regions (labels multi-channel in their files): no
+  // label value names a channel.
+  if (each_channel && classes > 1) return fallback();
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::string n = name_of({each_channel ? 1 : first + k});
+    if (n.empty()) return fallback();
+    names.push_back(n);
+  }
+  return names;
+}
+
+std::string tag_name(const std::string& name) {
+  std::string out = name;
+  for (char& ch : out) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
+    if (!keep) ch = '_';
+  }
+  return out;
 }
 
 RunConfig load_run_config(nlohmann::json root, std::string path, const Settings& settings, std::string base_dir) {

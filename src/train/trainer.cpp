@@ -397,6 +397,7 @@ class Run {
 
   void build_model_and_optimizer() {
     model_ = build_model(c_, device_);
+    class_names_ = metric_class_names(c_, model_.classes);
     nn::set_memory_format(*model_.module, memory_format_);  // before the optimizer: its state follows
     if (distributed_) {
       torch::NoGradGuard g;
@@ -433,6 +434,7 @@ class Run {
     so_step.cuda_graph = t_.cuda_graph == CudaGraph::on;
     step_ = std::make_unique<TrainingStep>(std::move(parts), so_step);
     result_.run_dir = t_.run_dir;
+    result_.class_names = class_names_;
   }
 
   /// A validation window through the network now, not after the first epoch: a
@@ -622,6 +624,7 @@ class Run {
       rec.times.validation = seconds_since(v0);
       rec.dice = v.mean_dice;
       rec.dice_per_class = v.dice;
+      if (class_names_.size() == v.dice.size()) rec.class_names = class_names_;
       rec.hd95 = v.hd95;
       rec.nonfinite_validation_cases = v.nonfinite_cases;
     }
@@ -823,6 +826,7 @@ class Run {
   std::unique_ptr<profile::GpuSampler> gpu_sampler_;
   std::optional<profile::EventWriter> events_;  // rank 0, train.tensorboard
   Model model_;
+  std::vector<std::string> class_names_;  ///< metric_class_names of the run
   std::vector<at::Tensor> params_, buffers_;
   std::unique_ptr<GradientSync> grad_sync_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

@@ -32,6 +32,35 @@ def test_run_config_errors_are_value_errors(tiny_config):
         medfast.train.run(tiny_config)
 
 
+def test_a_number_written_as_text_is_refused_naming_the_dict(tiny_config):
+    # PyYAML (YAML 1.1) reads 1e-05 as a string: the error names the dict it came in, not a
+    # built-in config, and says how to write the number.
+    tiny_config["optimizer"]["lr"] = "1e-05"
+    with pytest.raises(ValueError) as e:
+        medfast.train.run(tiny_config)
+    assert "the config dict given to medfast.train.run" in str(e.value)
+    assert "optimizer.lr" in str(e.value) and "1.0e-05 as a number" in str(e.value)
+    assert "built-in default" not in str(e.value)
+
+
+def test_a_plan_reads_the_same_in_pyyaml(medfast_binary, synth_dir, tmp_path):
+    # Every number of a plan's YAML is a number to a YAML 1.1 reader too (1.0e-05, not 1e-05).
+    yaml = pytest.importorskip("yaml")
+    out = tmp_path / "plan.yaml"
+    subprocess.run([medfast_binary, "plan", "--dataset", str(synth_dir), "--device", "cpu", "--memory", "2GiB",
+                    "--out", str(out)], check=True, capture_output=True)
+    text = open(out).read()
+    ours = json.loads(subprocess.run([medfast_binary, "config", "resolve", "--config", str(out)], check=True,
+                                     capture_output=True, text=True).stdout)
+    theirs = yaml.safe_load(text)
+    assert isinstance(theirs["optimizer"]["weight_decay"], float), theirs["optimizer"]
+    for section in ("optimizer", "loss", "validation"):
+        for key, value in theirs[section].items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert value == pytest.approx(ours[section][key]), (section, key)
+            assert not (isinstance(value, str) and value.replace(".", "").replace("e-", "").isdigit()), (section, key)
+
+
 def test_settings_and_threads():
     assert medfast.settings.get("gzip_level") == "6"
     medfast.settings.set("gzip_level", 9)

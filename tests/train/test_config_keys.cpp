@@ -126,7 +126,22 @@ TEST(ConfigKeys, AResolvedConfigHasEveryValueAndReadsBackTheSame) {
   EXPECT_EQ(r["validation"]["sliding_window"]["padding_mode"], "constant");
   EXPECT_EQ(r["data"]["loader"]["threads"], 1);  // the default config's
   EXPECT_EQ(r["data"]["cache"]["kind"], "memory");
-  EXPECT_EQ(r["data"]["deterministic"], c["data"]["deterministic"]);
+  // Each transform with every argument written out: what it was given, and its defaults.
+  ASSERT_EQ(r["data"]["deterministic"].size(), c["data"]["deterministic"].size());
+  for (std::size_t i = 0; i < c["data"]["deterministic"].size(); ++i) {
+    const auto& given = c["data"]["deterministic"][i];
+    const auto& resolved = r["data"]["deterministic"][i];
+    for (const auto& [k, v] : given.items()) {
+      if (k != "keys" || !v.is_string()) EXPECT_EQ(resolved[k], v) << given.dump() << " -> " << resolved.dump();
+    }
+    std::set<std::string> docs;
+    for (const auto& d : transforms::argument_docs(given["name"].get<std::string>())) {
+      if (!d.when_set) docs.insert(d.key);
+    }
+    for (const auto& key : docs) EXPECT_TRUE(resolved.contains(key)) << key << " missing in " << resolved.dump();
+  }
+  ASSERT_EQ(r["data"]["random"].size(), c["data"]["random"].size());
+  EXPECT_GT(r["data"]["random"][0].size(), c["data"]["random"][0].size()) << r["data"]["random"][0].dump();
   // Reading it back gives the same run.
   EXPECT_EQ(resolved_run_config(load_run_config(r, "", settings)), r);
   // The command prints it (a file's relative paths start at its folder).
@@ -141,6 +156,73 @@ TEST(ConfigKeys, AResolvedConfigHasEveryValueAndReadsBackTheSame) {
                              " --set optimizer.momentum=0.9");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("optimizer.momentum: unknown argument for AdamW"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace medfast::train
+
+namespace medfast::train {
+namespace {
+
+// The classes the metrics report are named by the dataset's own labels where it has them.
+TEST(ClassNames, FromTheListsLabelsOrGivenOrNumbered) {
+  test::TempDir dir;
+  const Settings settings;
+  nlohmann::json c = small_config(dir);
+  ASSERT_TRUE(prepare_run(c, "", settings));
+  EXPECT_EQ(metric_class_names(load_run_config(c, "", settings), 2), std::vector<std::string>{"spleen"});
+  // A list without names: numbered as before (class_1: the label value).
+  nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "data/dataset.json"));
+  list.erase("labels");
+  test::write_file(dir / "data/unnamed.json", list.dump());
+  nlohmann::json unnamed = c;
+  unnamed["data"]["dataset"] = dir / "data/unnamed.json";
+  unnamed["data"].erase("synth");
+  EXPECT_EQ(metric_class_names(load_run_config(unnamed, "", settings), 2), std::vector<std::string>{"class_1"});
+  // nnU-Net's form of the labels names them too.
+  list["labels"] = {{"background", 0}, {"organ", 1}};
+  test::write_file(dir / "data/nnunet.json", list.dump());
+  unnamed["data"]["dataset"] = dir / "data/nnunet.json";
+  EXPECT_EQ(metric_class_names(load_run_config(unnamed, "", settings), 2), std::vector<std::string>{"organ"});
+  // Given: taken as they are; the wrong count is an error naming the key and both counts.
+  nlohmann::json named = c;
+  named["data"]["class_names"] = {"Spleen (CT)"};
+  EXPECT_EQ(metric_class_names(load_run_config(named, "", settings), 2), std::vector<std::string>{"Spleen (CT)"});
+  EXPECT_EQ(tag_name("Spleen (CT)"), "Spleen__CT_");
+  named["data"]["class_names"] = {"a", "b"};
+  try {
+    metric_class_names(load_run_config(named, "", settings), 2);
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(test::contains_all(e.what(), {"data.class_names: 2 names for the 1 classes"})) << e.what();
+  }
+  named["data"]["class_names"] = "spleen";
+  EXPECT_THROW(load_run_config(named, "", settings), ConfigError);
+}
+
+// A config may leave the optimizer out (Adam, its defaults); a number written as text is
+// refused saying so.
+TEST(ConfigDefaults, NoOptimizerIsAdamAndNumericTextIsNamed) {
+  test::TempDir dir;
+  const Settings settings;
+  nlohmann::json c = small_config(dir);
+  ASSERT_TRUE(prepare_run(c, "", settings));
+  c.erase("optimizer");
+  const RunConfig r = load_run_config(c, "", settings);
+  EXPECT_EQ(r.optimizer.name, "Adam");
+  EXPECT_DOUBLE_EQ(r.optimizer.lr, OptimizerOptions::defaults("Adam").lr);
+  c["optimizer"] = {{"lr", 0.01}};
+  EXPECT_EQ(load_run_config(c, "", settings).optimizer.name, "Adam");
+  c["optimizer"] = {{"name", "Adam"}, {"lr", "1e-05"}};
+  const std::string m = [&] {
+    try {
+      load_run_config(c, "<the config dict given to a test>", settings);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_TRUE(test::contains_all(m, {"<the config dict given to a test>", "lr", "\"1e-05\"", "1.0e-05 as a number"})) << m;
 }
 
 }  // namespace

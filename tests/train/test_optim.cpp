@@ -463,7 +463,10 @@ TEST(OptimConfig, ErrorsByMessage) {
     return test::value_error_of([&] { OptimizerOptions::from_json(nlohmann::json::parse(text), where); });
   };
   EXPECT_EQ(err(R"({"name": "Adamax"})"), "optimizer.name: unknown optimizer 'Adamax' (expected SGD, Adam, AdamW, Novograd)");
-  EXPECT_EQ(err(R"({"lr": 0.1})"), "optimizer: expected a mapping with a 'name' (SGD, Adam, AdamW, Novograd)");
+  // No name: Adam (docs/config.md), its other arguments as given.
+  const OptimizerOptions unnamed = OptimizerOptions::from_json(nlohmann::json::parse(R"({"lr": 0.1})"), "optimizer");
+  EXPECT_EQ(unnamed.name, "Adam");
+  EXPECT_DOUBLE_EQ(unnamed.lr, 0.1);
   EXPECT_EQ(err(R"("SGD")"), "optimizer: expected a mapping with a 'name' (SGD, Adam, AdamW, Novograd)");
   EXPECT_EQ(err(R"({"name": 3})"), "optimizer.name: expected a string (SGD, Adam, AdamW, Novograd), got 3");
   EXPECT_EQ(err(R"({"name": "Adam", "momentum": 0.9})"),

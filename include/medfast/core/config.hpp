@@ -83,9 +83,14 @@ class ConfigReader {
     const nlohmann::json& v = raw(key);
     if (v.is_null()) return *this;
     std::string why;
-    if (!convert(v, field, why)) fail(key, why.empty() ? str("expected ", describe(field), ", got ", v.dump()) : why);
+    if (!convert(v, field, why)) {
+      fail(key, why.empty() ? str("expected ", describe(field), ", got ", v.dump(), numeric_text_hint(v)) : why);
+    }
     return *this;
   }
+  /// For a string that reads as a number (a YAML 1.1 reader such as PyYAML keeps 1e-05 as
+  /// text): what to write instead; "" otherwise.
+  static std::string numeric_text_hint(const nlohmann::json& v);
   /// The number `v` (read from `key`) as T: ConfigError naming the key and T's limits
   /// where it does not fit (checked before narrowing, see range_problem).
   template <typename T>

@@ -106,6 +106,10 @@ struct PipelineConfig {
   CacheSectionOptions cache_options;  ///< data.cache as written, defaults filled in
   /// data.cache.kind is smart (smart_options apply, not cache).
   bool smart() const { return cache_options.kind == "smart"; }
+  /// data.class_names: the names of the classes the metrics report (softmax: the foreground
+  /// classes 1..N-1; sigmoid: every output channel, a region each); empty: derived from the
+  /// dataset list's labels and the label chain (train::metric_class_names).
+  std::vector<std::string> class_names;
   /// The largest output a transform of its chains may allocate (the max_volume_bytes
   /// setting); the chains made below carry it.
   std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;

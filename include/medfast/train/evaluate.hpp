@@ -23,6 +23,7 @@ struct EvalCase {
 struct EvalResult {
   std::vector<EvalCase> cases;
   std::vector<double> mean_per_class;
+  std::vector<std::string> class_names;  ///< as mean_per_class (metric_class_names)
   double mean_dice = 0;
   std::optional<double> mean_hd95;
   /// Cases whose logits held NaN or infinity: their scores and the means are NaN (null).

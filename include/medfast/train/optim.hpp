@@ -43,6 +43,9 @@ inline constexpr double kAdamWWeightDecay = 1e-2;
 /// The optimizer a config names, with torch's argument names. Each argument is declared
 /// once in fields(), with the optimizers it belongs to: reading, writing back
 /// (fields_json(o, o.name)) and the docs' key table come from that list.
+/// The optimizer of a config whose `optimizer` section is absent or names none.
+inline constexpr const char* kDefaultOptimizer = "Adam";
+
 struct OptimizerOptions {
   std::string name = "SGD";  ///< SGD | Adam | AdamW | Novograd (the table in optim.cpp)
   double lr = 1e-4, momentum = 0.0, dampening = 0.0;

@@ -149,6 +149,22 @@ struct RunConfig {
   std::shared_ptr<Collective> collective;  ///< set by the caller under DDP
 };
 
+/// A config `path` in angle brackets names where a config came from that is no file (the
+/// dict given to medfast.train.run): messages name it, relative paths start at the working
+/// directory, as for the built-in default (path "").
+inline bool is_config_name(const std::string& path) { return !path.empty() && path.front() == '<'; }
+
+/// The names of the classes a run's metrics report, in order: softmax, the foreground classes
+/// 1..classes-1; sigmoid (or one output channel), every channel. data.class_names where
+/// given (ConfigError naming it when its count differs); else from the label chain and the
+/// dataset list's "labels": ConvertToMultiChannelBasedOnBratsClasses gives TC, WT and ET;
+/// LabelToRegions a region's name from the list (nnU-Net's region labels) or its labels'
+/// names joined with "+"; plain labels their names; else class_K, K the label value
+/// (softmax) or the channel (sigmoid), as before names existed.
+std::vector<std::string> metric_class_names(const RunConfig& c, std::int64_t classes);
+/// A name as a TensorBoard tag's last part: letters, digits, '-', '_' and '.' kept, others '_'.
+std::string tag_name(const std::string& name);
+
 /// libtorch's intra-op threads for the network: `train_threads` (train.threads)
 /// when positive, else the threads setting. Sets them and returns the number:
 /// the one place training, eval and infer decide it (the CLI sets the threads

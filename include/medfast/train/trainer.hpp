@@ -53,6 +53,8 @@ struct EpochRecord {
   double lr = 0;
   std::optional<double> dice;            ///< mean validation Dice (validation epochs)
   std::vector<double> dice_per_class;
+  /// The classes' names, as dice_per_class (metric_class_names; validation epochs).
+  std::vector<std::string> class_names;
   std::optional<double> hd95;
   /// Validation cases whose logits held NaN or infinity: then dice and hd95 are NaN
   /// (null in JSON), not a mean over the other cases.
@@ -94,6 +96,8 @@ struct TrainResult {
   double seconds = 0;                    ///< this invocation
   double prepare_seconds = 0;            ///< dataset + cache fill
   std::string run_dir;
+  /// The names of the classes the metrics report (metric_class_names).
+  std::vector<std::string> class_names;
   nlohmann::json to_json() const;
 };
 
