@@ -38,12 +38,18 @@ bool fits(double t, at::ScalarType type) {
   if (at::isFloatingType(type)) return std::isfinite(t);
   if (t != std::floor(t)) return false;
   switch (type) {
-    case at::kBool: return t == 0 || t == 1;
-    case at::kByte: return t >= 0 && t <= 255;
-    case at::kChar: return t >= -128 && t <= 127;
-    case at::kShort: return t >= -32768 && t <= 32767;
-    case at::kInt: return t >= -2147483648.0 && t <= 2147483647.0;
-    default: return std::fabs(t) < 9.2e18;
+    case at::kBool:
+      return t == 0 || t == 1;
+    case at::kByte:
+      return t >= 0 && t <= 255;
+    case at::kChar:
+      return t >= -128 && t <= 127;
+    case at::kShort:
+      return t >= -32768 && t <= 32767;
+    case at::kInt:
+      return t >= -2147483648.0 && t <= 2147483647.0;
+    default:
+      return std::fabs(t) < 9.2e18;
   }
 }
 
@@ -101,8 +107,10 @@ class LabelToRegions final : public TransformWith<LabelToRegionsOptions> {
 /// regions as read: a non-empty list, each an int or a non-empty list of ints.
 std::vector<std::vector<std::int64_t>> parse_regions(Args& a, const nlohmann::json& given) {
   const auto fail = [&](const std::string& what) {
-    a.fail("regions", str(what, "; expected a list of regions, each a label value or a list of them, e.g. "
-                                "[[1, 2, 3], [2, 3], [3]], got ", given.dump()));
+    a.fail("regions", str(what,
+                          "; expected a list of regions, each a label value or a list of them, e.g. "
+                          "[[1, 2, 3], [2, 3], [3]], got ",
+                          given.dump()));
   };
   if (!given.is_array() || given.empty()) fail("no regions");
   const auto value_of = [&](const nlohmann::json& v, std::size_t k) {
@@ -136,10 +144,11 @@ struct MapLabelValueOptions {
   std::string dtype = "float32";  // MONAI's np.float32
   static constexpr auto fields() {
     using O = MapLabelValueOptions;
-    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
-                           field("orig_labels", &O::orig_labels, "the label values to map").must(),
-                           field("target_labels", &O::target_labels, "what each of orig_labels becomes").must(),
-                           field("dtype", &O::dtype, "the output type; values not in orig_labels are kept, cast to it"));
+    return std::make_tuple(
+        field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+        field("orig_labels", &O::orig_labels, "the label values to map").must(),
+        field("target_labels", &O::target_labels, "what each of orig_labels becomes").must(),
+        field("dtype", &O::dtype, "the output type; values not in orig_labels are kept, cast to it"));
   }
 };
 
@@ -180,9 +189,9 @@ struct BratsOptions {
   std::vector<std::string> keys;
   static constexpr auto fields() {
     using O = BratsOptions;
-    return std::make_tuple(field(
-        "keys", &O::keys,
-        "the BraTS labels (1 necrotic core, 2 edema, 4 enhancing) it turns into TC (1|4), WT (1|2|4), ET (4): uint8")
+    return std::make_tuple(field("keys", &O::keys,
+                                 "the BraTS labels (1 necrotic core, 2 edema, 4 enhancing) it turns into TC (1|4), WT "
+                                 "(1|2|4), ET (4): uint8")
                                .keys());
   }
 };

@@ -4,7 +4,8 @@
 // transform does not read is refused as MONAI's ("...: MONAI's argument 'lazy' is not supported
 // by medfast"), rather than called unknown: a MONAI chain translated line by line says what it
 // asks that medfast does not do. Given with MONAI's default value it changes nothing and is
-// taken. tests/transforms/test_monai_arguments.cpp checks every row against the recording.
+// taken. tests/transforms/test_monai_arguments.cpp checks every row against the recording;
+// `tests/golden/make_monai_transform_args.py --rows` prints the rows from it.
 #include <algorithm>
 #include <iterator>
 
@@ -211,7 +212,8 @@ void refuse_monai_arguments(Args& a) {
       return a.where() == m.transform && key == m.argument;
     });
     if (row == std::end(kMonaiArguments)) continue;  // not MONAI's: finish() calls it unknown
-    if (row->default_json && a.raw(key) == nlohmann::json::parse(row->default_json)) continue;  // MONAI's default: a no-op
+    // Given with MONAI's default, it changes nothing: taken.
+    if (row->default_json && a.raw(key) == nlohmann::json::parse(row->default_json)) continue;
     throw ConfigError(str(a.where(), ": MONAI's argument '", key, "' is not supported by medfast",
                           row->default_json ? str(" (only its default, ", row->default_json, ")") : std::string()));
   }

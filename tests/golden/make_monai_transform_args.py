@@ -9,13 +9,15 @@ its default (JSON where it is a plain value; "<required>" where it has none; "<o
 a default that is no JSON value, e.g. a numpy dtype or a callable). Read by
 tests/transforms/test_monai_arguments.cpp: every one is either taken by medfast or refused as
 "MONAI's argument '...' is not supported by medfast".
+
+With --rows it prints, from the recorded file, the rows of kMonaiArguments
+(src/transforms/monai_arguments.cpp) instead.
 """
 import inspect
 import json
 import os
+import sys
 
-import monai
-import monai.transforms as mt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "reference", "monai_transform_args.json")
@@ -44,7 +46,26 @@ def default_of(p):
     return "<object>"
 
 
+def print_rows():
+    with open(OUT) as f:
+        recorded = json.load(f)
+    for name, params in recorded.items():
+        if name == "_about":
+            continue
+        for arg, default in params:
+            if arg == "keys":
+                continue
+            text = "nullptr" if default in ("<required>", "<object>") else 'R"(%s)"' % json.dumps(default)
+            print('    {"%s", "%s", %s},' % (name, arg, text))
+
+
 def main():
+    if "--rows" in sys.argv:
+        print_rows()
+        return
+    import monai
+    import monai.transforms as mt
+
     out = {"_about": f"MONAI {monai.__version__}: parameters of each dictionary transform's __init__ "
                      "(name -> [[parameter, default], ...]); see tests/reference/README.md"}
     for name in NAMES:

@@ -43,8 +43,8 @@ Sample sample_of(const nlohmann::json& inputs) {
 
 TEST(MonaiLabelTransforms, DeterministicOnesEqualMonais) {
   const auto ref = reference();
-  for (const char* name : {"brats", "map_label_value", "map_label_value_uint8_swap", "task01_regions",
-                           "fgbg_multichannel"}) {
+  for (const char* name :
+       {"brats", "map_label_value", "map_label_value_uint8_swap", "task01_regions", "fgbg_multichannel"}) {
     SCOPED_TRACE(name);
     const auto& c = ref.at(name);
     Sample s = sample_of(c["inputs"]);
@@ -53,8 +53,8 @@ TEST(MonaiLabelTransforms, DeterministicOnesEqualMonais) {
     make(c["args"]["name"], args)->apply(s);
     for (const auto& [key, want] : c["outputs"].items()) {
       const at::Tensor w = tensor_of(want);
-      const at::Tensor got = key.find("_indices") != std::string::npos ? runs_to_indices(s.arrays.at(key))
-                                                                         : s.volume(key).data;
+      const at::Tensor got =
+          key.find("_indices") != std::string::npos ? runs_to_indices(s.arrays.at(key)) : s.volume(key).data;
       ASSERT_EQ(got.sizes(), w.sizes()) << key;
       if (w.scalar_type() == at::kBool) {
         // MONAI's BraTS channels are bool; medfast's uint8 0/1 (labels.cpp says why).
@@ -88,17 +88,20 @@ TEST(MonaiLabelTransforms, RandSpatialCropThatDrawsNothingEqualsMonais) {
 TEST(LabelToRegions, RegionsAreWrittenAsListsAndCheckedByName) {
   // One value stands for a list of one; the key (and the cache's) does not depend on the form.
   const auto a = make("LabelToRegions", nlohmann::json::parse(R"({"regions": [[1, 2, 3], [2, 3], 3]})"));
-  const auto b = make("LabelToRegions", nlohmann::json::parse(R"({"keys": "label", "regions": [[1, 2, 3], [2, 3], [3]]})"));
+  const auto b =
+      make("LabelToRegions", nlohmann::json::parse(R"({"keys": "label", "regions": [[1, 2, 3], [2, 3], [3]]})"));
   EXPECT_EQ(a->config(), b->config());
   EXPECT_EQ(a->config(), nlohmann::json::parse(R"({"keys": ["label"], "regions": [[1, 2, 3], [2, 3], [3]]})"));
-  EXPECT_NE(Compose({a}).hash(), Compose({make("LabelToRegions", nlohmann::json::parse(R"({"regions": [[1, 2], [2, 3], [3]]})"))}).hash());
+  EXPECT_NE(Compose({a}).hash(),
+            Compose({make("LabelToRegions", nlohmann::json::parse(R"({"regions": [[1, 2], [2, 3], [3]]})"))}).hash());
   const auto message = [](const char* json) {
     return test::value_error_of([&] { make("LabelToRegions", nlohmann::json::parse(json)); });
   };
   EXPECT_TRUE(test::contains_all(message(R"({"keys": "label"})"), {"LabelToRegions", "regions", "required"}));
   EXPECT_TRUE(test::contains_all(message(R"({"regions": []})"), {"argument regions", "no regions"}));
   EXPECT_TRUE(test::contains_all(message(R"({"regions": [[1], []]})"), {"argument regions", "region 1 is empty"}));
-  EXPECT_TRUE(test::contains_all(message(R"({"regions": [[1.5]]})"), {"argument regions", "1.5 is not a whole number"}));
+  EXPECT_TRUE(
+      test::contains_all(message(R"({"regions": [[1.5]]})"), {"argument regions", "1.5 is not a whole number"}));
   EXPECT_TRUE(test::contains_all(message(R"({"regions": [["a"]]})"), {"argument regions", "\"a\""}));
   // A label of several channels is no label of class values.
   Sample s;
@@ -118,16 +121,19 @@ TEST(LabelToRegions, ValuesTheLabelTypeCannotHoldAreInNoRegion) {
 TEST(MapLabelValue, MonaisChecksAndItsDefaultType) {
   EXPECT_TRUE(test::contains_all(
       test::value_error_of([] {
-        make("MapLabelValue", nlohmann::json::parse(R"({"keys": "label", "orig_labels": [1, 2], "target_labels": [3]})"));
+        make("MapLabelValue",
+             nlohmann::json::parse(R"({"keys": "label", "orig_labels": [1, 2], "target_labels": [3]})"));
       }),
       {"MapLabelValue", "orig_labels", "target_labels", "same length", "2 and 1"}));
   EXPECT_TRUE(test::contains_all(
       test::value_error_of([] {
-        make("MapLabelValue", nlohmann::json::parse(
-                                  R"({"keys": "label", "orig_labels": [1], "target_labels": [300], "dtype": "uint8"})"));
+        make("MapLabelValue",
+             nlohmann::json::parse(
+                 R"({"keys": "label", "orig_labels": [1], "target_labels": [300], "dtype": "uint8"})"));
       }),
       {"MapLabelValue", "target_labels", "300", "uint8"}));
-  const auto t = make("MapLabelValue", nlohmann::json::parse(R"({"keys": "label", "orig_labels": [1], "target_labels": [2]})"));
+  const auto t =
+      make("MapLabelValue", nlohmann::json::parse(R"({"keys": "label", "orig_labels": [1], "target_labels": [2]})"));
   EXPECT_EQ(t->config()["dtype"], "float32");
 }
 
@@ -135,20 +141,27 @@ TEST(ConvertToMultiChannelBasedOnBratsClasses, TakesKeysOnly) {
   const auto t = make("ConvertToMultiChannelBasedOnBratsClasses", nlohmann::json::parse(R"({"keys": "label"})"));
   EXPECT_EQ(t->config(), nlohmann::json::parse(R"({"keys": ["label"]})"));
   // MONAI's argument, refused by name; not MONAI's: unknown.
+  EXPECT_TRUE(test::contains_all(
+      test::value_error_of([] {
+        make("ConvertToMultiChannelBasedOnBratsClasses",
+             nlohmann::json::parse(R"({"keys": "label", "allow_missing_keys": true})"));
+      }),
+      {"ConvertToMultiChannelBasedOnBratsClasses: MONAI's argument 'allow_missing_keys' is not supported by medfast"}));
   EXPECT_TRUE(test::contains_all(test::value_error_of([] {
-    make("ConvertToMultiChannelBasedOnBratsClasses", nlohmann::json::parse(R"({"keys": "label", "allow_missing_keys": true})"));
-  }), {"ConvertToMultiChannelBasedOnBratsClasses: MONAI's argument 'allow_missing_keys' is not supported by medfast"}));
-  EXPECT_TRUE(test::contains_all(test::value_error_of([] {
-    make("ConvertToMultiChannelBasedOnBratsClasses", nlohmann::json::parse(R"({"keys": "label", "regions": [1]})"));
-  }), {"unknown argument 'regions'", "(known: keys)"}));
+                                   make("ConvertToMultiChannelBasedOnBratsClasses",
+                                        nlohmann::json::parse(R"({"keys": "label", "regions": [1]})"));
+                                 }),
+                                 {"unknown argument 'regions'", "(known: keys)"}));
 }
 
 TEST(RandSpatialCropOptions, RandomSizeDrawsBetweenRoiAndMaxAndCentersWhereAsked) {
   Sample in;
   in.volumes["image"].data = at::arange(20 * 16 * 12, at::kFloat).view({1, 20, 16, 12});
   in.volumes["label"].data = (in.volumes["image"].data.fmod(5) == 0).to(at::kByte);
-  const auto t = make_random("RandSpatialCrop", nlohmann::json::parse(
-      R"({"keys": ["image", "label"], "roi_size": [4, 5, -1], "max_roi_size": [8, 30, 0], "random_size": true})"));
+  const auto t = make_random(
+      "RandSpatialCrop",
+      nlohmann::json::parse(
+          R"({"keys": ["image", "label"], "roi_size": [4, 5, -1], "max_roi_size": [8, 30, 0], "random_size": true})"));
   std::set<std::int64_t> sizes0, sizes1, starts0;
   for (std::uint64_t seed = 0; seed < 200; ++seed) {
     Sample s = in;
@@ -172,23 +185,29 @@ TEST(RandSpatialCropOptions, RandomSizeDrawsBetweenRoiAndMaxAndCentersWhereAsked
   EXPECT_GT(sizes1.size(), 8u);
   EXPECT_GT(starts0.size(), 5u);
   // random_center false: at the centre whatever the size drawn.
-  const auto centred = make_random("RandSpatialCrop", nlohmann::json::parse(
-      R"({"keys": "image", "roi_size": [6, 16, 12], "random_center": false})"));
+  const auto centred =
+      make_random("RandSpatialCrop",
+                  nlohmann::json::parse(R"({"keys": "image", "roi_size": [6, 16, 12], "random_center": false})"));
   Sample s = in;
   Rng rng(5);
   centred->apply(s, rng);
   EXPECT_TRUE(at::equal(s.volume("image").data, in.volumes["image"].data.narrow(1, 7, 6)));
   // min larger than max: MONAI's error, with both sizes.
-  const auto bad = make_random("RandSpatialCrop", nlohmann::json::parse(
-      R"({"keys": "image", "roi_size": [10, 4, 4], "max_roi_size": 8, "random_size": true})"));
+  const auto bad = make_random(
+      "RandSpatialCrop",
+      nlohmann::json::parse(R"({"keys": "image", "roi_size": [10, 4, 4], "max_roi_size": 8, "random_size": true})"));
   EXPECT_TRUE(test::contains_all(test::value_error_of([&] {
-    Sample b = in;
-    Rng r(1);
-    bad->apply(b, r);
-  }), {"RandSpatialCrop", "min ROI size 10x4x4", "larger than max ROI size 8x8x8"}));
-  EXPECT_TRUE(test::contains_all(test::value_error_of([] {
-    make_random("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "max_roi_size": [8, 8]})"));
-  }), {"RandSpatialCrop", "max_roi_size"}));
+                                   Sample b = in;
+                                   Rng r(1);
+                                   bad->apply(b, r);
+                                 }),
+                                 {"RandSpatialCrop", "min ROI size 10x4x4", "larger than max ROI size 8x8x8"}));
+  EXPECT_TRUE(test::contains_all(
+      test::value_error_of([] {
+        make_random("RandSpatialCrop",
+                    nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "max_roi_size": [8, 8]})"));
+      }),
+      {"RandSpatialCrop", "max_roi_size"}));
   // The defaults are MONAI 1.3.2's (random_size false: a fixed size), written back.
   nlohmann::json args;
   make_random("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4})"), &args);
@@ -243,8 +262,8 @@ TEST(Task01Regions, RegionLabelsFlowThroughTheChainTheCachesAndTheLoader) {
                                  .narrow(1, lo[1].item<std::int64_t>(), 11)
                                  .narrow(2, lo[2].item<std::int64_t>(), 11);
   EXPECT_TRUE(at::equal(regions[0], ((cropped == 2) | (cropped == 3)).to(at::kByte)));  // TC
-  EXPECT_TRUE(at::equal(regions[1], (cropped > 0).to(at::kByte)));                       // WT
-  EXPECT_TRUE(at::equal(regions[2], (cropped == 2).to(at::kByte)));                      // ET
+  EXPECT_TRUE(at::equal(regions[1], (cropped > 0).to(at::kByte)));                      // WT
+  EXPECT_TRUE(at::equal(regions[2], (cropped == 2).to(at::kByte)));                     // ET
   // The indices came from the class label, before the regions: foreground = WT.
   EXPECT_EQ(runs_count(s.arrays.at("label_fg_indices")), regions[1].sum().item<std::int64_t>());
 
@@ -270,11 +289,14 @@ TEST(Task01Regions, RegionLabelsFlowThroughTheChainTheCachesAndTheLoader) {
   data::LoaderOptions o;
   o.threads = 2;
   o.batch_size = 2;
-  data::Loader loader(3, [&](std::size_t i) {
-    Sample item = task01_item(i);
-    det.apply(item);
-    return item;
-  }, make_random_chain(random, 3), o);
+  data::Loader loader(
+      3,
+      [&](std::size_t i) {
+        Sample item = task01_item(i);
+        det.apply(item);
+        return item;
+      },
+      make_random_chain(random, 3), o);
   loader.start(0);
   std::size_t batches = 0;
   while (auto b = loader.next()) {
@@ -298,9 +320,9 @@ TEST(Task01Regions, RegionLabelsFlowThroughTheChainTheCachesAndTheLoader) {
 TEST(Task01Regions, IndicesOfSeveralChannelsLeaveChannelZeroOutAsMonai) {
   Sample s;
   at::Tensor lab = at::zeros({3, 4, 4, 4}, at::kByte);
-  lab[0].fill_(1);           // "background": ignored
-  lab[1][1][1][1] = 1;       // flat 21
-  lab[2][3][3][3] = 1;       // flat 63
+  lab[0].fill_(1);      // "background": ignored
+  lab[1][1][1][1] = 1;  // flat 21
+  lab[2][3][3][3] = 1;  // flat 63
   s.volumes["label"].data = lab;
   const auto t = make("FgBgToIndices", nlohmann::json::parse(R"({"keys": "label"})"));
   for (bool native : {true, false}) {

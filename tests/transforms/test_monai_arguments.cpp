@@ -35,8 +35,10 @@ bool is_random(const std::string& name) {
 // The message of what making `name` with `args` throws; "" where it is made.
 std::string made(const std::string& name, const nlohmann::json& args) {
   try {
-    if (is_random(name)) (void)make_random(name, args);
-    else (void)make(name, args);
+    if (is_random(name))
+      (void)make_random(name, args);
+    else
+      (void)make(name, args);
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -95,18 +97,22 @@ TEST(MonaiArguments, EachIsTakenOrRefusedAsMonais) {
 }
 
 TEST(MonaiArguments, OthersStayUnknownWithTheKnownOnes) {
-  EXPECT_TRUE(test::contains_all(made("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "lazzy": true})")),
-                                 {"RandSpatialCrop: unknown argument 'lazzy' (known: keys, roi_size, max_roi_size, "
-                                  "random_center, random_size)"}));
+  EXPECT_TRUE(test::contains_all(
+      made("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "lazzy": true})")),
+      {"RandSpatialCrop: unknown argument 'lazzy' (known: keys, roi_size, max_roi_size, "
+       "random_center, random_size)"}));
   EXPECT_EQ(made("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "lazy": true})")),
             "RandSpatialCrop: MONAI's argument 'lazy' is not supported by medfast (only its default, false)");
   EXPECT_EQ(made("RandSpatialCrop", nlohmann::json::parse(R"({"keys": "image", "roi_size": 4, "lazy": false})")), "");
   EXPECT_EQ(made("Spacing", nlohmann::json::parse(R"({"keys": "image", "pixdim": 1, "dtype": "float64"})")),
             "Spacing: MONAI's argument 'dtype' is not supported by medfast");
   // In a chain: the item named too.
-  EXPECT_TRUE(test::contains_all(test::value_error_of([] {
-    make_chain(nlohmann::json::parse(R"([{"name": "Orientation", "keys": "image", "axcodes": "RAS", "lazy": true}])"));
-  }), {"Orientation: MONAI's argument 'lazy' is not supported by medfast", "transform chain item 0"}));
+  EXPECT_TRUE(test::contains_all(
+      test::value_error_of([] {
+        make_chain(
+            nlohmann::json::parse(R"([{"name": "Orientation", "keys": "image", "axcodes": "RAS", "lazy": true}])"));
+      }),
+      {"Orientation: MONAI's argument 'lazy' is not supported by medfast", "transform chain item 0"}));
 }
 
 }  // namespace
