@@ -315,6 +315,32 @@ TEST(Task01Regions, RegionLabelsFlowThroughTheChainTheCachesAndTheLoader) {
   EXPECT_EQ(batches, 2u);
 }
 
+// Regions made first (as MONAI's BraTS tutorial converts right after loading) or last give the
+// same labels, geometry and indices: nearest resampling and crops move voxels, and the regions
+// are a function of each voxel's value.
+TEST(Task01Regions, RegionsBeforeOrAfterResamplingAreTheSame) {
+  const auto steps = nlohmann::json::parse(R"([
+    {"name": "Orientation", "keys": ["image", "label"], "axcodes": "RAS"},
+    {"name": "Spacing", "keys": ["image", "label"], "pixdim": [1.5, 1.3, 1.7], "mode": ["bilinear", "nearest"]},
+    {"name": "CropForeground", "keys": ["image", "label"], "source_key": "label", "margin": 1},
+    {"name": "FgBgToIndices", "keys": "label", "image_key": "image"}])");
+  const auto regions = nlohmann::json::parse(R"({"name": "LabelToRegions", "regions": [[2, 3], [1, 2, 3], [2]]})");
+  auto first = steps, last = steps;
+  first.insert(first.begin(), regions);
+  last.push_back(regions);
+  Sample a = task01_item(1), b = task01_item(1);
+  make_chain(first).apply(a);
+  make_chain(last).apply(b);
+  EXPECT_EQ(a.volume("label").shape()[0], 3);
+  EXPECT_GT(a.volume("label").data.sum().item<std::int64_t>(), 0);
+  EXPECT_TRUE(at::equal(a.volume("label").data, b.volume("label").data));
+  EXPECT_TRUE(at::equal(a.volume("image").data, b.volume("image").data));
+  EXPECT_LT(a.volume("label").affine.max_abs_diff(b.volume("label").affine), 1e-12);
+  for (const char* k : {"label_fg_indices", "label_bg_indices"}) {
+    EXPECT_TRUE(at::equal(runs_to_indices(a.arrays.at(k)), runs_to_indices(b.arrays.at(k)))) << k;
+  }
+}
+
 // FgBgToIndices of a multi-channel label is MONAI's: channels 1.. (channel 0 is one-hot
 // background to MONAI), the same in the native and the libtorch paths.
 TEST(Task01Regions, IndicesOfSeveralChannelsLeaveChannelZeroOutAsMonai) {
