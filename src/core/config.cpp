@@ -62,6 +62,14 @@ void ConfigReader::fail(const std::string& key, const std::string& what) const {
   throw ConfigError(str(name(key), ": ", what));
 }
 
+std::vector<std::string> ConfigReader::unread() const {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : mapping_.items()) {
+    if (std::find(read_.begin(), read_.end(), k) == read_.end()) keys.push_back(k);
+  }
+  return keys;
+}
+
 void ConfigReader::finish() const {
   for (const auto& [k, v] : mapping_.items()) {
     if (std::find(read_.begin(), read_.end(), k) != read_.end()) continue;

@@ -76,6 +76,10 @@ std::int64_t runs_index(const at::Tensor& runs, std::int64_t k) {
   return found;
 }
 
+at::Tensor foreground_channels(const at::Tensor& label) {
+  return label.dim() == 4 && label.size(0) > 1 ? label.narrow(0, 1, label.size(0) - 1) : label;
+}
+
 namespace {
 
 class FgBgToIndices final : public TransformWith<FgBgToIndicesOptions> {
@@ -101,7 +105,7 @@ class FgBgToIndices final : public TransformWith<FgBgToIndicesOptions> {
         s.arrays[key + o_.bg_postfix] = bg;
         continue;
       }
-      const at::Tensor fg = (label.data > 0).any(0);  // CUDA (and tests): libtorch ops, runs on the host
+      const at::Tensor fg = (foreground_channels(label.data) > 0).any(0);  // CUDA (and tests): libtorch ops, on the host
       at::Tensor bg = fg.logical_not();
       if (image) bg = bg.logical_and((image->data > o_.image_threshold).any(0));
       s.arrays[key + o_.fg_postfix] = mask_to_runs(fg);
@@ -110,8 +114,9 @@ class FgBgToIndices final : public TransformWith<FgBgToIndicesOptions> {
   }
 
   /// One pass over the label (and image) in C order of the spatial index: a voxel is
-  /// foreground when any label channel is > 0, background when none is and (with an
-  /// image) any image channel is > threshold. Runs of consecutive flat indices, [start, end).
+  /// foreground when any label channel is > 0 (of channels 1.. where there are several, as
+  /// foreground_channels), background when none is and (with an image) any image channel is
+  /// > threshold. Runs of consecutive flat indices, [start, end).
   static std::pair<at::Tensor, at::Tensor> fg_bg_runs(const at::Tensor& label, const at::Tensor& image,
                                                       double threshold) {
     const at::Tensor lab = label.scalar_type() == at::kBool ? label.to(at::kByte) : label;
@@ -139,14 +144,15 @@ class FgBgToIndices final : public TransformWith<FgBgToIndicesOptions> {
       auto row = [&](auto* ip, at::IntArrayRef is, auto thr) {
         using C = decltype(thr);
         const std::int64_t lc = lab.size(0), ic = ip ? img.size(0) : 0;
+        const std::int64_t l0 = lc > 1 ? 1 : 0;  // MONAI's map_binary_to_indices: label[1:] of several
         std::uint8_t* fm = f.data();
         std::uint8_t* bm = b.data();
         for (std::int64_t i = 0; i < n0; ++i) {
           for (std::int64_t j = 0; j < n1; ++j) {
             const L* lrow = lp + i * ls[1] + j * ls[2];
             const std::int64_t l3 = ls[3];
-            for (std::int64_t k = 0; k < n2; ++k) fm[k] = lrow[k * l3] > L(0);
-            for (std::int64_t c = 1; c < lc; ++c) {  // more label channels: any of them
+            for (std::int64_t k = 0; k < n2; ++k) fm[k] = lrow[l0 * ls[0] + k * l3] > L(0);
+            for (std::int64_t c = l0 + 1; c < lc; ++c) {  // more label channels: any of them
               for (std::int64_t k = 0; k < n2; ++k) fm[k] |= lrow[c * ls[0] + k * l3] > L(0);
             }
             if (ip) {

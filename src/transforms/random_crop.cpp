@@ -43,9 +43,23 @@ struct RandCropByPosNegLabelOptions {
 struct RandSpatialCropOptions {
   std::vector<std::string> keys;
   Shape3 roi_size{};
+  std::vector<std::int64_t> max_roi_size;  // empty: MONAI's None (the image's size)
+  bool random_center = true;
+  bool random_size = false;  // MONAI 1.3's default (it was true before MONAI 1.1)
   static constexpr auto fields() {
     using O = RandSpatialCropOptions;
-    return std::make_tuple(field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(), field("roi_size", &O::roi_size, "crop size: one whole number or three").repeats(3).must());
+    return std::make_tuple(
+        field("keys", &O::keys, "the sample keys it transforms: one key or a list").keys(),
+        field("roi_size", &O::roi_size,
+              "crop size (with random_size: the smallest), one whole number or three; <= 0: the image's size")
+            .repeats(3)
+            .must(),
+        field("max_roi_size", &O::max_roi_size,
+              "with random_size: the largest crop size, one whole number or three; absent or <= 0: the image's size")
+            .repeats(3)
+            .written_when_set(),
+        field("random_center", &O::random_center, "crop at a random position (false: at the image's centre)"),
+        field("random_size", &O::random_size, "draw each axis' size from roi_size..max_roi_size"));
   }
 };
 struct RandFlipOptions {
@@ -122,7 +136,7 @@ class RandCropByPosNegLabel final : public RandomWith<RandCropByPosNegLabelOptio
               str("RandCropByPosNegLabel: the sample has ", o_.fg_indices_key, " but no ", o_.bg_indices_key));
       bg = s.arrays.at(o_.bg_indices_key);
     } else {  // no cached indices: compute them (slower; put FgBgToIndices in the cached chain)
-      const at::Tensor label = (s.volume(o_.label_key).data > 0).any(0);
+      const at::Tensor label = (foreground_channels(s.volume(o_.label_key).data) > 0).any(0);
       fg = mask_to_runs(label);
       bg = mask_to_runs(label.logical_not());
     }
@@ -166,16 +180,41 @@ class RandCropByPosNegLabel final : public RandomWith<RandCropByPosNegLabelOptio
   }
 };
 
+// MONAI 1.3.2's RandSpatialCrop: roi_size (its non-positive axes: the image's size), with
+// random_size each axis' size drawn from roi_size..max_roi_size (then cut to the image), and
+// the crop at a random position (random_center) or at the centre as CenterSpatialCrop puts it.
 class RandSpatialCrop final : public RandomWith<RandSpatialCropOptions> {
  public:
-  explicit RandSpatialCrop(RandSpatialCropOptions o) : RandomWith("RandSpatialCrop", std::move(o)) {}
+  explicit RandSpatialCrop(RandSpatialCropOptions o) : RandomWith("RandSpatialCrop", std::move(o)) {
+    require(o_.max_roi_size.empty() || o_.max_roi_size.size() == 3,
+            str("RandSpatialCrop: argument max_roi_size: expected one whole number or three, got ",
+                o_.max_roi_size.size()));
+  }
   void apply(Sample& s, Rng& rng) const override {
     const Shape3 n = spatial_shape(s.volume(o_.keys[0]).data, o_.keys[0]);
+    Shape3 size{};
+    for (int a = 0; a < 3; ++a) size[a] = o_.roi_size[a] > 0 ? o_.roi_size[a] : n[a];  // fall_back_tuple
+    if (o_.random_size) {
+      Shape3 most = n;
+      for (int a = 0; a < 3 && !o_.max_roi_size.empty(); ++a) {
+        if (o_.max_roi_size[static_cast<std::size_t>(a)] > 0) most[a] = o_.max_roi_size[static_cast<std::size_t>(a)];
+      }
+      for (int a = 0; a < 3; ++a) {
+        require(size[a] <= most[a], str("RandSpatialCrop: min ROI size ", size[0], "x", size[1], "x", size[2],
+                                        " is larger than max ROI size ", most[0], "x", most[1], "x", most[2],
+                                        " (roi_size, max_roi_size; the image is ", n[0], "x", n[1], "x", n[2], ")"));
+      }
+      for (int a = 0; a < 3; ++a) size[a] = rng.integer(size[a], most[a]);
+    }
     Shape3 start{}, end{};
     for (int a = 0; a < 3; ++a) {
-      const std::int64_t size = std::min(o_.roi_size[a], n[a]);
-      start[a] = rng.integer(0, n[a] - size);
-      end[a] = start[a] + size;
+      const std::int64_t cut = std::min(size[a], n[a]);
+      if (o_.random_center) {
+        start[a] = rng.integer(0, n[a] - cut);
+      } else {  // CenterSpatialCrop: from max(n // 2 - size // 2, 0)
+        start[a] = std::max<std::int64_t>(n[a] / 2 - size[a] / 2, 0);
+      }
+      end[a] = start[a] + cut;
     }
     crop_or_pad(s, o_.keys, start, end, 0.0, /*compact=*/false);
   }

@@ -10,6 +10,9 @@
 #define MEDFAST_TRANSFORMS(X)                                       \
   X("LoadImage", load_image)                     /* intensity.cpp */ \
   X("EnsureChannelFirst", ensure_channel_first)  /* spatial.cpp */   \
+  X("ConvertToMultiChannelBasedOnBratsClasses", convert_to_multi_channel_based_on_brats_classes) /* labels.cpp */ \
+  X("MapLabelValue", map_label_value)            /* labels.cpp */    \
+  X("LabelToRegions", label_to_regions)          /* labels.cpp */    \
   X("Orientation", orientation)                  /* spatial.cpp */   \
   X("Spacing", spacing)                          /* spatial.cpp */   \
   X("ScaleIntensityRange", scale_intensity_range) /* intensity.cpp */ \

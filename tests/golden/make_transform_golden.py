@@ -2,6 +2,15 @@
 """Reference values for medfast's deterministic transforms, from nibabel/numpy/scipy.
 
 Usage: make_transform_golden.py OUTDIR
+       PYTHONPATH=<the MONAI 1.3.2 peer folder> /usr/bin/python3 make_transform_golden.py monai
+
+The second form records MONAI 1.3.2's own outputs of the label transforms
+(ConvertToMultiChannelBasedOnBratsClassesd, MapLabelValued, FgBgToIndicesd of a
+multi-channel label, the MSD Task01 tutorial's region mapping that LabelToRegions
+covers) and of RandSpatialCropd where it draws nothing (random_center false, or an ROI
+the image's size), on small inputs made by formula, into
+tests/reference/monai_label_transforms.json (inputs and outputs as flat C-order lists);
+tests/transforms/test_transforms.cpp (MonaiLabelTransforms) reads it.
 
 Writes image.nii.gz (float32 HU-like, LPS, spacing 0.77 x 0.83 x 4.7) and
 label.nii.gz (uint8), then applies, step by step with independent code, the
@@ -49,7 +58,79 @@ def resample(data, aff_in, aff_out, out_shape, order):
     return np.stack(out)
 
 
+MONAI_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference",
+                         "monai_label_transforms.json")
+
+
+def record_monai():
+    import monai
+    import monai.transforms as mt
+    import torch
+
+    def arr(a):
+        a = np.asarray(a)
+        values = (a.astype(np.uint8) if a.dtype == np.bool_ else a).reshape(-1).tolist()  # bool as 0 and 1
+        return {"shape": list(a.shape), "dtype": str(a.dtype), "values": values}
+
+    def out_of(t):
+        if isinstance(t, torch.Tensor):
+            t = t.detach().cpu().numpy()
+        return arr(t)
+
+    i, j, k = np.meshgrid(np.arange(5), np.arange(6), np.arange(7), indexing="ij")
+    # Class values 0..5 by formula (BraTS has 0, 1, 2, 4; 3 and 5 are in no BraTS region).
+    label = ((i * 7 + j * 3 + k * 5 + i * j) % 6).astype(np.uint8)[None]
+    cases = {}
+
+    def case(name, transform, inputs, args, key="label", extra_out=()):
+        d = {kk: torch.as_tensor(v) for kk, v in inputs.items()}
+        r = transform(d)
+        cases[name] = {"args": args, "inputs": {kk: arr(v) for kk, v in inputs.items()},
+                       "outputs": {kk: out_of(r[kk]) for kk in (key,) + tuple(extra_out)}}
+
+    case("brats", mt.ConvertToMultiChannelBasedOnBratsClassesd(keys="label"), {"label": label},
+         {"name": "ConvertToMultiChannelBasedOnBratsClasses", "keys": ["label"]})
+    case("map_label_value", mt.MapLabelValued(keys="label", orig_labels=[3, 2, 1, 7], target_labels=[0, 1, 2, 9]),
+         {"label": label}, {"name": "MapLabelValue", "keys": ["label"], "orig_labels": [3, 2, 1, 7],
+                            "target_labels": [0, 1, 2, 9]})
+    case("map_label_value_uint8_swap",
+         mt.MapLabelValued(keys="label", orig_labels=[1, 2, 4], target_labels=[2, 1, 4], dtype=np.uint8),
+         {"label": label}, {"name": "MapLabelValue", "keys": ["label"], "orig_labels": [1, 2, 4],
+                            "target_labels": [2, 1, 4], "dtype": "uint8"})
+    # MSD Task01 (BraTS in MSD's numbering: 1 edema, 2 non-enhancing, 3 enhancing): the MONAI
+    # tutorial's own ConvertToMultiChannelBasedOnBratsClassesd maps TC = 2|3, WT = 1|2|3, ET = 2.
+    task01 = (label % 4).astype(np.uint8)
+    tutorial = np.concatenate([np.logical_or(task01 == 2, task01 == 3),
+                               np.logical_or(np.logical_or(task01 == 2, task01 == 3), task01 == 1),
+                               task01 == 2]).astype(np.uint8)
+    cases["task01_regions"] = {"args": {"name": "LabelToRegions", "keys": ["label"], "regions": [[2, 3], [1, 2, 3], [2]]},
+                               "inputs": {"label": arr(task01)}, "outputs": {"label": arr(tutorial)}}
+    # FgBgToIndices of a three-channel label: MONAI leaves channel 0 out (one-hot background).
+    three = np.concatenate([(label == 1), (label == 2), (label == 4)]).astype(np.uint8)
+    image = ((i + j + k) % 4 - 1).astype(np.float32)[None]
+    case("fgbg_multichannel", mt.FgBgToIndicesd(keys="label", image_key="image"), {"label": three, "image": image},
+         {"name": "FgBgToIndices", "keys": ["label"], "image_key": "image"}, key="label_fg_indices",
+         extra_out=("label_bg_indices",))
+    img = np.arange(2 * 7 * 8 * 9, dtype=np.float32).reshape(2, 7, 8, 9)
+    for name, roi, center in [("spatial_crop_center", [4, -1, 12], False), ("spatial_crop_center_odd", [3, 5, 2], False),
+                              ("spatial_crop_whole", [7, 0, 20], True)]:
+        t = mt.RandSpatialCropd(keys="image", roi_size=roi, random_center=center, random_size=False)
+        t.set_random_state(0)
+        case(name, t, {"image": img}, {"name": "RandSpatialCrop", "keys": ["image"], "roi_size": roi,
+                                       "random_center": center, "random_size": False}, key="image")
+    out = {"_about": "MONAI %s label transforms and RandSpatialCropd (where it draws nothing) on formula inputs: "
+                     "tests/golden/make_transform_golden.py monai" % monai.__version__}
+    out.update(cases)
+    with open(MONAI_OUT, "w") as f:
+        json.dump(out, f)
+        f.write("\n")
+    print("wrote", os.path.normpath(MONAI_OUT), ", ".join(cases))
+
+
 def main():
+    if sys.argv[1] == "monai":
+        record_monai()
+        return
     outdir = sys.argv[1]
     os.makedirs(outdir, exist_ok=True)
     rng = np.random.default_rng(11)

@@ -12,6 +12,7 @@
 #include "medfast/core/error.hpp"
 #include "medfast/nn/layout.hpp"
 #include "medfast/train/losses.hpp"
+#include "medfast/train/metrics.hpp"
 #include "golden_set.hpp"
 #include "test_util.hpp"
 
@@ -308,6 +309,25 @@ TEST(Losses, DeepSupervisionWeighsEachStackedOutput) {
   EXPECT_NEAR(deep_supervision_loss(loss, two, target, {1.0, 0.0}).item<double>(), loss(two.select(1, 0), target).item<double>(), 1e-7);
   const std::string m = test::value_error_of([&] { deep_supervision_loss(loss, stacked, target, {0.5, 0.5}); });
   EXPECT_NE(m.find("expected 2 outputs stacked on axis 1"), std::string::npos) << "2 weights and 3 outputs: " << m;
+}
+
+// Region labels (LabelToRegions, ConvertToMultiChannelBasedOnBratsClasses: uint8 channels of 0
+// and 1; MONAI's BraTS transform gives bool) are a sigmoid model's targets as they are.
+TEST(LossRegions, Uint8AndBoolRegionTargetsGiveTheFloatTargetsLossAndMetrics) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({2, 3, 5, 4, 3});
+  const at::Tensor y = (at::randn({2, 3, 5, 4, 3}) > 0).to(at::kByte);
+  for (const char* name : {"Dice", "DiceCE", "DiceFocal"}) {
+    const Loss loss(LossOptions::from_json({{"name", name}, {"sigmoid", true}}));
+    const double want = loss(x, y.to(at::kFloat)).item<double>();
+    EXPECT_FLOAT_EQ(loss(x, y).item<double>(), want) << name;
+    EXPECT_FLOAT_EQ(loss(x, y.to(at::kBool)).item<double>(), want) << name;
+  }
+  for (const auto& labels : {y, y.to(at::kBool)}) {
+    const auto m = metric_inputs(x, labels, /*sigmoid=*/true);
+    EXPECT_TRUE(at::equal(m.target, y.to(at::kFloat)));
+    EXPECT_TRUE(m.include_background);
+  }
 }
 
 }  // namespace

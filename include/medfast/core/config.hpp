@@ -62,6 +62,8 @@ class ConfigReader {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const;
   /// ConfigError if a key was never read.
   void finish() const;
+  /// The keys of the mapping not read so far, in its order.
+  std::vector<std::string> unread() const;
   /// finish(), then options.validate(): a ValueError from it becomes a ConfigError
   /// prefixed with where the mapping came from ("<where><separator><message>").
   template <typename Options>

@@ -86,6 +86,13 @@ struct Field {
     f.required = true;
     return f;
   }
+  /// Sample keys as keys() reads them, optional: absent, the member's default (LabelToRegions'
+  /// ["label"]).
+  constexpr Field keys_or_default() const {
+    Field f = *this;
+    f.sample_keys = true;
+    return f;
+  }
   /// One text per key of the options' `keys` (read before it): one text stands for every
   /// key, absent is `fallback` for every key (MONAI's per-key arguments).
   constexpr Field each_key(const char* fallback) const {
@@ -243,6 +250,10 @@ void read_plain_field(ConfigReader& r, T& options, const Field<T, M>& f) {
   if (f.sample_keys || f.per_key) {
     if constexpr (std::is_same_v<M, std::vector<std::string>>) {
       if (f.sample_keys) {
+        if (!f.required && !r.has(f.key)) {  // keys_or_default(): absent keeps the default
+          r.known(f.key);
+          return;
+        }
         value = r.keys(f.key);
         return;
       }

@@ -26,6 +26,13 @@ at::Tensor runs_to_indices(const at::Tensor& runs);
 /// The k-th index held (0 <= k < runs_count).
 std::int64_t runs_index(const at::Tensor& runs, std::int64_t k);
 
+/// The channels of a label [C, X, Y, Z] whose nonzero voxels are foreground: all of one,
+/// channels 1.. of several (MONAI 1.3.2's map_binary_to_indices takes several channels for
+/// one-hot classes and leaves out channel 0, the background). A region label whose channel 0
+/// holds voxels no other channel holds (nnU-Net's order, whole tumour first) loses them from
+/// the foreground: compute the indices from the class label, before LabelToRegions.
+at::Tensor foreground_channels(const at::Tensor& label);
+
 struct FgBgToIndicesOptions {
   std::vector<std::string> keys;  ///< label keys
   std::string image_key;          ///< if set, background excludes image <= image_threshold

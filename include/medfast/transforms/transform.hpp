@@ -190,6 +190,12 @@ class TransformWith : public Transform {
   Options o_;
 };
 
+/// After a transform's entry has read its arguments: ConfigError "<Name>: MONAI's argument 'k'
+/// is not supported by medfast" for an argument left unread that MONAI 1.3.2's `<Name>d` takes
+/// (given with MONAI's default, it is taken: it changes nothing). Other unread arguments are
+/// left for finish(), which calls them unknown. (monai_arguments.cpp holds MONAI's lists.)
+void refuse_monai_arguments(Args& a);
+
 /// A table of transform entries (core/registry.hpp rows of `Ptr entry(Args&, json)`):
 /// lookups, key tables and making, written once for the deterministic and the random
 /// transforms. `kind` names them in messages ("transform", "random transform").
@@ -212,6 +218,7 @@ struct EntryTable {
   static Ptr make(const Registered<Entry>& row, const nlohmann::json& json, nlohmann::json* arguments) {
     Args a(row.name, json);
     Ptr t = row.make(a, json);
+    refuse_monai_arguments(a);
     a.finish();
     if (arguments) *arguments = a.resolved();
     return t;
