@@ -8,6 +8,7 @@
 #include <string>
 
 #include "medfast/core/error.hpp"
+#include "medfast/data/synth.hpp"
 #include "medfast/nn/network.hpp"
 #include "medfast/os/file.hpp"
 #include "medfast/train/config_keys.hpp"
@@ -223,6 +224,48 @@ TEST(ConfigDefaults, NoOptimizerIsAdamAndNumericTextIsNamed) {
     return std::string("no error");
   }();
   EXPECT_TRUE(test::contains_all(m, {"<the config dict given to a test>", "lr", "\"1e-05\"", "1.0e-05 as a number"})) << m;
+}
+
+}  // namespace
+}  // namespace medfast::train
+
+namespace medfast::train {
+namespace {
+
+// Regions are named from the list: a region's own name (nnU-Net's region labels), else its
+// labels' names joined; BraTS's conversion gives TC, WT, ET.
+TEST(ClassNames, RegionsByTheirNamesOrTheirLabels) {
+  test::TempDir dir;
+  const Settings settings;
+  SynthOptions o;
+  o.set_kind("brats");
+  o.set_size("24,24,16");
+  o.cases = 3;
+  o.out_dir = dir / "brats";
+  synthesize_dataset(o);
+  nlohmann::json c = small_config(dir);
+  c["data"].erase("synth");
+  c["data"]["dataset"] = dir / "brats/dataset.json";
+  c["data"]["deterministic"] = nlohmann::json::parse(R"([
+      {"name": "LoadImage", "keys": ["image", "label"]},
+      {"name": "EnsureChannelFirst", "keys": ["image", "label"]},
+      {"name": "LabelToRegions", "keys": ["label"], "regions": [[2, 3], [1, 2, 3], 3]}])");
+  c["data"]["random"] = nlohmann::json::array();
+  c["loss"] = {{"name", "Dice"}, {"sigmoid", true}};
+  c["model"]["in_channels"] = 4;
+  c["model"]["out_channels"] = 3;
+  EXPECT_EQ(metric_class_names(load_run_config(c, "", settings), 3),
+            (std::vector<std::string>{"non-enhancing tumor+enhancing tumour", "edema+non-enhancing tumor+enhancing tumour",
+                                      "enhancing tumour"}));
+  // nnU-Net's region labels name them.
+  nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "brats/dataset.json"));
+  list["labels"] = {{"background", 0}, {"whole tumor", {1, 2, 3}}, {"tumor core", {2, 3}}, {"enhancing tumor", 3}};
+  test::write_file(dir / "brats/regions.json", list.dump());
+  c["data"]["dataset"] = dir / "brats/regions.json";
+  EXPECT_EQ(metric_class_names(load_run_config(c, "", settings), 3),
+            (std::vector<std::string>{"tumor core", "whole tumor", "enhancing tumor"}));
+  c["data"]["deterministic"][2] = {{"name", "ConvertToMultiChannelBasedOnBratsClasses"}, {"keys", {"label"}}};
+  EXPECT_EQ(metric_class_names(load_run_config(c, "", settings), 3), (std::vector<std::string>{"TC", "WT", "ET"}));
 }
 
 }  // namespace

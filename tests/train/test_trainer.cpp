@@ -1996,6 +1996,11 @@ TEST(Examples, RunOnSyntheticDataAsTheirCommentsSay) {
     ASSERT_TRUE(res.history.back().dice.has_value());
     EXPECT_GE(*res.history.back().dice, 0.0);
     EXPECT_LE(*res.history.back().dice, 1.0);
+    if (name == "brats") {  // the guide's regions, by their names, each scored
+      EXPECT_EQ(res.class_names, (std::vector<std::string>{"TC", "WT", "ET"}));
+      EXPECT_EQ(res.history.back().dice_per_class.size(), 3u);
+      EXPECT_EQ(res.history.back().class_names, res.class_names);
+    }
   }
 }
 
