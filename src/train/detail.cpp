@@ -1,5 +1,7 @@
 #include "detail.hpp"
 
+#include <set>
+
 #include <torch/version.h>
 
 #if MEDFAST_TORCH_CUDA
@@ -241,6 +243,29 @@ CaseScores score_case(const Sample& s, const RunConfig& c, const Predictor& pred
     if (hd95) r.hd95 = at::full_like(r.hd95, std::nan(""), r.hd95.options().dtype(at::kDouble));
   }
   return r;
+}
+
+nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& image_key) {
+  static const std::set<std::string> per_key{"mode", "padding_mode", "dtype", "align_corners"};
+  nlohmann::json out = nlohmann::json::array();
+  for (nlohmann::json t : chain) {
+    if (!t.is_object() || !t.contains("keys")) continue;
+    nlohmann::json keys = t["keys"];
+    if (keys.is_string()) keys = nlohmann::json::array({keys});
+    std::size_t at = keys.size();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (keys[i] == image_key) at = i;
+    }
+    if (at == keys.size()) continue;
+    const std::string name = t.value("name", "");
+    if (name == "FgBgToIndices") continue;
+    for (auto& [k, v] : t.items()) {
+      if (per_key.count(k) && v.is_array() && v.size() == keys.size()) v = v[at];
+    }
+    t["keys"] = nlohmann::json::array({image_key});
+    out.push_back(t);
+  }
+  return out;
 }
 
 }  // namespace medfast::train::detail

@@ -102,4 +102,9 @@ struct CaseScores {
 CaseScores score_case(const Sample& sample, const RunConfig& config, const Predictor& predict, c10::Device device,
                       bool hd95, const std::string& where);
 
+/// The deterministic chain restricted to the image key: steps that do not touch the image
+/// are dropped (FgBgToIndices too), per-key argument lists keep the image's entry (infer's
+/// chain, and the exported bundle's preprocessing).
+nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& image_key);
+
 }  // namespace medfast::train::detail

@@ -194,31 +194,6 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
 
 namespace {
 
-/// The deterministic chain restricted to the image key: steps that do not touch
-/// the image are dropped, per-key argument lists keep the image's entry.
-nlohmann::json image_only_chain(const nlohmann::json& chain, const std::string& image_key) {
-  static const std::set<std::string> per_key{"mode", "padding_mode", "dtype", "align_corners"};
-  nlohmann::json out = nlohmann::json::array();
-  for (nlohmann::json t : chain) {
-    if (!t.is_object() || !t.contains("keys")) continue;
-    nlohmann::json keys = t["keys"];
-    if (keys.is_string()) keys = nlohmann::json::array({keys});
-    std::size_t at = keys.size();
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (keys[i] == image_key) at = i;
-    }
-    if (at == keys.size()) continue;
-    const std::string name = t.value("name", "");
-    if (name == "FgBgToIndices") continue;
-    for (auto& [k, v] : t.items()) {
-      if (per_key.count(k) && v.is_array() && v.size() == keys.size()) v = v[at];
-    }
-    t["keys"] = nlohmann::json::array({image_key});
-    out.push_back(t);
-  }
-  return out;
-}
-
 bool is_nifti_name(const std::string& name) {
   return ends_with(name, ".nii") || ends_with(name, ".nii.gz");
 }
@@ -457,7 +432,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     throw ValueError(str(o.tta.empty() ? "validation.tta" : "--tta", ": expected ", choice_list<Tta>(), ", got '",
                          o.tta.empty() ? tta_config.dump() : o.tta, "'"));
   }
-  transforms::Compose chain = transforms::make_chain(image_only_chain(cfg.at("data").at("deterministic"), image_key));
+  transforms::Compose chain = transforms::make_chain(detail::image_only_chain(cfg.at("data").at("deterministic"), image_key));
   chain.set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;

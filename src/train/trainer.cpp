@@ -710,6 +710,7 @@ class Run {
         {"epoch", epochs_done},
         {"config", c_.root},
         {"config_dir", c_.base_dir},
+        {"class_names", class_names_},
         {"best_dice", nan_to_null(result_.best_dice)},
         {"best_epoch", result_.best_epoch},
         {"reached_target", result_.reached_target},

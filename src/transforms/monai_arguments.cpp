@@ -219,4 +219,10 @@ void refuse_monai_arguments(Args& a) {
   }
 }
 
+bool is_monai_argument(const std::string& transform, const std::string& argument) {
+  return std::any_of(std::begin(kMonaiArguments), std::end(kMonaiArguments), [&](const MonaiArgument& m) {
+    return transform == m.transform && argument == m.argument;
+  });
+}
+
 }  // namespace medfast::transforms

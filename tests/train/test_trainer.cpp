@@ -38,6 +38,7 @@
 #include "medfast/train/export.hpp"
 #include "medfast/train/losses.hpp"
 #include "medfast/train/nonfinite.hpp"
+#include "medfast/transforms/transform.hpp"
 #include "medfast/train/optim.hpp"
 #include "medfast/train/placement.hpp"
 #include "medfast/train/profiler.hpp"
@@ -1250,6 +1251,38 @@ TEST(TrainCli, ExportWritesABundleThatModelPretrainedReadsBackBitForBit) {
   EXPECT_EQ(inference["inferer"]["roi_size"], c["validation"]["sliding_window"]["roi_size"]);
   EXPECT_EQ(inference["medfast"]["epoch"], 1);
   EXPECT_EQ(metadata["network_data_format"]["outputs"]["pred"]["num_channels"], 2);
+  // What MONAI's bundle runner needs to infer a folder as `medfast infer` does (run against
+  // MONAI 1.3.2 by bench/monai_export_check.py --bundle): the deterministic chain on the
+  // image alone, as MONAI's dictionary transforms; the softmax's argmax, mapped back
+  // (Invertd) and saved; the classes by name.
+  const nlohmann::json& pre = inference["preprocessing"]["transforms"];
+  std::vector<std::string> image_steps;  // the chain's steps that touch the image
+  for (const auto& t : c["data"]["deterministic"]) {
+    const nlohmann::json keys = t["keys"].is_string() ? nlohmann::json::array({t["keys"]}) : t["keys"];
+    const std::string name = t["name"];
+    if (std::find(keys.begin(), keys.end(), "image") != keys.end() && name != "FgBgToIndices" && name != "ToDevice") {
+      image_steps.push_back(name);
+    }
+  }
+  ASSERT_EQ(pre.size(), image_steps.size()) << pre.dump();
+  for (std::size_t i = 0; i < pre.size(); ++i) {
+    const std::string name = image_steps[i];
+    EXPECT_EQ(pre[i]["_target_"], name + "d");
+    EXPECT_EQ(pre[i]["keys"], nlohmann::json::array({"image"}));
+    for (const auto& [k, v] : pre[i].items()) {
+      if (k != "_target_" && k != "keys" && k != "select_fn") EXPECT_TRUE(transforms::is_monai_argument(name, k)) << k;
+    }
+  }
+  std::vector<std::string> post;
+  for (const auto& t : inference["postprocessing"]["transforms"]) post.push_back(t["_target_"]);
+  EXPECT_EQ(post, (std::vector<std::string>{"AsDiscreted", "Invertd", "SaveImaged"}));
+  EXPECT_EQ(inference["postprocessing"]["transforms"][0]["argmax"], true);
+  EXPECT_EQ(inference["label_names"], nlohmann::json::array({"spleen"}));
+  EXPECT_EQ(metadata["network_data_format"]["outputs"]["pred"]["channel_def"],
+            nlohmann::json({{"0", "background"}, {"1", "spleen"}}));
+  for (const char* k : {"datalist", "dataset", "initialize", "run", "predict", "dataset_dir", "output_dir"}) {
+    EXPECT_TRUE(inference.contains(k)) << k;
+  }
 
   // model.pretrained: the checkpoint's tensors, bit for bit, buffers included.
   torch::NoGradGuard no_grad;

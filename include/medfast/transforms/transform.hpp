@@ -195,6 +195,9 @@ class TransformWith : public Transform {
 /// (given with MONAI's default, it is taken: it changes nothing). Other unread arguments are
 /// left for finish(), which calls them unknown. (monai_arguments.cpp holds MONAI's lists.)
 void refuse_monai_arguments(Args& a);
+/// Whether `argument` is one of MONAI 1.3.2's arguments of the dictionary transform
+/// `transform` (name without the trailing d; monai_arguments.cpp's list). `keys` is not listed.
+bool is_monai_argument(const std::string& transform, const std::string& argument);
 
 /// A table of transform entries (core/registry.hpp rows of `Ptr entry(Args&, json)`):
 /// lookups, key tables and making, written once for the deterministic and the random
