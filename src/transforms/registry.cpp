@@ -16,6 +16,7 @@
   X("NormalizeIntensity", normalize_intensity)   /* intensity.cpp */ \
   X("CropForeground", crop_foreground)           /* spatial.cpp */   \
   X("FgBgToIndices", fg_bg_to_indices)           /* indices.cpp */   \
+  X("LabelToRegions", label_to_regions)          /* labels.cpp */    \
   X("ResizeWithPadOrCrop", resize_with_pad_or_crop) /* spatial.cpp */ \
   X("SpatialPad", spatial_pad)                   /* spatial.cpp */   \
   X("CastToType", cast_to_type)                  /* intensity.cpp */ \
