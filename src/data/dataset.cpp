@@ -166,7 +166,7 @@ std::string join_numbers(const std::vector<std::int64_t>& v) {
 
 }  // namespace
 
-DatasetLabels list_labels(const nlohmann::json& list, const std::string& path) {
+DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string& path) {
   DatasetLabels out;
   if (!list.is_object() || !list.contains("labels")) return out;
   const auto& m = list["labels"];
@@ -174,7 +174,8 @@ DatasetLabels list_labels(const nlohmann::json& list, const std::string& path) {
   // nnU-Net's LabelManager: a region dataset is one where a label maps to several values.
   bool regions = false;
   for (const auto& [k, v] : m.items()) regions = regions || (v.is_array() && v.size() > 1);
-  const auto bad = [&](const std::string& k, const nlohmann::json& v, const std::string& expected) {
+  // (ordered_json's items(): the document's order)
+  const auto bad = [&](const std::string& k, const nlohmann::ordered_json& v, const std::string& expected) {
     return FormatError(str(path, ": 'labels': \"", k, "\": ", v.dump(), ": ", expected));
   };
   std::set<std::int64_t> region_values;
@@ -231,7 +232,7 @@ DatasetLabels list_labels(const nlohmann::json& list, const std::string& path) {
   }
   const auto& order = list["regions_class_order"];
   if (!order.is_array() || order.size() != out.regions.size() ||
-      !std::all_of(order.begin(), order.end(), [](const nlohmann::json& x) { return x.is_number_integer() && x.get<std::int64_t>() >= 0; })) {
+      !std::all_of(order.begin(), order.end(), [](const nlohmann::ordered_json& x) { return x.is_number_integer() && x.get<std::int64_t>() >= 0; })) {
     std::string names;
     for (const auto& n : out.region_names) names += (names.empty() ? "" : ", ") + n;
     throw FormatError(str(path, ": 'regions_class_order' ", order.dump(), ": expected ", out.regions.size(),
@@ -243,11 +244,13 @@ DatasetLabels list_labels(const nlohmann::json& list, const std::string& path) {
 
 DatasetLabels list_labels(const std::string& path) {
   if (is_csv_list(path)) return {};
-  return list_labels(parse_json_document(os::read_text_file(path), path), path);
+  const std::string text = os::read_text_file(path);
+  (void)parse_json_document(text, path);  // a malformed list: its error, with the line
+  return list_labels(nlohmann::ordered_json::parse(text), path);
 }
 
 std::map<std::int64_t, std::string> list_label_names(const nlohmann::json& list, const std::string& path) {
-  return list_labels(list, path).names;
+  return list_labels(nlohmann::ordered_json::parse(list.dump()), path).names;  // names by value: the order does not matter
 }
 
 std::map<std::int64_t, std::string> list_label_names(const std::string& path) { return list_labels(path).names; }

@@ -263,7 +263,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   if (!data::is_csv_list(fp.list)) {
     const nlohmann::json raw = parse_json_document(os::read_text_file(fp.list), fp.list);
     fp.channel_names = read_channel_names(raw, fp.list);
-    fp.labels = data::list_labels(raw, fp.list);
+    fp.labels = data::list_labels(fp.list);
     fp.label_names = fp.labels.names;
   }
 

@@ -86,7 +86,9 @@ struct DatasetLabels {
 /// The labels of a JSON list (empty without "labels"). FormatError naming `path`, the label
 /// and what was expected: a name mapped to neither a value nor a list of values, a region
 /// dataset without regions_class_order or with one of another length, background not 0.
-DatasetLabels list_labels(const nlohmann::json& list, const std::string& path);
+/// Regions are in the order "labels" gives them: read from an ordered document (the path
+/// overload reads the file so; a plain nlohmann::json has sorted its keys).
+DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string& path);
 /// The same from the list file at `path` (a CSV list names none).
 DatasetLabels list_labels(const std::string& path);
 
