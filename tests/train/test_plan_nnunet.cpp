@@ -65,6 +65,9 @@ TEST_P(NnunetRawRun, PlanTrainEvalInfer) {
                 "--set data.validation.num=1 --set 'model.filters=" + filters.dump() + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   ASSERT_TRUE(os::exists(dir / "runs/x/last.ckpt")) << r.out;
+  // data check of the run's config: a region run's labels hold the regions' values (0..3).
+  r = test::run(in_dir + "data check --config runs/x/plan.yaml");
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
 
   // eval: one Dice per class (softmax, background left out) or per region.
   r = test::run(in_dir + "eval --checkpoint runs/x/last.ckpt --device cpu --json");
