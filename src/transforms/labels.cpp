@@ -7,6 +7,8 @@
 // branch takes its place at merge (the same name and arguments: keys, regions).
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "medfast/core/error.hpp"
 #include "medfast/core/fields.hpp"
 #include "medfast/transforms/transform.hpp"
@@ -59,6 +61,15 @@ class LabelToRegions final : public TransformWith<LabelToRegionsOptions> {
 namespace registry {
 
 TransformPtr label_to_regions(Args& a, const nlohmann::json&) {
+  if (a.has("regions")) {  // said as what it is (the generic reader would say "a list of texts")
+    const nlohmann::json& r = a.raw("regions");
+    const auto values = [](const nlohmann::json& v) {
+      return v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) { return x.is_number_integer(); });
+    };
+    if (!r.is_array() || !std::all_of(r.begin(), r.end(), values)) {
+      a.fail("regions", str("expected per region a list of label values, e.g. [[1, 2, 3], [2, 3], [3]]; got ", r.dump()));
+    }
+  }
   return std::make_shared<LabelToRegions>(read_options<LabelToRegionsOptions>(a));
 }
 

@@ -236,6 +236,12 @@ TEST(LabelToRegions, OneMaskPerRegionFromClassIndices) {
   const nlohmann::json c = chain.config();
   EXPECT_EQ(c[0]["args"]["regions"], spec[0]["regions"]) << c.dump();
   EXPECT_EQ(c[0]["args"]["keys"], nlohmann::json({"label"})) << c.dump();
+  // Regions not given as lists of label values.
+  EXPECT_TRUE(test::contains_all(
+      test::error_of<ValueError>([] {
+        transforms::make_chain(nlohmann::json::parse(R"([{"name": "LabelToRegions", "keys": "label", "regions": [1, 2]}])"));
+      }),
+      {"regions", "expected per region a list of label values"}));
   // A label of several channels already is refused, saying what was expected.
   Sample two;
   label.data = at::zeros({2, 3, 2, 1});

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <set>
 #include <string>
 
@@ -24,6 +25,8 @@ struct Expect {
   bool regions;
   std::int64_t out_channels;
 };
+
+void PrintTo(const Expect& e, std::ostream* os) { *os << (e.regions ? "regions" : "plain labels"); }
 
 class NnunetRawRun : public ::testing::TestWithParam<Expect> {};
 

@@ -499,6 +499,7 @@ TEST(Transforms, EveryArgumentInTheKeyTableIsWrittenBack) {
     nlohmann::json args = {{"keys", "image"}};
     for (const auto& row : argument_docs(name)) {
       if (row.required && row.key == "source_key") args[row.key] = "image";
+      else if (row.required && row.key == "regions") args[row.key] = {{1, 2}, {2}};  // LabelToRegions
       else if (row.required && row.key != "keys") args[row.key] = 8;  // pixdim, spatial_size: one number for all
     }
     const nlohmann::json config = make(name, args)->config();
