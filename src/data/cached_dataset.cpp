@@ -47,7 +47,8 @@ std::string hex64(std::uint64_t h) {
 
 std::string item_context(const Dataset& dataset, std::size_t g) {
   std::string files;
-  for (const auto& [k, paths] : dataset.items.at(g).files) files += (files.empty() ? "" : ", ") + k + "=" + paths.text();
+  for (const auto& [k, paths] : dataset.items.at(g).files)
+    files += (files.empty() ? "" : ", ") + k + "=" + paths.text();
   return str("item ", g, " (", files, ")");
 }
 

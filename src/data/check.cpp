@@ -201,11 +201,11 @@ ItemResult check_item(const Entry& e, const DatasetCheckOptions& o) {
       more_channels += g.shape.size() == 4 ? g.shape[3] : 1;
       if (image->shape.size() < 3) continue;
       if (!std::equal(g.shape.begin(), g.shape.begin() + 3, image->shape.begin())) {
-        r.findings.push_back(error("grid", file,
-                                   str("channel ", c, "'s shape ", shape_text({g.shape.begin(), g.shape.begin() + 3}),
-                                       " is not channel 0's ",
-                                       shape_text({image->shape.begin(), image->shape.begin() + 3}), " (", e.image,
-                                       "): an image's channel files must share one grid")));
+        r.findings.push_back(
+            error("grid", file,
+                  str("channel ", c, "'s shape ", shape_text({g.shape.begin(), g.shape.begin() + 3}),
+                      " is not channel 0's ", shape_text({image->shape.begin(), image->shape.begin() + 3}), " (",
+                      e.image, "): an image's channel files must share one grid")));
       } else if (const double diff = image->affine.max_abs_diff(g.affine); diff > kGridTolerance) {
         r.findings.push_back(error("grid", file,
                                    str("channel ", c, "'s affine is not channel 0's (", e.image, "): spacing ",
@@ -370,7 +370,8 @@ DatasetCheckReport check_dataset(const Dataset& training, const Dataset& validat
     const std::string& source = e.section[0] == 't' ? training.source : validation.source;
     bool ok = true;
     std::vector<std::pair<std::string, std::string>> files{{o.image_key, e.image}, {o.label_key, e.label}};
-    for (std::size_t c = 1; c < e.images.size(); ++c) files.emplace_back(str(o.image_key, " (channel ", c, ")"), e.images[c]);
+    for (std::size_t c = 1; c < e.images.size(); ++c)
+      files.emplace_back(str(o.image_key, " (channel ", c, ")"), e.images[c]);
     for (const auto& [key, path] : files) {
       if (path.empty()) {
         per_entry[k].push_back(error("files", source,

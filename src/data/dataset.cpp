@@ -37,7 +37,8 @@ FilePaths file_list(const nlohmann::json& v, const std::string& base, const std:
   if (v.empty()) throw FormatError(str(where, " is an empty list (expected one file per channel)"));
   for (std::size_t c = 0; c < v.size(); ++c) {
     if (!v[c].is_string() || v[c].get<std::string>().empty()) {
-      throw FormatError(str(where, "[", c, "] is not a file name (", v[c].dump(), "): a list names one file per channel"));
+      throw FormatError(
+          str(where, "[", c, "] is not a file name (", v[c].dump(), "): a list names one file per channel"));
     }
     files.push_back(resolve_path(base, v[c].get<std::string>()));
   }
@@ -170,7 +171,8 @@ DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string&
   DatasetLabels out;
   if (!list.is_object() || !list.contains("labels")) return out;
   const auto& m = list["labels"];
-  if (!m.is_object()) throw FormatError(str(path, ": 'labels' must be an object such as {\"background\": 0, \"spleen\": 1}"));
+  if (!m.is_object())
+    throw FormatError(str(path, ": 'labels' must be an object such as {\"background\": 0, \"spleen\": 1}"));
   // nnU-Net's LabelManager: a region dataset is one where a label maps to several values.
   bool regions = false;
   for (const auto& [k, v] : m.items()) regions = regions || (v.is_array() && v.size() > 1);
@@ -212,10 +214,11 @@ DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string&
     // MSD: {"1": "spleen"}.
     const long long value = key_number(k);
     if (value < 0 || !v.is_string()) {
-      throw FormatError(str(path,
-                            ": 'labels' must map label values to names ({\"1\": \"spleen\"}), or names to values "
-                            "({\"spleen\": 1}) or, for regions, to lists of values ({\"whole tumor\": [1, 2, 3]}); got \"",
-                            k, "\": ", v.dump()));
+      throw FormatError(
+          str(path,
+              ": 'labels' must map label values to names ({\"1\": \"spleen\"}), or names to values "
+              "({\"spleen\": 1}) or, for regions, to lists of values ({\"whole tumor\": [1, 2, 3]}); got \"",
+              k, "\": ", v.dump()));
     }
     out.names[value] = v.get<std::string>();
   }
@@ -232,7 +235,9 @@ DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string&
   }
   const auto& order = list["regions_class_order"];
   if (!order.is_array() || order.size() != out.regions.size() ||
-      !std::all_of(order.begin(), order.end(), [](const nlohmann::ordered_json& x) { return x.is_number_integer() && x.get<std::int64_t>() >= 0; })) {
+      !std::all_of(order.begin(), order.end(), [](const nlohmann::ordered_json& x) {
+        return x.is_number_integer() && x.get<std::int64_t>() >= 0;
+      })) {
     std::string names;
     for (const auto& n : out.region_names) names += (names.empty() ? "" : ", ") + n;
     throw FormatError(str(path, ": 'regions_class_order' ", order.dump(), ": expected ", out.regions.size(),
@@ -250,10 +255,13 @@ DatasetLabels list_labels(const std::string& path) {
 }
 
 std::map<std::int64_t, std::string> list_label_names(const nlohmann::json& list, const std::string& path) {
-  return list_labels(nlohmann::ordered_json::parse(list.dump()), path).names;  // names by value: the order does not matter
+  return list_labels(nlohmann::ordered_json::parse(list.dump()), path)
+      .names;  // names by value: the order does not matter
 }
 
-std::map<std::int64_t, std::string> list_label_names(const std::string& path) { return list_labels(path).names; }
+std::map<std::int64_t, std::string> list_label_names(const std::string& path) {
+  return list_labels(path).names;
+}
 
 bool is_nnunet_raw(const nlohmann::json& list) {
   return list.is_object() && !list.contains("training") && list.contains("file_ending") &&
@@ -266,7 +274,8 @@ std::pair<std::string, int> nnunet_channel_file(const std::string& name, const s
   }
   const std::string stem = name.substr(0, name.size() - ending.size());
   const std::string digits = stem.substr(stem.size() - 4);
-  if (stem[stem.size() - 5] != '_' || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (stem[stem.size() - 5] != '_' ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return {"", -1};
   }
   return {stem.substr(0, stem.size() - 5), std::stoi(digits)};
@@ -316,8 +325,9 @@ std::map<std::string, std::vector<std::string>> channel_files(const std::string&
   for (auto& [c, files] : cases) {
     for (std::size_t k = 0; k < channels; ++k) {
       if (files[k].empty()) {
-        throw FormatError(str(dir, ": case '", c, "' has no channel ", k, ": expected ", dir, "/", channel_name(c, k, ending),
-                              " (", list, " names ", channels, " channel(s) in channel_names)"));
+        throw FormatError(str(dir, ": case '", c, "' has no channel ", k, ": expected ", dir, "/",
+                              channel_name(c, k, ending), " (", list, " names ", channels,
+                              " channel(s) in channel_names)"));
       }
     }
   }
@@ -329,22 +339,26 @@ std::map<std::string, std::vector<std::string>> channel_files(const std::string&
 Dataset read_nnunet_raw(const nlohmann::json& list, const std::string& path, const std::string& section) {
   const std::string base = os::parent_directory(path);
   const auto& fe = list["file_ending"];
-  if (!fe.is_string()) throw FormatError(str(path, ": 'file_ending' ", fe.dump(), ": expected a string such as \".nii.gz\""));
+  if (!fe.is_string())
+    throw FormatError(str(path, ": 'file_ending' ", fe.dump(), ": expected a string such as \".nii.gz\""));
   const std::string ending = fe.get<std::string>();
   if (ending != ".nii.gz" && ending != ".nii") {
     throw FormatError(str(path, ": 'file_ending' \"", ending, "\": medfast reads nnU-Net raw datasets of NIfTI files, ",
-                          "\".nii.gz\" or \".nii\"", ending.empty() || ending[0] != '.' ? " (with its leading dot)" : ""));
+                          "\".nii.gz\" or \".nii\"",
+                          ending.empty() || ending[0] != '.' ? " (with its leading dot)" : ""));
   }
   const char* const names_key = list.contains("channel_names") ? "channel_names" : "modality";
   const auto& names = list[names_key];
   if (!names.is_object() || names.empty()) {
-    throw FormatError(str(path, ": '", names_key, "' ", names.dump(), ": expected the channels by number, e.g. {\"0\": \"T2\", \"1\": \"ADC\"}"));
+    throw FormatError(str(path, ": '", names_key, "' ", names.dump(),
+                          ": expected the channels by number, e.g. {\"0\": \"T2\", \"1\": \"ADC\"}"));
   }
   const std::size_t channels = names.size();
   for (const auto& [k, v] : names.items()) {
     const long long i = key_number(k);
     if (i < 0 || static_cast<std::size_t>(i) >= channels) {
-      throw FormatError(str(path, ": '", names_key, "' must number its channels 0..", channels - 1, "; got \"", k, "\""));
+      throw FormatError(
+          str(path, ": '", names_key, "' must number its channels 0..", channels - 1, "; got \"", k, "\""));
     }
   }
   const auto other_endings = [&](const std::string& dir) {
@@ -354,7 +368,8 @@ Dataset read_nnunet_raw(const nlohmann::json& list, const std::string& path, con
       const auto found = files_ending(dir, e);
       if (!found.empty() && files_ending(dir, ending).empty()) {
         throw FormatError(str(path, ": 'file_ending' is \"", ending, "\" but ", dir, " holds ", e, " files (", dir, "/",
-                              found.front(), "): set file_ending to \"", e, "\"", std::string(e) == ".nii" ? "" : " (medfast reads NIfTI only)"));
+                              found.front(), "): set file_ending to \"", e, "\"",
+                              std::string(e) == ".nii" ? "" : " (medfast reads NIfTI only)"));
       }
     }
   };
@@ -362,7 +377,8 @@ Dataset read_nnunet_raw(const nlohmann::json& list, const std::string& path, con
   d.source = path;
   if (section == "test") {
     const std::string dir = base + "/imagesTs";
-    if (!os::exists(dir)) throw FormatError(str(path, ": no section 'test': the dataset has no imagesTs folder (", dir, ")"));
+    if (!os::exists(dir))
+      throw FormatError(str(path, ": no section 'test': the dataset has no imagesTs folder (", dir, ")"));
     other_endings(dir);
     for (auto& [c, files] : channel_files(dir, ending, channels, path)) {
       DatasetItem item;
@@ -378,7 +394,8 @@ Dataset read_nnunet_raw(const nlohmann::json& list, const std::string& path, con
   const std::string images = base + "/imagesTr", labels = base + "/labelsTr";
   for (const auto& dir : {images, labels}) {
     if (!os::exists(dir) || !os::stat(dir).is_directory) {
-      throw FormatError(str(path, ": an nnU-Net v2 raw dataset keeps its training cases in ", dir, ", which does not exist"));
+      throw FormatError(
+          str(path, ": an nnU-Net v2 raw dataset keeps its training cases in ", dir, ", which does not exist"));
     }
   }
   other_endings(images);
@@ -388,22 +405,26 @@ Dataset read_nnunet_raw(const nlohmann::json& list, const std::string& path, con
   for (const auto& name : files_ending(labels, ending)) labelled.insert(name.substr(0, name.size() - ending.size()));
   for (const auto& [c, files] : cases) {
     if (!labelled.count(c)) {
-      throw FormatError(str(path, ": case '", c, "' (", files.front(), ") has no label: expected ", labels, "/", c, ending));
+      throw FormatError(
+          str(path, ": case '", c, "' (", files.front(), ") has no label: expected ", labels, "/", c, ending));
     }
   }
   for (const auto& c : labelled) {
     if (!cases.count(c)) {
       throw FormatError(str(labels, "/", c, ending, ": a label without images: expected ", images, "/",
-                            channel_name(c, 0, ending), channels > 1 ? " .. " + channel_name(c, channels - 1, ending) : "",
+                            channel_name(c, 0, ending),
+                            channels > 1 ? " .. " + channel_name(c, channels - 1, ending) : "",
                             " (one file per channel of channel_names)"));
     }
   }
-  if (cases.empty()) throw FormatError(str(path, ": ", images, " holds no ", ending, " files (expected {case}_0000", ending, ")"));
+  if (cases.empty())
+    throw FormatError(str(path, ": ", images, " holds no ", ending, " files (expected {case}_0000", ending, ")"));
   if (list.contains("numTraining")) {
     // nnU-Net's verify_dataset_integrity asserts it; a count off says files are missing or extra.
     const auto& n = list["numTraining"];
     if (!n.is_number_integer() || n.get<std::int64_t>() != static_cast<std::int64_t>(cases.size())) {
-      throw FormatError(str(path, ": 'numTraining' is ", n.dump(), " but ", images, " and ", labels, " hold ", cases.size(),
+      throw FormatError(str(path, ": 'numTraining' is ", n.dump(), " but ", images, " and ", labels, " hold ",
+                            cases.size(),
                             " case(s): a case is missing or extra, or numTraining is out of date (nnU-Net's "
                             "verify_dataset_integrity refuses it too)"));
     }

@@ -40,7 +40,8 @@ DatasetLabels read_run_labels(const nlohmann::json& j, const std::string& path) 
   try {
     if (j.contains("names")) l.region_names = j["names"].get<std::vector<std::string>>();
     if (j.contains("regions")) l.regions = j["regions"].get<std::vector<std::vector<std::int64_t>>>();
-    if (j.contains("regions_class_order")) l.regions_class_order = j["regions_class_order"].get<std::vector<std::int64_t>>();
+    if (j.contains("regions_class_order"))
+      l.regions_class_order = j["regions_class_order"].get<std::vector<std::int64_t>>();
   } catch (const nlohmann::json::exception&) {
     throw fail("", str("expected names (strings), regions (lists of label values) and regions_class_order (label ",
                        "values); got ", j.dump()));
@@ -49,8 +50,8 @@ DatasetLabels read_run_labels(const nlohmann::json& j, const std::string& path) 
     throw fail("names", str(l.region_names.size(), " names for ", l.regions.size(), " regions"));
   }
   if (!l.regions_class_order.empty() && l.regions_class_order.size() != l.regions.size()) {
-    throw fail("regions_class_order", str(l.regions_class_order.size(), " values for ", l.regions.size(),
-                                          " regions: one value per region"));
+    throw fail("regions_class_order",
+               str(l.regions_class_order.size(), " values for ", l.regions.size(), " regions: one value per region"));
   }
   return l;
 }
@@ -147,8 +148,8 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   // files; the chains made from this config carry it (no process-wide limit).
   c.max_volume_bytes = settings.get_bytes("max_volume_bytes");
   ConfigReader keys(d, path + ": data");
-  for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache", "validation",
-                        "synth", "labels"}) {
+  for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache",
+                        "validation", "synth", "labels"}) {
     keys.known(k);
   }
   keys.finish();

@@ -203,7 +203,8 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   } else {
     const auto [values, inverse, counts] = at::_unique2(l.reshape({-1}), true, false, true);
     const at::Tensor v = values.contiguous(), n = counts.contiguous();
-    for (std::int64_t i = 0; i < v.numel(); ++i) c.label_voxels[v.data_ptr<std::int64_t>()[i]] = n.data_ptr<std::int64_t>()[i];
+    for (std::int64_t i = 0; i < v.numel(); ++i)
+      c.label_voxels[v.data_ptr<std::int64_t>()[i]] = n.data_ptr<std::int64_t>()[i];
   }
   c.crop = case_fingerprint(image.data, l, image.spacing(), samples, seed, image_file);
   return c;
@@ -367,8 +368,10 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
     if (o.summary) ++label_channel_votes[o.summary->label_channels];
   }
   if (!label_channel_votes.empty()) {
-    fp.label_channels = std::max_element(label_channel_votes.begin(), label_channel_votes.end(),
-                                         [](const auto& a, const auto& b) { return a.second < b.second; })->first;
+    fp.label_channels =
+        std::max_element(label_channel_votes.begin(), label_channel_votes.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second;
+        })->first;
   }
   std::vector<std::size_t> kept;  // into outcomes
   // A case listed twice (image and label) is kept once: a copy would train twice as often,

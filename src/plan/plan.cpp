@@ -172,8 +172,9 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   if (p.labels.has_regions()) {
     data["labels"] = {{"names", p.labels.region_names}, {"regions", p.labels.regions}};
     if (!p.labels.regions_class_order.empty()) data["labels"]["regions_class_order"] = p.labels.regions_class_order;
-    why["/data/labels"] = "the list's regions: names for the run's Dice, and the order infer writes them into one label "
-                          "map (nnU-Net's regions_class_order)";
+    why["/data/labels"] =
+        "the list's regions: names for the run's Dice, and the order infer writes them into one label "
+        "map (nnU-Net's regions_class_order)";
   }
   data["seed"] = 0;
   data["loader"] = {{"batch_size", p.patch.batch_size}, {"shuffle", true}, {"prefetch", 4}};
@@ -212,9 +213,8 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                        "0: the focal term is BCE; DiceCE's cross-entropy would take overlapping regions for one "
                        "distribution)");
   } else {
-    a.config["loss"] = {{"name", "DiceCE"},          {"to_onehot_y", true}, {"softmax", true},
-                        {"include_background", false}, {"batch", true},       {"smooth_nr", 1e-5},
-                        {"smooth_dr", 1e-5}};
+    a.config["loss"] = {{"name", "DiceCE"}, {"to_onehot_y", true}, {"softmax", true},  {"include_background", false},
+                        {"batch", true},    {"smooth_nr", 1e-5},   {"smooth_dr", 1e-5}};
     why["/loss"] = "nnU-Net's: Dice over the foreground classes, batch Dice, plus cross-entropy";
   }
   a.config["optimizer"] = {
@@ -436,7 +436,7 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   // nnU-Net's region-based training: one sigmoid output per region; a label of several
   // channels (a mask each) likewise one per channel. Else one softmax output per class.
   p.sigmoid = fp.labels.has_regions() || fp.label_channels > 1;
-  const std::int64_t out_channels = fp.labels.has_regions()   ? static_cast<std::int64_t>(fp.labels.regions.size())
+  const std::int64_t out_channels = fp.labels.has_regions() ? static_cast<std::int64_t>(fp.labels.regions.size())
                                     : fp.label_channels > 1 ? fp.label_channels
                                                             : p.classes.back() + 1;  // class indices 0..max
   const double dataset_voxels = dataset_voxels_of(fp, p.median_shape);

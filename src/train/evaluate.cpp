@@ -276,8 +276,8 @@ std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vecto
       if (it == by_channel.end()) {
         char index[16];
         std::snprintf(index, sizeof index, "_%04zu", k);
-        throw ValueError(str("--input ", folder, ": case '", id.first, "' has no channel ", k, ": expected ", folder, "/",
-                             id.first, index, id.second, " (other cases have ", channels,
+        throw ValueError(str("--input ", folder, ": case '", id.first, "' has no channel ", k, ": expected ", folder,
+                             "/", id.first, index, id.second, " (other cases have ", channels,
                              " channels; nnU-Net names them {case}_{XXXX}", id.second, ")"));
       }
       image.channels.push_back(it->second);
@@ -287,7 +287,6 @@ std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vecto
   }
   return out;
 }
-
 
 // A NIfTI file's input, named after it.
 InputImage nifti_input(const std::string& path) {
@@ -468,7 +467,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   }
   // Two inputs of one name would write one output file, the second over the first.
   std::vector<std::string> files, outputs;
-  std::vector<nlohmann::json> sources;  // per input what LoadImage reads: a file, or a case's channel files
+  std::vector<nlohmann::json> sources;          // per input what LoadImage reads: a file, or a case's channel files
   std::map<std::string, std::string> input_of;  // output name -> input
   for (const auto& image : images) {
     const std::string name = image.stem + (image.channels.empty() ? o.suffix : "") + image.extension;
@@ -510,10 +509,12 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   // over the voxels its sigmoid puts above 0.5, later regions over earlier ones.
   std::vector<std::int64_t> class_order;
   if (sigmoid && cfg.contains("data") && cfg["data"].contains("labels")) {
-    class_order = data::read_run_labels(cfg["data"]["labels"], (checkpoint.empty() ? o.config_path : checkpoint)).regions_class_order;
+    class_order = data::read_run_labels(cfg["data"]["labels"], (checkpoint.empty() ? o.config_path : checkpoint))
+                      .regions_class_order;
   }
   for (const std::int64_t v : class_order) {
-    if (v < 0 || v > 255) throw ValueError(str("infer: data.labels.regions_class_order value ", v, " is outside 0..255 (uint8 labels)"));
+    if (v < 0 || v > 255)
+      throw ValueError(str("infer: data.labels.regions_class_order value ", v, " is outside 0..255 (uint8 labels)"));
   }
   {
     const std::int64_t in_channels = cfg.at("model").value("in_channels", std::int64_t{1});
@@ -665,10 +666,13 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
       at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
       if (!class_order.empty()) {
         if (labels.size(0) != static_cast<std::int64_t>(class_order.size())) {
-          throw Error(str("infer ", file, ": the network gives ", labels.size(0), " region masks, data.labels."
-                          "regions_class_order has ", class_order.size(), " values"));
+          throw Error(str("infer ", file, ": the network gives ", labels.size(0),
+                          " region masks, data.labels."
+                          "regions_class_order has ",
+                          class_order.size(), " values"));
         }
-        at::Tensor map = at::zeros({1, labels.size(1), labels.size(2), labels.size(3)}, labels.options().dtype(at::kByte));
+        at::Tensor map =
+            at::zeros({1, labels.size(1), labels.size(2), labels.size(3)}, labels.options().dtype(at::kByte));
         for (std::size_t k = 0; k < class_order.size(); ++k) {
           map.masked_fill_(labels[static_cast<std::int64_t>(k)].unsqueeze(0).to(at::kBool), class_order[k]);
         }

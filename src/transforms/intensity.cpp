@@ -164,8 +164,9 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
  private:
   /// The key's file, or its channel files (a list: stacked in order).
   std::vector<std::string> paths_of(const Sample& s, const std::string& key) const {
-    const bool list = s.meta.contains(key) && s.meta[key].is_array() && !s.meta[key].empty() &&
-                      std::all_of(s.meta[key].begin(), s.meta[key].end(), [](const nlohmann::json& p) { return p.is_string(); });
+    const bool list =
+        s.meta.contains(key) && s.meta[key].is_array() && !s.meta[key].empty() &&
+        std::all_of(s.meta[key].begin(), s.meta[key].end(), [](const nlohmann::json& p) { return p.is_string(); });
     if (!s.meta.contains(key) || !(s.meta[key].is_string() || list)) {
       throw ValueError(str("LoadImage: the item has no file for key '", key, "'"));
     }
@@ -199,15 +200,17 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
       if (v.data.dim() == 3) return v.data.unsqueeze(3);
       if (v.data.dim() == 4) return v.data;
       throw FormatError(str("LoadImage: key '", key, "': channel file ", path, " has ", v.data.dim(),
-                            " dimensions (shape ", v.data.sizes(), "); a channel file is a 3D image (or 3D with channels)"));
+                            " dimensions (shape ", v.data.sizes(),
+                            "); a channel file is a 3D image (or 3D with channels)"));
     };
     channels.push_back(as_channels(first, paths.front()));
     for (std::size_t c = 1; c < paths.size(); ++c) {
       Volume v = read_image(paths[c], read);
-      const std::string both = str("LoadImage: key '", key, "': channel file ", paths[c], " is not on the grid of ",
-                                   paths.front(), ": ");
+      const std::string both =
+          str("LoadImage: key '", key, "': channel file ", paths[c], " is not on the grid of ", paths.front(), ": ");
       const auto spatial = [](const Volume& x) {
-        return std::vector<std::int64_t>(x.data.sizes().begin(), x.data.sizes().begin() + std::min<std::int64_t>(3, x.data.dim()));
+        return std::vector<std::int64_t>(x.data.sizes().begin(),
+                                         x.data.sizes().begin() + std::min<std::int64_t>(3, x.data.dim()));
       };
       if (spatial(v) != spatial(first)) {
         throw FormatError(str(both, "shape ", at::IntArrayRef(spatial(v)), " vs ", at::IntArrayRef(spatial(first)),
@@ -216,8 +219,8 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
       const auto sa = first.spacing(), sb = v.spacing();
       for (int d = 0; d < 3; ++d) {
         if (std::abs(sa[d] - sb[d]) > 1e-3) {
-          throw FormatError(str(both, "spacing ", sb[0], " x ", sb[1], " x ", sb[2], " mm vs ", sa[0], " x ", sa[1], " x ",
-                                sa[2], " mm"));
+          throw FormatError(str(both, "spacing ", sb[0], " x ", sb[1], " x ", sb[2], " mm vs ", sa[0], " x ", sa[1],
+                                " x ", sa[2], " mm"));
         }
       }
       if (v.axcodes() != first.axcodes()) {

@@ -34,7 +34,8 @@ class LabelToRegions final : public TransformWith<LabelToRegionsOptions> {
   explicit LabelToRegions(LabelToRegionsOptions o) : TransformWith("LabelToRegions", std::move(o)) {
     if (o_.regions.empty()) throw ValueError("LabelToRegions: argument regions: expected at least one region");
     for (std::size_t k = 0; k < o_.regions.size(); ++k) {
-      if (o_.regions[k].empty()) throw ValueError(str("LabelToRegions: argument regions[", k, "] lists no label value"));
+      if (o_.regions[k].empty())
+        throw ValueError(str("LabelToRegions: argument regions[", k, "] lists no label value"));
     }
   }
   void apply(Sample& s) const override {
@@ -64,10 +65,12 @@ TransformPtr label_to_regions(Args& a, const nlohmann::json&) {
   if (a.has("regions")) {  // said as what it is (the generic reader would say "a list of texts")
     const nlohmann::json& r = a.raw("regions");
     const auto values = [](const nlohmann::json& v) {
-      return v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) { return x.is_number_integer(); });
+      return v.is_array() &&
+             std::all_of(v.begin(), v.end(), [](const nlohmann::json& x) { return x.is_number_integer(); });
     };
     if (!r.is_array() || !std::all_of(r.begin(), r.end(), values)) {
-      a.fail("regions", str("expected per region a list of label values, e.g. [[1, 2, 3], [2, 3], [3]]; got ", r.dump()));
+      a.fail("regions",
+             str("expected per region a list of label values, e.g. [[1, 2, 3], [2, 3], [3]]; got ", r.dump()));
     }
   }
   return std::make_shared<LabelToRegions>(read_options<LabelToRegionsOptions>(a));

@@ -58,8 +58,9 @@ TEST_F(NnunetRaw, CasesAreFoundWithTheirChannelsInOrder) {
   EXPECT_EQ(t.items[0].files.at("image").size(), 2u);
   EXPECT_EQ(t.items[0].files.count("label"), 0u);
   // A section the layout has not.
-  EXPECT_TRUE(test::contains_all(test::error_of<FormatError>([&] { load_dataset(raw() + "/dataset.json", "validation"); }),
-                                 {"no section 'validation'", "imagesTr", "imagesTs"}));
+  EXPECT_TRUE(
+      test::contains_all(test::error_of<FormatError>([&] { load_dataset(raw() + "/dataset.json", "validation"); }),
+                         {"no section 'validation'", "imagesTr", "imagesTs"}));
 }
 
 TEST_F(NnunetRaw, ChannelsAreStackedInOrderOnTheFirstFilesGrid) {
@@ -98,8 +99,8 @@ TEST_F(NnunetRaw, ErrorsNameTheFileAndWhatWasExpected) {
   EXPECT_TRUE(test::contains_all(error(), {"case 'case_004'", "has no label", r + "/labelsTr/case_004.nii.gz"}));
   os::rename(tmp_ / "label.nii.gz", r + "/labelsTr/case_004.nii.gz");
   std::system(("cp '" + r + "/labelsTr/case_004.nii.gz' '" + r + "/labelsTr/case_009.nii.gz'").c_str());
-  EXPECT_TRUE(test::contains_all(error(), {r + "/labelsTr/case_009.nii.gz", "a label without images",
-                                           r + "/imagesTr/case_009_0000.nii.gz"}));
+  EXPECT_TRUE(test::contains_all(
+      error(), {r + "/labelsTr/case_009.nii.gz", "a label without images", r + "/imagesTr/case_009_0000.nii.gz"}));
   os::remove_file(r + "/labelsTr/case_009.nii.gz");
   EXPECT_EQ(load_dataset(list).items.size(), 5u);  // whole again
   // numTraining off: refused, as nnU-Net's verify_dataset_integrity does.
@@ -114,7 +115,8 @@ TEST_F(NnunetRaw, ErrorsNameTheFileAndWhatWasExpected) {
   EXPECT_TRUE(test::contains_all(error(), {list, "'file_ending' \".mha\"", "\".nii.gz\" or \".nii\""}));
   j["file_ending"] = ".nii";
   test::write_file(list, j.dump());
-  EXPECT_TRUE(test::contains_all(error(), {list, "'file_ending' is \".nii\"", "holds .nii.gz files", "set file_ending to \".nii.gz\""}));
+  EXPECT_TRUE(test::contains_all(
+      error(), {list, "'file_ending' is \".nii\"", "holds .nii.gz files", "set file_ending to \".nii.gz\""}));
 }
 
 TEST_F(NnunetRaw, AChannelOffTheFirstFilesGridIsRefusedNamingBoth) {
@@ -146,13 +148,13 @@ TEST(MultiFileImages, AnMsdListWithImageListsStacksChannelsAndCachesByEveryFile)
   test::TempDir dir;
   test::write_nnunet_raw(dir / "raw", {3, 0, false, "24,20,8"});
   const std::string r = dir / "raw";
-  test::write_file(dir / "list.json", nlohmann::json{{"training",
-                                                      {{{"image", {r + "/imagesTr/case_000_0000.nii.gz",
-                                                                   "raw/imagesTr/case_000_0001.nii.gz"}},
-                                                        {"label", "raw/labelsTr/case_000.nii.gz"}},
-                                                       {{"image", "raw/imagesTr/case_001_0000.nii.gz"},
-                                                        {"label", "raw/labelsTr/case_001.nii.gz"}}}}}
-                                           .dump());
+  test::write_file(
+      dir / "list.json",
+      nlohmann::json{{"training",
+                      {{{"image", {r + "/imagesTr/case_000_0000.nii.gz", "raw/imagesTr/case_000_0001.nii.gz"}},
+                        {"label", "raw/labelsTr/case_000.nii.gz"}},
+                       {{"image", "raw/imagesTr/case_001_0000.nii.gz"}, {"label", "raw/labelsTr/case_001.nii.gz"}}}}}
+          .dump());
   const Dataset d = load_dataset(dir / "list.json");
   ASSERT_EQ(d.items.size(), 2u);
   ASSERT_EQ(d.items[0].files.at("image").size(), 2u);
@@ -203,9 +205,7 @@ TEST(DatasetLabels, PlainAndRegionLabelsAsNnunetWritesThem) {
   EXPECT_EQ(r.names.size(), 4u);  // the values a label file may hold: 0..3
   EXPECT_EQ(r.names.at(3), "enhancing tumor");
   // What a region list lacks is said as such.
-  const auto error = [&](const std::string& text) {
-    return test::error_of<FormatError>([&] { labels_of(text); });
-  };
+  const auto error = [&](const std::string& text) { return test::error_of<FormatError>([&] { labels_of(text); }); };
   EXPECT_TRUE(test::contains_all(error(R"({"labels": {"background": 0, "whole": [1, 2], "core": [2]}})"),
                                  {"defines regions", "no 'regions_class_order'"}));
   EXPECT_TRUE(test::contains_all(
@@ -237,11 +237,11 @@ TEST(LabelToRegions, OneMaskPerRegionFromClassIndices) {
   EXPECT_EQ(c[0]["args"]["regions"], spec[0]["regions"]) << c.dump();
   EXPECT_EQ(c[0]["args"]["keys"], nlohmann::json({"label"})) << c.dump();
   // Regions not given as lists of label values.
-  EXPECT_TRUE(test::contains_all(
-      test::error_of<ValueError>([] {
-        transforms::make_chain(nlohmann::json::parse(R"([{"name": "LabelToRegions", "keys": "label", "regions": [1, 2]}])"));
-      }),
-      {"regions", "expected per region a list of label values"}));
+  EXPECT_TRUE(test::contains_all(test::error_of<ValueError>([] {
+                                   transforms::make_chain(nlohmann::json::parse(
+                                       R"([{"name": "LabelToRegions", "keys": "label", "regions": [1, 2]}])"));
+                                 }),
+                                 {"regions", "expected per region a list of label values"}));
   // A label of several channels already is refused, saying what was expected.
   Sample two;
   label.data = at::zeros({2, 3, 2, 1});

@@ -26,7 +26,9 @@ struct Expect {
   std::int64_t out_channels;
 };
 
-void PrintTo(const Expect& e, std::ostream* os) { *os << (e.regions ? "regions" : "plain labels"); }
+void PrintTo(const Expect& e, std::ostream* os) {
+  *os << (e.regions ? "regions" : "plain labels");
+}
 
 class NnunetRawRun : public ::testing::TestWithParam<Expect> {};
 
@@ -107,7 +109,8 @@ TEST_P(NnunetRawRun, PlanTrainEvalInfer) {
   os::remove_file(dir / "raw/imagesTs/case_006_0001.nii.gz");
   r = test::run(in_dir + "infer --checkpoint runs/x/last.ckpt --device cpu --input raw/imagesTs --output out2");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(test::contains_all(r.err, {"case 'case_006' has no channel 1", "raw/imagesTs/case_006_0001.nii.gz"})) << r.err;
+  EXPECT_TRUE(test::contains_all(r.err, {"case 'case_006' has no channel 1", "raw/imagesTs/case_006_0001.nii.gz"}))
+      << r.err;
   EXPECT_FALSE(os::exists(dir / "out2/case_005.nii.gz"));
 }
 
@@ -126,8 +129,9 @@ TEST(PlanDataset, ALabelOfSeveralChannelsIsPlannedAsMasks) {
     for (int k = 1; k <= 3; ++k) masks.push_back(l.data.ge(k).to(at::kByte));
     l.data = at::stack(masks, 3).contiguous();
     write_nifti(dir / ("masks_" + c + ".nii.gz"), l);
-    items.push_back({{"image", {"raw/imagesTr/" + test::channel_file(c, 0), "raw/imagesTr/" + test::channel_file(c, 1)}},
-                     {"label", "masks_" + c + ".nii.gz"}});
+    items.push_back(
+        {{"image", {"raw/imagesTr/" + test::channel_file(c, 0), "raw/imagesTr/" + test::channel_file(c, 1)}},
+         {"label", "masks_" + c + ".nii.gz"}});
   }
   test::write_file(dir / "list.json", nlohmann::json{{"training", items}}.dump());
   const DatasetFingerprint fp = dataset_fingerprint(dir / "list.json", {});

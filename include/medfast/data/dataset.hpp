@@ -25,7 +25,7 @@ namespace medfast::data {
 struct FilePaths : std::vector<std::string> {
   using std::vector<std::string>::vector;
   FilePaths() = default;
-  FilePaths(std::string one) : std::vector<std::string>{std::move(one)} {}  // NOLINT: one path is a list of one
+  FilePaths(std::string one) : std::vector<std::string>{std::move(one)} {}    // NOLINT: one path is a list of one
   FilePaths(const char* one) : std::vector<std::string>{std::string(one)} {}  // NOLINT
   /// The first file: the one a case is named by.
   const std::string& first() const { return front(); }
@@ -77,9 +77,9 @@ struct DatasetLabels {
   /// Plain labels: value -> name. Region labels: every value a region holds -> its name
   /// where a label names that value alone, else "label <value>" (the values a label file may hold).
   std::map<std::int64_t, std::string> names;
-  std::vector<std::string> region_names;               ///< regions, in the list's order (background left out)
-  std::vector<std::vector<std::int64_t>> regions;      ///< per region its label values
-  std::vector<std::int64_t> regions_class_order;       ///< per region the value it writes (may be empty)
+  std::vector<std::string> region_names;           ///< regions, in the list's order (background left out)
+  std::vector<std::vector<std::int64_t>> regions;  ///< per region its label values
+  std::vector<std::int64_t> regions_class_order;   ///< per region the value it writes (may be empty)
   bool has_regions() const { return !regions.empty(); }
 };
 

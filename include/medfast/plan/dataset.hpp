@@ -50,7 +50,7 @@ struct DatasetFingerprint {
   std::string list;                       ///< the dataset list (dataset.json or .csv)
   std::vector<std::string> channel_names;  ///< per channel: the list's modality / channel_names, else ""
   std::map<std::int64_t, std::string> label_names;  ///< from the list's "labels" (may be empty)
-  data::DatasetLabels labels;             ///< the list's labels, with its regions (nnU-Net v2) where it has them
+  data::DatasetLabels labels;  ///< the list's labels, with its regions (nnU-Net v2) where it has them
   /// The kept cases' label channels: 1, or masks per channel (a sigmoid run of that many outputs).
   std::int64_t label_channels = 1;
   std::vector<data::DatasetItem> items;   ///< the kept items, in list order

@@ -145,7 +145,7 @@ struct Plan {
   /// A sigmoid run, one output per region or label channel (nnU-Net's region-based training):
   /// the list's labels define regions, or its labels have several channels.
   bool sigmoid = false;
-  data::DatasetLabels labels;         ///< the list's labels and regions (the run's data.labels)
+  data::DatasetLabels labels;  ///< the list's labels and regions (the run's data.labels)
   std::uint64_t budget_bytes = 0;
   std::string budget_reason;          ///< where the budget came from
   /// Crops each case of a batch gives (RandCropByPosNegLabel's num_samples): kCropsPerCase
