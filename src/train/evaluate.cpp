@@ -16,6 +16,7 @@
 #include <set>
 
 #include "medfast/core/config.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
@@ -253,6 +254,21 @@ bool written_by_infer(const std::string& path) {
   }
 }
 
+// A NIfTI file's input, named after it.
+InputImage nifti_input(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  const std::string ext = ends_with(name, ".nii.gz") ? ".nii.gz" : ".nii";
+  return {path, name.substr(0, name.size() - ext.size()), ext};
+}
+
+// The last component of a folder's path, also for "." or "case/CT/." ("image" for the root).
+std::string folder_name(const std::string& folder) {
+  std::filesystem::path p = std::filesystem::path(os::absolute_path(folder)).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  return name.empty() || name == "/" ? "image" : name;
+}
+
 // nnU-Net's raw layout of a folder's NIfTI files ({case}_{XXXX}{file_ending}, one file a
 // channel): the cases, each with its channels 0..n-1 in order, where every file (but those
 // infer wrote) is named so; none otherwise. ValueError naming the case and the file where a
@@ -268,6 +284,26 @@ std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vecto
     cases[{c, ending}][channel] = path;
     channels = std::max(channels, static_cast<std::size_t>(channel) + 1);
   }
+  // Numbered scans of the user's (scan_0001, scan_0002) are not cases: the layout is taken for
+  // nnU-Net's where every case has a channel 0 and the folder says so (imagesTs, imagesTr, a
+  // raw dataset's dataset.json beside it) or holds several cases of as many channels each.
+  bool starts_at_0 = true, same_count = true;
+  for (const auto& [id, by_channel] : cases) {
+    starts_at_0 = starts_at_0 && by_channel.count(0) > 0;
+    same_count = same_count && by_channel.size() == cases.begin()->second.size();
+  }
+  const std::string name = folder_name(folder);
+  const std::string parent_list = os::parent_directory(os::absolute_path(folder)) + "/dataset.json";
+  const bool raw_list = [&] {
+    try {
+      return os::exists(parent_list) &&
+             data::is_nnunet_raw(parse_json_document(os::read_text_file(parent_list), parent_list));
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  const bool named = name == "imagesTs" || name == "imagesTr" || name.rfind("imagesTs", 0) == 0;
+  if (cases.empty() || !starts_at_0 || !(named || raw_list || (cases.size() > 1 && same_count))) return {};
   std::vector<InputImage> out;
   for (const auto& [id, by_channel] : cases) {
     InputImage image{by_channel.begin()->second, id.first, id.second, {}};
@@ -286,21 +322,6 @@ std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vecto
     out.push_back(std::move(image));
   }
   return out;
-}
-
-// A NIfTI file's input, named after it.
-InputImage nifti_input(const std::string& path) {
-  const std::string name = std::filesystem::path(path).filename().string();
-  const std::string ext = ends_with(name, ".nii.gz") ? ".nii.gz" : ".nii";
-  return {path, name.substr(0, name.size() - ext.size()), ext};
-}
-
-// The last component of a folder's path, also for "." or "case/CT/." ("image" for the root).
-std::string folder_name(const std::string& folder) {
-  std::filesystem::path p = std::filesystem::path(os::absolute_path(folder)).lexically_normal();
-  if (p.filename().empty()) p = p.parent_path();
-  const std::string name = p.filename().string();
-  return name.empty() || name == "/" ? "image" : name;
 }
 
 // A DICOM image file (not a SEG or RT Structure Set).

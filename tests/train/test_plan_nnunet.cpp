@@ -105,6 +105,19 @@ TEST_P(NnunetRawRun, PlanTrainEvalInfer) {
                 "'); assert a.shape == b.shape, (a.shape, b.shape); assert np.allclose(a.affine, b.affine, atol=1e-4); "
                 "print('ok')\"");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Numbered files of the user's (scan_0001, scan_0002: no channel 0, no nnU-Net folder) are
+  // images of their own, each written <name>_seg.
+  os::make_directories(dir / "numbered");
+  for (const char* n : {"scan_0001", "scan_0002"}) {
+    Volume both = read_nifti(dir / "raw/imagesTs/case_005_0000.nii.gz");
+    const Volume adc = read_nifti(dir / "raw/imagesTs/case_005_0001.nii.gz");
+    both.data = at::stack({both.data.to(at::kFloat), adc.data.to(at::kFloat)}, 3).contiguous();
+    write_nifti(dir / (std::string("numbered/") + n + ".nii.gz"), both);
+  }
+  r = test::run(in_dir + "infer --checkpoint runs/x/last.ckpt --device cpu --input numbered --output out3");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(os::exists(dir / "out3/scan_0001_seg.nii.gz")) << r.out;
+  EXPECT_TRUE(os::exists(dir / "out3/scan_0002_seg.nii.gz")) << r.out;
   // A case without one of its channels: named, with the file expected; nothing written.
   os::remove_file(dir / "raw/imagesTs/case_006_0001.nii.gz");
   r = test::run(in_dir + "infer --checkpoint runs/x/last.ckpt --device cpu --input raw/imagesTs --output out2");
