@@ -191,7 +191,7 @@ ItemResult check_item(const Entry& e, const DatasetCheckOptions& o) {
   }
   // Channel files after the first: each on the first's grid, their channels added up.
   std::int64_t more_channels = 0;
-  for (std::size_t c = 1; image && c < e.images.size(); ++c) {
+  for (std::size_t c = 1; image && !dicom && c < e.images.size(); ++c) {
     const std::string& file = e.images[c];
     try {
       const Geometry g = header_geometry(file);

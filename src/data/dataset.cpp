@@ -77,7 +77,11 @@ Dataset from_json(const std::string& path, const std::string& section) {
           item.attrs[k] = v.get<std::string>();
         } else if (v.is_string()) {
           item.files[k] = resolve_path(base, v.get<std::string>());
-        } else if (v.is_array() && !is_attribute_key(k)) {
+        } else if (v.is_array() && !is_attribute_key(k) &&
+                   (k == "image" || k == "label" ||
+                    (!v.empty() &&
+                     std::all_of(v.begin(), v.end(), [](const nlohmann::json& f) { return f.is_string(); })))) {
+          // A key's channel files (other lists, of numbers say, are not files: left as before).
           item.files[k] = file_list(v, base, str(path, ": ", section, "[", i, "].", k));
         }
       }
