@@ -577,6 +577,11 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
           {"median_spacing", {median_of(spacings[0]), median_of(spacings[1]), median_of(spacings[2])}},
           {"labels", labels},
           {"classes", fp.classes()},
+          {"label_channels", fp.label_channels},
+          {"regions", fp.labels.has_regions() ? nlohmann::json{{"names", fp.labels.region_names},
+                                                               {"regions", fp.labels.regions},
+                                                               {"regions_class_order", fp.labels.regions_class_order}}
+                                              : nlohmann::json(nullptr)},
           {"label_voxel_shares", shares},
           {"channels", channels},
           {"notes", notes},

@@ -54,6 +54,12 @@ TEST_P(NnunetRawRun, PlanTrainEvalInfer) {
     }
   }
   EXPECT_EQ(to_regions, e.regions);
+  r = test::run(in_dir + "plan --dataset raw --device cpu --epochs 1 --validation 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json fp = nlohmann::json::parse(r.out)["fingerprint"];
+  EXPECT_EQ(fp["cases_kept"], 5);
+  EXPECT_EQ(fp["channels"].size(), 2u);
+  EXPECT_EQ(fp["regions"].is_null(), !e.regions) << fp["regions"].dump();
   EXPECT_EQ(plan["loss"].value("sigmoid", false), e.regions) << plan["loss"].dump();
   EXPECT_EQ(plan["loss"].value("to_onehot_y", false), !e.regions) << plan["loss"].dump();
   if (e.regions) {
