@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "commands.hpp"
 #include "medfast/core/error.hpp"
@@ -131,6 +132,14 @@ CheckTarget check_target(const CheckArgs& a, Context& ctx) {
   const std::string where = c.path + ": model";
   t.options.labels =
       data::LabelRule::classes(nn::output_channels(nn::parse_network(c.model, where), where), "model.out_channels");
+  if (c.data.labels.has_regions()) {  // a region run: label files hold the regions' values, one output per region
+    std::set<std::int64_t> values{0};
+    for (const auto& region : c.data.labels.regions) values.insert(region.begin(), region.end());
+    t.options.labels.allowed.assign(values.begin(), values.end());
+    std::string text;
+    for (const auto v : values) text += (text.empty() ? "" : ", ") + std::to_string(v);
+    t.options.labels.source = str("data.labels.regions hold ", text);
+  }
   t.options.channels = c.model.value("in_channels", std::int64_t{1});
   return t;
 }

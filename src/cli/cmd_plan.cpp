@@ -39,18 +39,24 @@ std::string stem_of(const std::string& path) {
 std::string write_kept_list(const plan::DatasetFingerprint& fp, const std::string& out) {
   // The list's description of its data (names, channels, labels), not its other sections:
   // their relative paths would not hold beside the plan.
-  nlohmann::json list = nlohmann::json::object();
+  // In the list's own order: nnU-Net's regions are the order of "labels".
+  nlohmann::ordered_json list = nlohmann::ordered_json::object();
   if (!data::is_csv_list(fp.list)) {
-    const nlohmann::json original = parse_json_document(os::read_text_file(fp.list), fp.list);
+    (void)parse_json_document(os::read_text_file(fp.list), fp.list);  // its errors, as every reader says them
+    const nlohmann::ordered_json original = nlohmann::ordered_json::parse(os::read_text_file(fp.list));
     for (const char* k : {"name", "reference", "licence", "release", "tensorImageSize", "modality", "channel_names",
-                          "labels", "file_ending"}) {
+                          "labels", "regions_class_order", "file_ending"}) {
       if (original.contains(k)) list[k] = original[k];
     }
   }
   nlohmann::json training = nlohmann::json::array();
   for (const auto& item : fp.items) {
     nlohmann::json j = nlohmann::json::object();
-    for (const auto& [k, v] : item.files) j[k] = os::absolute_path(v);  // the list may live elsewhere
+    for (const auto& [k, v] : item.files) {  // the list may live elsewhere
+      data::FilePaths absolute;
+      for (const auto& f : v) absolute.push_back(os::absolute_path(f));
+      j[k] = absolute.to_json();
+    }
     for (const auto& [k, v] : item.attrs) j[k] = v;
     if (item.fold >= 0) j["fold"] = item.fold;
     training.push_back(j);

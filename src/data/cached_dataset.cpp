@@ -47,7 +47,8 @@ std::string hex64(std::uint64_t h) {
 
 std::string item_context(const Dataset& dataset, std::size_t g) {
   std::string files;
-  for (const auto& [k, path] : dataset.items.at(g).files) files += (files.empty() ? "" : ", ") + k + "=" + path;
+  for (const auto& [k, paths] : dataset.items.at(g).files)
+    files += (files.empty() ? "" : ", ") + k + "=" + paths.text();
   return str("item ", g, " (", files, ")");
 }
 
@@ -106,7 +107,17 @@ std::string CachedDataset::key(std::size_t i) const {
   const DatasetItem& item = dataset_.items.at(indices_.at(i));
   nlohmann::json inputs = nlohmann::json::object();
   try {
-    for (const auto& [k, path] : item.files) inputs[k] = file_identity(path, config_.content_hash);
+    // Every file of a key: one file's identity as before (its entries keep their keys), a
+    // key's channel files as a list of them, so a changed channel file is a changed item.
+    for (const auto& [k, paths] : item.files) {
+      if (paths.size() == 1) {
+        inputs[k] = file_identity(paths.first(), config_.content_hash);
+        continue;
+      }
+      nlohmann::json ids = nlohmann::json::array();
+      for (const auto& path : paths) ids.push_back(file_identity(path, config_.content_hash));
+      inputs[k] = ids;
+    }
     for (const auto& [k, value] : item.attrs) inputs[k] = value;
   } catch (...) {
     rethrow_with_context(item_context(dataset_, indices_.at(i)));
@@ -121,7 +132,7 @@ std::string CachedDataset::key(std::size_t i) const {
 
 Sample compute_item(const Dataset& dataset, const transforms::Compose& chain, std::size_t g, const SampleCheck& check) {
   Sample s;
-  for (const auto& [k, path] : dataset.items.at(g).files) s.meta[k] = path;
+  for (const auto& [k, paths] : dataset.items.at(g).files) s.meta[k] = paths.to_json();
   for (const auto& [k, value] : dataset.items.at(g).attrs) s.meta[k] = value;
   s.meta["index"] = g;
   try {

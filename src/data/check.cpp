@@ -91,7 +91,8 @@ struct Entry {
   const char* section;  ///< "training" or "validation"
   std::size_t index;    ///< in its section
   const DatasetItem* item;
-  std::string image, label;  ///< "" when the item has none
+  std::string image, label;  ///< "" when the item has none (the first of several)
+  FilePaths images;          ///< every image file (channel files stacked in order)
   bool readable = false;     ///< both files named and present
 };
 
@@ -188,10 +189,38 @@ ItemResult check_item(const Entry& e, const DatasetCheckOptions& o) {
   } catch (const std::exception& ex) {
     r.findings.push_back(error("unreadable", e.image, str("cannot be read: ", message_of(ex))));
   }
+  // Channel files after the first: each on the first's grid, their channels added up.
+  std::int64_t more_channels = 0;
+  for (std::size_t c = 1; image && !dicom && c < e.images.size(); ++c) {
+    const std::string& file = e.images[c];
+    try {
+      const Geometry g = header_geometry(file);
+      ++r.headers;
+      check_dimensions(file, g.shape, "image", r);
+      if (g.shape.size() < 3) continue;
+      more_channels += g.shape.size() == 4 ? g.shape[3] : 1;
+      if (image->shape.size() < 3) continue;
+      if (!std::equal(g.shape.begin(), g.shape.begin() + 3, image->shape.begin())) {
+        r.findings.push_back(
+            error("grid", file,
+                  str("channel ", c, "'s shape ", shape_text({g.shape.begin(), g.shape.begin() + 3}),
+                      " is not channel 0's ", shape_text({image->shape.begin(), image->shape.begin() + 3}), " (",
+                      e.image, "): an image's channel files must share one grid")));
+      } else if (const double diff = image->affine.max_abs_diff(g.affine); diff > kGridTolerance) {
+        r.findings.push_back(error("grid", file,
+                                   str("channel ", c, "'s affine is not channel 0's (", e.image, "): spacing ",
+                                       spacing_text(g.affine.spacing()), " vs ", spacing_text(image->affine.spacing()),
+                                       ", orientation ", axcodes(g.affine), " vs ", axcodes(image->affine),
+                                       "; they differ by up to ", diff, " mm (allowed ", kGridTolerance, ")")));
+      }
+    } catch (const std::exception& ex) {
+      r.findings.push_back(error("unreadable", file, str("cannot be read: ", message_of(ex))));
+    }
+  }
   if (image) {
     check_dimensions(e.image, image->shape, "image", r);
     if (image->shape.size() >= 3 && image->shape.size() <= 4)
-      r.channels = image->shape.size() == 4 ? image->shape[3] : 1;
+      r.channels = (image->shape.size() == 4 ? image->shape[3] : 1) + more_channels;
   }
   std::optional<Volume> label_volume;
   try {
@@ -324,9 +353,12 @@ DatasetCheckReport check_dataset(const Dataset& training, const Dataset& validat
     const char* name = section == &training ? "training" : "validation";
     for (std::size_t i = 0; i < section->items.size(); ++i) {
       const DatasetItem& item = section->items[i];
-      Entry e{name, i, &item, "", "", false};
-      if (item.files.count(o.image_key)) e.image = item.files.at(o.image_key);
-      if (item.files.count(o.label_key)) e.label = item.files.at(o.label_key);
+      Entry e{name, i, &item, "", "", {}, false};
+      if (item.files.count(o.image_key)) {
+        e.images = item.files.at(o.image_key);
+        e.image = e.images.first();
+      }
+      if (item.files.count(o.label_key)) e.label = item.files.at(o.label_key).first();
       entries.push_back(std::move(e));
     }
   }
@@ -337,7 +369,9 @@ DatasetCheckReport check_dataset(const Dataset& training, const Dataset& validat
     Entry& e = entries[k];
     const std::string& source = e.section[0] == 't' ? training.source : validation.source;
     bool ok = true;
-    const std::array<std::pair<std::string, std::string>, 2> files{{{o.image_key, e.image}, {o.label_key, e.label}}};
+    std::vector<std::pair<std::string, std::string>> files{{o.image_key, e.image}, {o.label_key, e.label}};
+    for (std::size_t c = 1; c < e.images.size(); ++c)
+      files.emplace_back(str(o.image_key, " (channel ", c, ")"), e.images[c]);
     for (const auto& [key, path] : files) {
       if (path.empty()) {
         per_entry[k].push_back(error("files", source,

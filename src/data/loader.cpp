@@ -141,7 +141,13 @@ namespace {
 std::string files_text(const Sample& s) {
   std::string files;
   for (const auto& [k, v] : s.meta.items()) {
-    if (v.is_string()) files += (files.empty() ? "" : ", ") + k + "=" + v.get<std::string>();
+    if (v.is_string()) {
+      files += (files.empty() ? "" : ", ") + k + "=" + v.get<std::string>();
+    } else if (v.is_array() && !v.empty() && v[0].is_string()) {  // a key's channel files
+      std::string list;
+      for (const auto& f : v) list += (list.empty() ? "" : " + ") + (f.is_string() ? f.get<std::string>() : f.dump());
+      files += (files.empty() ? "" : ", ") + k + "=" + list;
+    }
   }
   return files;
 }

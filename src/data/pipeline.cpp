@@ -26,6 +26,36 @@ nlohmann::json parse_yaml(const std::string& text, const std::string& what) {
 
 nlohmann::json load_yaml_as_json(const std::string& path) { return parse_yaml(os::read_text_file(path), path); }
 
+DatasetLabels read_run_labels(const nlohmann::json& j, const std::string& path) {
+  const auto fail = [&](const std::string& key, const std::string& what) {
+    return ConfigError(str(path, ": data.labels", key.empty() ? "" : "." + key, ": ", what));
+  };
+  if (!j.is_object()) throw fail("", "expected a mapping {names: [...], regions: [[...]], regions_class_order: [...]}");
+  for (const auto& [k, v] : j.items()) {
+    if (k != "names" && k != "regions" && k != "regions_class_order") {
+      throw fail(k, "unknown key (known: names, regions, regions_class_order)");
+    }
+  }
+  DatasetLabels l;
+  try {
+    if (j.contains("names")) l.region_names = j["names"].get<std::vector<std::string>>();
+    if (j.contains("regions")) l.regions = j["regions"].get<std::vector<std::vector<std::int64_t>>>();
+    if (j.contains("regions_class_order"))
+      l.regions_class_order = j["regions_class_order"].get<std::vector<std::int64_t>>();
+  } catch (const nlohmann::json::exception&) {
+    throw fail("", str("expected names (strings), regions (lists of label values) and regions_class_order (label ",
+                       "values); got ", j.dump()));
+  }
+  if (!l.region_names.empty() && l.region_names.size() != l.regions.size()) {
+    throw fail("names", str(l.region_names.size(), " names for ", l.regions.size(), " regions"));
+  }
+  if (!l.regions_class_order.empty() && l.regions_class_order.size() != l.regions.size()) {
+    throw fail("regions_class_order",
+               str(l.regions_class_order.size(), " values for ", l.regions.size(), " regions: one value per region"));
+  }
+  return l;
+}
+
 PipelineConfig load_pipeline(const std::string& path, const Settings& settings) {
   return load_pipeline(load_yaml_as_json(path), path, os::parent_directory(path), settings);
 }
@@ -123,8 +153,8 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
   // files; the chains made from this config carry it (no process-wide limit).
   c.max_volume_bytes = settings.get_bytes("max_volume_bytes");
   ConfigReader keys(d, path + ": data");
-  for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache", "validation",
-                        "synth", "class_names"}) {
+  for (const char* k : {"dataset", "section", "fold", "deterministic", "random", "seed", "loader", "cache",
+                        "validation", "synth", "labels", "class_names"}) {
     keys.known(k);
   }
   keys.finish();
@@ -177,6 +207,7 @@ PipelineConfig load_pipeline(const nlohmann::json& root, const std::string& path
     }
   }
   if (c.dataset.items.empty()) throw fail("data.dataset", "selects no items");
+  if (d.contains("labels")) c.labels = read_run_labels(d["labels"], path);
   c.deterministic = d.value("deterministic", nlohmann::json::array());
   c.random = d.value("random", nlohmann::json::array());
   if (!c.deterministic.is_array()) throw fail("data.deterministic", "expected a list of transforms");

@@ -105,6 +105,7 @@ nlohmann::json summary_json(const CaseSummary& c) {
           {"spacing", c.crop.spacing},
           {"foreground_voxels", c.crop.foreground_voxels},
           {"label_voxels", labels},
+          {"label_channels", c.label_channels},
           {"samples", c.crop.samples}};
 }
 
@@ -119,6 +120,7 @@ std::optional<CaseSummary> summary_from(const nlohmann::json& j, std::int64_t sa
   c.crop.spacing = j.at("spacing").get<Spacing>();
   c.crop.foreground_voxels = j.at("foreground_voxels").get<std::int64_t>();
   for (const auto& p : j.at("label_voxels")) c.label_voxels[p.at(0).get<std::int64_t>()] = p.at(1).get<std::int64_t>();
+  c.label_channels = j.value("label_channels", std::int64_t{1});
   c.crop.samples = j.at("samples").get<std::vector<std::vector<double>>>();
   for (auto& s : c.crop.samples) {
     if (c.crop.foreground_voxels > 0 && static_cast<std::int64_t>(s.size()) < samples) return std::nullopt;
@@ -163,8 +165,8 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   static const nlohmann::json orient =
       nlohmann::json::array({{{"name", "Orientation"}, {"keys", {"image", "label"}}, {"axcodes", "RAS"}}});
   const data::DatasetItem& item = all.items.at(index);
-  const std::string& image_file = item.files.at("image");
-  const std::string& label_file = item.files.at("label");
+  const std::string& image_file = item.files.at("image").first();
+  const std::string& label_file = item.files.at("label").first();
   Sample s = data::compute_item(all, transforms::make_chain(load), index);
   CaseSummary c;
   c.image = image_file;
@@ -177,6 +179,7 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   c.channels = image.data.size(0);
   for (int d = 0; d < 3; ++d) c.shape[d] = image.data.size(1 + d);
   at::Tensor l = label.data;
+  c.label_channels = l.dim() == 4 ? l.size(0) : 1;
   if (l.is_floating_point()) {
     if (!at::isfinite(l).all().item<bool>() || l.ne(l.round()).any().item<bool>()) {
       throw FormatError(str("label ", label_file, ": values must be whole numbers (class indices), found fractions or "
@@ -191,9 +194,18 @@ CaseSummary read_case(const data::Dataset& all, std::size_t index, std::int64_t 
   if (!at::isfinite(image.data).all().item<bool>()) {
     throw FormatError(str("image ", image_file, ": holds NaN or infinite values"));
   }
-  const auto [values, inverse, counts] = at::_unique2(l.reshape({-1}), true, false, true);
-  const at::Tensor v = values.contiguous(), n = counts.contiguous();
-  for (std::int64_t i = 0; i < v.numel(); ++i) c.label_voxels[v.data_ptr<std::int64_t>()[i]] = n.data_ptr<std::int64_t>()[i];
+  if (c.label_channels > 1) {
+    // A label of several channels (a mask per class or region, as a sigmoid run trains):
+    // value k + 1 counts channel k's nonzero voxels, and the foreground is any channel's.
+    c.label_voxels[0] = l.ne(0).any(0).logical_not().sum().item<std::int64_t>();
+    for (std::int64_t k = 0; k < c.label_channels; ++k) c.label_voxels[k + 1] = l[k].ne(0).sum().item<std::int64_t>();
+    l = l.ne(0).any(0).to(at::kLong);
+  } else {
+    const auto [values, inverse, counts] = at::_unique2(l.reshape({-1}), true, false, true);
+    const at::Tensor v = values.contiguous(), n = counts.contiguous();
+    for (std::int64_t i = 0; i < v.numel(); ++i)
+      c.label_voxels[v.data_ptr<std::int64_t>()[i]] = n.data_ptr<std::int64_t>()[i];
+  }
   c.crop = case_fingerprint(image.data, l, image.spacing(), samples, seed, image_file);
   return c;
 }
@@ -252,7 +264,8 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   if (!data::is_csv_list(fp.list)) {
     const nlohmann::json raw = parse_json_document(os::read_text_file(fp.list), fp.list);
     fp.channel_names = read_channel_names(raw, fp.list);
-    fp.label_names = data::list_label_names(raw, fp.list);
+    fp.labels = data::list_labels(fp.list);
+    fp.label_names = fp.labels.names;
   }
 
   // Cases without an image or label file are left out before anything is read.
@@ -260,7 +273,7 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   std::map<std::size_t, CaseNote> notes;  // by list index
   for (std::size_t i = 0; i < all.items.size(); ++i) {
     const auto& files = all.items[i].files;
-    const std::string name = files.count("image") ? files.at("image") : str("training item ", i);
+    const std::string name = files.count("image") ? files.at("image").first() : str("training item ", i);
     if (!files.count("image") || !files.count("label")) {
       notes[i] = {name, str("the list gives it no '", files.count("image") ? "label" : "image", "' file"),
                   "left out of the plan and the run", true};
@@ -296,15 +309,18 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
       jobs.push_back(pool.submit([&, k] {
         Outcome& o = outcomes[k];
         const data::DatasetItem& item = all.items[readable[k]];
-        const std::uint64_t seed = options.seed ^ name_hash(relative_to(item.files.at("image"), list_dir));
+        const std::uint64_t seed = options.seed ^ name_hash(relative_to(item.files.at("image").first(), list_dir));
         try {
+          nlohmann::json id = {{"attrs", item.attrs}, {"seed", seed}};
           for (const char* key : {"image", "label"}) {
-            if (!os::exists(item.files.at(key))) throw FormatError(str("the ", key, " file ", item.files.at(key), " does not exist"));
+            // Every file of the key (an image's channel files): one changed file reads the case again.
+            nlohmann::json ids = nlohmann::json::array();
+            for (const auto& f : item.files.at(key)) {
+              if (!os::exists(f)) throw FormatError(str("the ", key, " file ", f, " does not exist"));
+              ids.push_back(data::file_identity(os::absolute_path(f)));
+            }
+            id[key] = ids.size() == 1 ? ids[0] : ids;
           }
-          nlohmann::json id = {{"image", data::file_identity(os::absolute_path(item.files.at("image")))},
-                               {"label", data::file_identity(os::absolute_path(item.files.at("label")))},
-                               {"attrs", item.attrs},
-                               {"seed", seed}};
           o.key = id.dump();
           if (cached.contains(o.key)) {
             try {
@@ -320,8 +336,8 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
             keep_samples(whole, samples);
             o.summary = std::move(whole);
           }
-          o.summary->image = item.files.at("image");
-          o.summary->label = item.files.at("label");
+          o.summary->image = item.files.at("image").first();
+          o.summary->label = item.files.at("label").first();
         } catch (const std::exception& e) {
           o.summary.reset();
           o.error = e.what();
@@ -346,6 +362,17 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
                  return a.second < b.second;
                })->first;
   }
+  // Label channels: most cases' (1: class indices; more: a mask per channel).
+  std::map<std::int64_t, int> label_channel_votes;
+  for (const auto& o : outcomes) {
+    if (o.summary) ++label_channel_votes[o.summary->label_channels];
+  }
+  if (!label_channel_votes.empty()) {
+    fp.label_channels =
+        std::max_element(label_channel_votes.begin(), label_channel_votes.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second;
+        })->first;
+  }
   std::vector<std::size_t> kept;  // into outcomes
   // A case listed twice (image and label) is kept once: a copy would train twice as often,
   // and the run's validation split (the list's last cases) could validate a case it trains on.
@@ -353,12 +380,15 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
   for (std::size_t k = 0; k < outcomes.size(); ++k) {
     const Outcome& o = outcomes[k];
     const std::size_t i = readable[k];
-    const std::string& file = all.items[i].files.at("image");
+    const std::string& file = all.items[i].files.at("image").first();
     if (!o.summary) {
       notes[i] = {file, str("cannot be used: ", o.error), "left out of the plan and the run", true};
       continue;
     }
-    const std::string entry = os::absolute_path(file) + '\n' + os::absolute_path(all.items[i].files.at("label"));
+    std::string entry;
+    for (const char* key : {"image", "label"}) {
+      for (const auto& f : all.items[i].files.at(key)) entry += os::absolute_path(f) + '\n';
+    }
     if (const auto [first, fresh] = first_listed.emplace(entry, i); !fresh) {
       notes[i] = {file, str("is listed twice (training items ", first->second, " and ", i, ")"),
                   "this copy left out of the plan and the run (a duplicate trains twice as often, and a validation "
@@ -377,7 +407,13 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
                   "left out of the plan and the run (every case needs the same channels in the same order)", true};
       continue;
     }
-    if (!fp.label_names.empty()) {
+    if (o.summary->label_channels != fp.label_channels) {
+      notes[i] = {o.summary->label,
+                  str("the label has ", o.summary->label_channels, " channel(s); most cases' have ", fp.label_channels),
+                  "left out of the plan and the run (every label needs the same channels)", true};
+      continue;
+    }
+    if (!fp.label_names.empty() && o.summary->label_channels == 1) {
       std::vector<std::int64_t> unknown;
       for (const auto& [v, n] : o.summary->label_voxels) {
         if (!fp.label_names.count(v)) unknown.push_back(v);
@@ -466,14 +502,15 @@ DatasetFingerprint dataset_fingerprint(const std::string& dataset, const Fingerp
     // Other lists' cases in this folder stay; earlier versions of this list's files go.
     std::set<std::string> ours;
     for (const auto& item : all.items) {
-      if (item.files.count("image")) ours.insert(os::absolute_path(item.files.at("image")));
+      if (item.files.count("image")) ours.insert(os::absolute_path(item.files.at("image").first()));
     }
     bool changed = fp.read > 0;
     for (auto it = cached.begin(); it != cached.end(); ++it) {
       if (cache_out.contains(it.key())) continue;
       std::string image;
       try {
-        image = nlohmann::json::parse(it.key()).at("image").at("path").get<std::string>();
+        const nlohmann::json id = nlohmann::json::parse(it.key()).at("image");
+        image = (id.is_array() ? id.at(0) : id).at("path").get<std::string>();
       } catch (const std::exception&) {
         changed = true;  // not a key this version writes: dropped
         continue;
@@ -540,6 +577,11 @@ nlohmann::json fingerprint_json(const DatasetFingerprint& fp) {
           {"median_spacing", {median_of(spacings[0]), median_of(spacings[1]), median_of(spacings[2])}},
           {"labels", labels},
           {"classes", fp.classes()},
+          {"label_channels", fp.label_channels},
+          {"regions", fp.labels.has_regions() ? nlohmann::json{{"names", fp.labels.region_names},
+                                                               {"regions", fp.labels.regions},
+                                                               {"regions_class_order", fp.labels.regions_class_order}}
+                                              : nlohmann::json(nullptr)},
           {"label_voxel_shares", shares},
           {"channels", channels},
           {"notes", notes},

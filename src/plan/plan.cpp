@@ -116,7 +116,14 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   step({{"name", "SpatialPad"}, {"keys", {"image", "label"}}, {"spatial_size", patch_v}},
        "cases smaller than the patch are padded to it");
   step({{"name", "FgBgToIndices"}, {"keys", "label"}, {"fg_postfix", "_fg"}, {"bg_postfix", "_bg"}},
-       "foreground voxels indexed once, for the crops");
+       "foreground voxels (every labelled voxel, before any regions are made) indexed once, for the crops");
+  if (p.labels.has_regions()) {
+    std::string names;
+    for (const auto& n : p.labels.region_names) names += (names.empty() ? "" : ", ") + n;
+    step({{"name", "LabelToRegions"}, {"keys", {"label"}}, {"regions", p.labels.regions}},
+         str("nnU-Net's region-based training: one channel per region (", names,
+             "), each the voxels whose label is among the region's values"));
+  }
   Ordered random = Ordered::array();
   std::vector<std::string> random_why;
   random.push_back({{"name", "RandCropByPosNegLabel"},
@@ -162,6 +169,13 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
   for (std::size_t i = 0; i < random_why.size(); ++i) {
     if (!random_why[i].empty()) why[str("/data/random/", i)] = random_why[i];
   }
+  if (p.labels.has_regions()) {
+    data["labels"] = {{"names", p.labels.region_names}, {"regions", p.labels.regions}};
+    if (!p.labels.regions_class_order.empty()) data["labels"]["regions_class_order"] = p.labels.regions_class_order;
+    why["/data/labels"] =
+        "the list's regions: names for the run's Dice, and the order infer writes them into one label "
+        "map (nnU-Net's regions_class_order)";
+  }
   data["seed"] = 0;
   data["loader"] = {{"batch_size", p.patch.batch_size}, {"shuffle", true}, {"prefetch", 4}};
   why["/data/loader"] =
@@ -188,10 +202,21 @@ Annotated build(const DatasetFingerprint& fp, const Plan& p, const std::string& 
                       p.network.filters.front(), "..", p.network.filters.back(),
                       p.network.filters.front() < 32 ? " (nnU-Net's 32..320 narrowed to fit the compute budget)" : "",
                       "; ", p.network.parameters(), " parameters");
-  a.config["loss"] = {{"name", "DiceCE"},          {"to_onehot_y", true}, {"softmax", true},
-                      {"include_background", false}, {"batch", true},       {"smooth_nr", 1e-5},
-                      {"smooth_dr", 1e-5}};
-  why["/loss"] = "nnU-Net's: Dice over the foreground classes, batch Dice, plus cross-entropy";
+  if (p.sigmoid) {
+    // DiceFocal with gamma 0 is Dice plus binary cross-entropy per channel (nnU-Net's
+    // DC_and_BCE_loss); DiceCE's cross-entropy takes the channels as one distribution,
+    // which overlapping regions are not.
+    a.config["loss"] = {{"name", "DiceFocal"}, {"sigmoid", true},   {"include_background", true}, {"batch", true},
+                        {"gamma", 0.0},        {"smooth_nr", 1e-5}, {"smooth_dr", 1e-5}};
+    why["/loss"] = str(p.labels.has_regions() ? "nnU-Net's for regions" : "a mask per label channel",
+                       ": Dice of each channel's sigmoid, batch Dice, plus binary cross-entropy (DiceFocal with gamma "
+                       "0: the focal term is BCE; DiceCE's cross-entropy would take overlapping regions for one "
+                       "distribution)");
+  } else {
+    a.config["loss"] = {{"name", "DiceCE"}, {"to_onehot_y", true}, {"softmax", true},  {"include_background", false},
+                        {"batch", true},    {"smooth_nr", 1e-5},   {"smooth_dr", 1e-5}};
+    why["/loss"] = "nnU-Net's: Dice over the foreground classes, batch Dice, plus cross-entropy";
+  }
   a.config["optimizer"] = {
       {"name", "SGD"}, {"lr", p.lr}, {"momentum", p.momentum}, {"nesterov", true}, {"weight_decay", 3e-5}};
   why["/optimizer"] =
@@ -437,7 +462,13 @@ Plan make_plan(const DatasetFingerprint& fp, const PlanOptions& o) {
   p.fullres_spacing = p.target_spacing;
   p.fullres_median_shape = p.median_shape;
   p.classes = fp.classes();
-  const std::int64_t out_channels = p.classes.back() + 1;  // class indices 0..max: one output each
+  p.labels = fp.labels;
+  // nnU-Net's region-based training: one sigmoid output per region; a label of several
+  // channels (a mask each) likewise one per channel. Else one softmax output per class.
+  p.sigmoid = fp.labels.has_regions() || fp.label_channels > 1;
+  const std::int64_t out_channels = fp.labels.has_regions() ? static_cast<std::int64_t>(fp.labels.regions.size())
+                                    : fp.label_channels > 1 ? fp.label_channels
+                                                            : p.classes.back() + 1;  // class indices 0..max
   const double dataset_voxels = dataset_voxels_of(fp, p.median_shape);
 
   // Normalization per channel (nnU-Net's table by name; the mask rule from the crop's share).

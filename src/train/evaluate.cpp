@@ -16,6 +16,7 @@
 #include <set>
 
 #include "medfast/core/config.hpp"
+#include "medfast/core/document.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/core/log.hpp"
 #include "medfast/core/units.hpp"
@@ -167,7 +168,7 @@ EvalResult evaluate(const std::string& checkpoint, nlohmann::json config, const 
     if (scores.nonfinite_logits) ++r.nonfinite_cases;
     EvalCase ec;
     const auto& item = p.validation.items.at(global);
-    ec.image = item.files.count(c.train.image_key) ? item.files.at(c.train.image_key) : "";
+    ec.image = item.files.count(c.train.image_key) ? item.files.at(c.train.image_key).first() : "";
     for (std::int64_t k = 0; k < scores.dice.size(1); ++k) ec.dice.push_back(scores.dice[0][k].item<double>());
     if (hd95) {
       hd.add(scores.hd95);
@@ -210,7 +211,26 @@ struct InputImage {
   std::string path;
   std::string stem;       // the output's name: <stem><suffix><extension>
   std::string extension;  // ".nii" or ".nii.gz" (DICOM: .nii.gz)
+  /// An nnU-Net case: its channel files, in order (path is the first); its output is named
+  /// {case}{file_ending}, as nnU-Net names its predictions.
+  std::vector<std::string> channels;
 };
+
+constexpr const char* kInferDescrip = "medfast infer";  // the NIfTI descrip of what infer writes
+
+// A file `infer` wrote itself: listed in its folder's infer mark, or a NIfTI whose header says
+// so. (A folder given as --input that is also the --output holds them after a first run.)
+bool written_by_infer(const std::string& path) {
+  const std::string folder = os::parent_directory(path);
+  const std::string name = std::filesystem::path(path).filename().string();
+  try {
+    const std::optional<os::FolderMark> mark = os::read_folder_mark(folder);
+    if (mark && mark->kind == os::kInferFolder && mark->lists(name)) return true;
+    return is_nifti_name(path) && read_nifti_header(path).meta.descrip == kInferDescrip;
+  } catch (const Error&) {
+    return false;  // not readable as ours: an input like any other (its own error comes when it is read)
+  }
+}
 
 // A NIfTI file's input, named after it.
 InputImage nifti_input(const std::string& path) {
@@ -225,6 +245,61 @@ std::string folder_name(const std::string& folder) {
   if (p.filename().empty()) p = p.parent_path();
   const std::string name = p.filename().string();
   return name.empty() || name == "/" ? "image" : name;
+}
+
+// nnU-Net's raw layout of a folder's NIfTI files ({case}_{XXXX}{file_ending}, one file a
+// channel): the cases, each with its channels 0..n-1 in order, where every file (but those
+// infer wrote) is named so; none otherwise. ValueError naming the case and the file where a
+// case lacks a channel that others have.
+std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vector<std::string>& files) {
+  std::map<std::pair<std::string, std::string>, std::map<int, std::string>> cases;  // (case, ending) -> channel -> file
+  std::size_t channels = 0;
+  for (const auto& path : files) {
+    const std::string name = std::filesystem::path(path).filename().string();
+    const std::string ending = ends_with(name, ".nii.gz") ? ".nii.gz" : ".nii";
+    const auto [c, channel] = data::nnunet_channel_file(name, ending);
+    if (channel < 0) return {};
+    cases[{c, ending}][channel] = path;
+    channels = std::max(channels, static_cast<std::size_t>(channel) + 1);
+  }
+  // Numbered scans of the user's (scan_0001, scan_0002) are not cases: the layout is taken for
+  // nnU-Net's where every case has a channel 0 and the folder says so (imagesTs, imagesTr, a
+  // raw dataset's dataset.json beside it) or holds several cases of as many channels each.
+  bool starts_at_0 = true, same_count = true;
+  for (const auto& [id, by_channel] : cases) {
+    starts_at_0 = starts_at_0 && by_channel.count(0) > 0;
+    same_count = same_count && by_channel.size() == cases.begin()->second.size();
+  }
+  const std::string name = folder_name(folder);
+  const std::string parent_list = os::parent_directory(os::absolute_path(folder)) + "/dataset.json";
+  const bool raw_list = [&] {
+    try {
+      return os::exists(parent_list) &&
+             data::is_nnunet_raw(parse_json_document(os::read_text_file(parent_list), parent_list));
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  const bool named = name == "imagesTs" || name == "imagesTr" || name.rfind("imagesTs", 0) == 0;
+  if (cases.empty() || !starts_at_0 || !(named || raw_list || (cases.size() > 1 && same_count))) return {};
+  std::vector<InputImage> out;
+  for (const auto& [id, by_channel] : cases) {
+    InputImage image{by_channel.begin()->second, id.first, id.second, {}};
+    for (std::size_t k = 0; k < channels; ++k) {
+      const auto it = by_channel.find(static_cast<int>(k));
+      if (it == by_channel.end()) {
+        char index[16];
+        std::snprintf(index, sizeof index, "_%04zu", k);
+        throw ValueError(str("--input ", folder, ": case '", id.first, "' has no channel ", k, ": expected ", folder,
+                             "/", id.first, index, id.second, " (other cases have ", channels,
+                             " channels; nnU-Net names them {case}_{XXXX}", id.second, ")"));
+      }
+      image.channels.push_back(it->second);
+    }
+    image.path = image.channels.front();
+    out.push_back(std::move(image));
+  }
+  return out;
 }
 
 // A DICOM image file (not a SEG or RT Structure Set).
@@ -260,17 +335,24 @@ std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
       continue;
     }
     std::vector<std::string> own_files;  // the folder's own files (list_directory sorts)
-    std::size_t nifti = 0;
+    std::vector<std::string> nifti_files, written;  // the folder's NIfTI inputs; what infer wrote there
     for (const auto& name : os::list_directory(in)) {
       const std::string path = in + "/" + name;
       if (!os::stat(path).is_regular) continue;
-      if (is_nifti_name(name)) {
-        images.push_back(nifti_input(path));
-        ++nifti;
-      }
+      if (is_nifti_name(name)) (written_by_infer(path) ? written : nifti_files).push_back(path);
       own_files.push_back(path);
     }
-    if (nifti > 0) continue;
+    if (!nifti_files.empty() || !written.empty()) {
+      // An nnU-Net folder (imagesTs, imagesTr): one input per case, its channel files stacked.
+      std::vector<InputImage> cases = nnunet_cases(in, nifti_files);
+      if (cases.empty()) {
+        for (const auto& path : nifti_files) images.push_back(nifti_input(path));
+      } else {
+        images.insert(images.end(), cases.begin(), cases.end());
+      }
+      for (const auto& path : written) images.push_back(nifti_input(path));  // left out below, with a word
+      continue;
+    }
     if (std::any_of(own_files.begin(), own_files.end(), dicom_image_file)) {
       images.push_back({in, folder_name(in), ".nii.gz"});
       continue;
@@ -322,22 +404,6 @@ nlohmann::json InferCase::to_json() const {
 }
 
 namespace {
-
-constexpr const char* kInferDescrip = "medfast infer";  // the NIfTI descrip of what infer writes
-
-// A file `infer` wrote itself: listed in its folder's infer mark, or a NIfTI whose header says
-// so. (A folder given as --input that is also the --output holds them after a first run.)
-bool written_by_infer(const std::string& path) {
-  const std::string folder = os::parent_directory(path);
-  const std::string name = std::filesystem::path(path).filename().string();
-  try {
-    const std::optional<os::FolderMark> mark = os::read_folder_mark(folder);
-    if (mark && mark->kind == os::kInferFolder && mark->lists(name)) return true;
-    return is_nifti_name(path) && read_nifti_header(path).meta.descrip == kInferDescrip;
-  } catch (const Error&) {
-    return false;  // not readable as ours: an input like any other (its own error comes when it is read)
-  }
-}
 
 // The output folder, checked before the network is loaded (nothing written): a file is
 // refused; a folder of another kind of medfast's (a run, a cache) is refused; outputs that
@@ -400,15 +466,17 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   }
   // Two inputs of one name would write one output file, the second over the first.
   std::vector<std::string> files, outputs;
+  std::vector<nlohmann::json> sources;          // per input what LoadImage reads: a file, or a case's channel files
   std::map<std::string, std::string> input_of;  // output name -> input
   for (const auto& image : images) {
-    const std::string name = image.stem + o.suffix + image.extension;
+    const std::string name = image.stem + (image.channels.empty() ? o.suffix : "") + image.extension;
     const auto [at, fresh] = input_of.emplace(name, image.path);
     if (!fresh) {
       throw ValueError(str("--input ", at->second, " and ", image.path, " would both be written to ", output_dir, "/",
                            name, ": infer them in separate runs (another --output)"));
     }
     files.push_back(image.path);
+    sources.push_back(image.channels.empty() ? nlohmann::json(image.path) : nlohmann::json(image.channels));
     outputs.push_back(output_dir + "/" + name);
   }
   check_output_folder(output_dir, outputs, o.overwrite);
@@ -436,6 +504,26 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
   chain.set_max_output_bytes(settings.get_bytes("max_volume_bytes"));
   const Precision precision = parse_precision(o.amp, device.is_cuda(), "--amp");
   const bool sigmoid = LossOptions::from_json(cfg.value("loss", nlohmann::json::object()), "loss").sigmoid;
+  // A region run (nnU-Net's): its regions written into one label map, each region's value
+  // over the voxels its sigmoid puts above 0.5, later regions over earlier ones.
+  std::vector<std::int64_t> class_order;
+  if (sigmoid && cfg.contains("data") && cfg["data"].contains("labels")) {
+    class_order = data::read_run_labels(cfg["data"]["labels"], (checkpoint.empty() ? o.config_path : checkpoint))
+                      .regions_class_order;
+  }
+  for (const std::int64_t v : class_order) {
+    if (v < 0 || v > 255)
+      throw ValueError(str("infer: data.labels.regions_class_order value ", v, " is outside 0..255 (uint8 labels)"));
+  }
+  {
+    const std::int64_t in_channels = cfg.at("model").value("in_channels", std::int64_t{1});
+    for (const auto& image : images) {
+      if (!image.channels.empty() && static_cast<std::int64_t>(image.channels.size()) != in_channels) {
+        throw ValueError(str("--input ", image.path, ": case '", image.stem, "' has ", image.channels.size(),
+                             " channel file(s); the model takes ", in_channels, " (model.in_channels)"));
+      }
+    }
+  }
   apply_network_threads(0, settings);
   apply_host_memory_reuse(settings);
   apply_conv_forward(settings);
@@ -485,10 +573,11 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     double read_seconds = 0;
   };
   using Clock = std::chrono::steady_clock;
-  const auto prepare = [&](const std::string& file) {
+  const auto prepare = [&](std::size_t i) {
+    const std::string& file = files[i];
     const auto started = Clock::now();
     Prepared p;
-    p.sample.meta = {{image_key, file}};
+    p.sample.meta = {{image_key, sources[i]}};
     chain.apply(p.sample);
     p.original = input_grid(file, p.sample.volume(image_key));
     if (p.original.shape.size() < 3) throw FormatError(str(file, ": expected a 3D image"));
@@ -551,7 +640,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
     if (o.on_progress) o.on_progress(written.size(), files.size());
   };
   if (files.empty()) return written;
-  std::future<Prepared> next = std::async(std::launch::async, prepare, files[0]);
+  std::future<Prepared> next = std::async(std::launch::async, prepare, std::size_t{0});
   try {
     for (std::size_t i = 0; i < files.size(); ++i) {
       const std::string& file = files[i];
@@ -561,7 +650,7 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
       Prepared p = with_file(file, [&] { return next.get(); });
       c.wait_seconds = seconds_since(started);
       c.read_seconds = p.read_seconds;
-      if (i + 1 < files.size()) next = std::async(std::launch::async, prepare, files[i + 1]);
+      if (i + 1 < files.size()) next = std::async(std::launch::async, prepare, i + 1);
       const Volume& img = p.sample.volume(image_key);
       started = Clock::now();
       // The labels slab by slab: the whole output (classes x the volume, float32) is never held.
@@ -574,6 +663,20 @@ std::vector<InferCase> infer(const std::string& checkpoint, const std::vector<st
         return r;
       });
       at::Tensor labels = result.labels[0].cpu();  // [C, X, Y, Z]: channel-first
+      if (!class_order.empty()) {
+        if (labels.size(0) != static_cast<std::int64_t>(class_order.size())) {
+          throw Error(str("infer ", file, ": the network gives ", labels.size(0),
+                          " region masks, data.labels."
+                          "regions_class_order has ",
+                          class_order.size(), " values"));
+        }
+        at::Tensor map =
+            at::zeros({1, labels.size(1), labels.size(2), labels.size(3)}, labels.options().dtype(at::kByte));
+        for (std::size_t k = 0; k < class_order.size(); ++k) {
+          map.masked_fill_(labels[static_cast<std::int64_t>(k)].unsqueeze(0).to(at::kBool), class_order[k]);
+        }
+        labels = map;
+      }
       c.infer_seconds = seconds_since(started);
       finish_write();  // the previous file's
       c.output = outputs[i];

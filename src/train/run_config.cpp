@@ -288,7 +288,7 @@ namespace {
 /// The list's "labels" as value sets by name: MSD's {"1": "edema"}, nnU-Net's {"edema": 1} and
 /// its regions {"whole tumor": [1, 2, 3]}; empty for a CSV list, a list without labels or one
 /// that cannot be read (names are a nicety: the run reads the list itself and says why).
-std::vector<std::pair<std::string, std::set<std::int64_t>>> list_labels(const std::string& list) {
+std::vector<std::pair<std::string, std::set<std::int64_t>>> list_label_sets(const std::string& list) {
   std::vector<std::pair<std::string, std::set<std::int64_t>>> out;
   if (list.empty() || data::is_csv_list(list)) return out;
   try {
@@ -358,6 +358,10 @@ std::vector<std::string> metric_class_names(const RunConfig& c, std::int64_t cla
     }
     return c.data.class_names;
   }
+  // A plan of nnU-Net regions names them in data.labels.
+  if (static_cast<std::int64_t>(c.data.labels.region_names.size()) == count && each_channel) {
+    return c.data.labels.region_names;
+  }
   std::vector<std::string> names;
   const auto fallback = [&] {
     names.clear();
@@ -368,7 +372,7 @@ std::vector<std::string> metric_class_names(const RunConfig& c, std::int64_t cla
   if (chain_has(chain, "ConvertToMultiChannelBasedOnBratsClasses")) {
     return count == 3 ? std::vector<std::string>{"TC", "WT", "ET"} : fallback();
   }
-  const auto labels = list_labels(c.data.dataset.source);
+  const auto labels = list_label_sets(c.data.dataset.source);
   const auto name_of = [&](const std::set<std::int64_t>& values) -> std::string {
     for (const auto& [name, set] : labels) {
       if (set == values) return name;

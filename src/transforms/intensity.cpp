@@ -6,6 +6,9 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "medfast/core/error.hpp"
 #include "medfast/image/image_file.hpp"
 #include "medfast/image/nifti.hpp"
@@ -139,7 +142,12 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
     std::vector<std::pair<std::size_t, std::string>> segs;
     for (std::size_t i = 0; i < o_.keys.size(); ++i) {
       const std::string& key = o_.keys[i];
-      const std::string path = path_of(s, key);
+      const std::vector<std::string> paths = paths_of(s, key);
+      if (paths.size() > 1) {
+        finish(s, i, read_channel_files(key, paths, read), join_paths(paths));
+        continue;
+      }
+      const std::string& path = paths.front();
       if (is_dicom(path) && dicom::is_seg_file(path)) {
         segs.emplace_back(i, path);
         continue;
@@ -154,15 +162,82 @@ class LoadImage final : public TransformWith<LoadImageOptions> {
   }
 
  private:
-  std::string path_of(const Sample& s, const std::string& key) const {
-    if (!s.meta.contains(key) || !s.meta[key].is_string()) {
+  /// The key's file, or its channel files (a list: stacked in order).
+  std::vector<std::string> paths_of(const Sample& s, const std::string& key) const {
+    const bool list =
+        s.meta.contains(key) && s.meta[key].is_array() && !s.meta[key].empty() &&
+        std::all_of(s.meta[key].begin(), s.meta[key].end(), [](const nlohmann::json& p) { return p.is_string(); });
+    if (!s.meta.contains(key) || !(s.meta[key].is_string() || list)) {
       throw ValueError(str("LoadImage: the item has no file for key '", key, "'"));
     }
-    std::string path = s.meta[key].get<std::string>();
-    if (!path.empty() && path[0] != '/' && s.meta.contains("base_dir")) {
-      path = s.meta["base_dir"].get<std::string>() + "/" + path;
+    std::vector<std::string> paths;
+    for (const auto& p : list ? s.meta[key] : nlohmann::json::array({s.meta[key]})) {
+      std::string path = p.get<std::string>();
+      if (!path.empty() && path[0] != '/' && s.meta.contains("base_dir")) {
+        path = s.meta["base_dir"].get<std::string>() + "/" + path;
+      }
+      paths.push_back(std::move(path));
     }
-    return path;
+    return paths;
+  }
+  std::string path_of(const Sample& s, const std::string& key) const { return join_paths(paths_of(s, key)); }
+  static std::string join_paths(const std::vector<std::string>& paths) {
+    std::string text;
+    for (const auto& p : paths) text += (text.empty() ? "" : " + ") + p;
+    return text;
+  }
+
+  /// A key's channel files read and stacked as channels, in order (MONAI's LoadImage of a
+  /// list of files: channel-first there, channels last here as NIfTI keeps them, so that
+  /// EnsureChannelFirst moves them first as for a 4D file). Each file lies on the first's
+  /// grid: the same shape, spacing, orientation and origin (to 0.001 mm), else FormatError
+  /// naming both files and what differs.
+  Volume read_channel_files(const std::string& key, const std::vector<std::string>& paths,
+                            const ImageReadOptions& read) const {
+    Volume first = read_image(paths.front(), read);
+    std::vector<at::Tensor> channels;
+    const auto as_channels = [&](const Volume& v, const std::string& path) {
+      if (v.data.dim() == 3) return v.data.unsqueeze(3);
+      if (v.data.dim() == 4) return v.data;
+      throw FormatError(str("LoadImage: key '", key, "': channel file ", path, " has ", v.data.dim(),
+                            " dimensions (shape ", v.data.sizes(),
+                            "); a channel file is a 3D image (or 3D with channels)"));
+    };
+    channels.push_back(as_channels(first, paths.front()));
+    for (std::size_t c = 1; c < paths.size(); ++c) {
+      Volume v = read_image(paths[c], read);
+      const std::string both =
+          str("LoadImage: key '", key, "': channel file ", paths[c], " is not on the grid of ", paths.front(), ": ");
+      const auto spatial = [](const Volume& x) {
+        return std::vector<std::int64_t>(x.data.sizes().begin(),
+                                         x.data.sizes().begin() + std::min<std::int64_t>(3, x.data.dim()));
+      };
+      if (spatial(v) != spatial(first)) {
+        throw FormatError(str(both, "shape ", at::IntArrayRef(spatial(v)), " vs ", at::IntArrayRef(spatial(first)),
+                              " (an image's channel files must share one grid)"));
+      }
+      const auto sa = first.spacing(), sb = v.spacing();
+      for (int d = 0; d < 3; ++d) {
+        if (std::abs(sa[d] - sb[d]) > 1e-3) {
+          throw FormatError(str(both, "spacing ", sb[0], " x ", sb[1], " x ", sb[2], " mm vs ", sa[0], " x ", sa[1],
+                                " x ", sa[2], " mm"));
+        }
+      }
+      if (v.axcodes() != first.axcodes()) {
+        throw FormatError(str(both, "orientation ", v.axcodes(), " vs ", first.axcodes()));
+      }
+      if (const double diff = first.affine.max_abs_diff(v.affine); diff > 1e-3) {
+        throw FormatError(str(both, "affine (origin or direction) differs by up to ", diff, " mm (allowed 0.001)\n",
+                              v.affine.to_string(), "\nvs\n", first.affine.to_string()));
+      }
+      channels.push_back(as_channels(v, paths[c]));
+    }
+    // One type for all: the widest of the files' (a float channel beside integer ones stays float).
+    at::ScalarType type = channels.front().scalar_type();
+    for (const auto& t : channels) type = at::promote_types(type, t.scalar_type());
+    for (auto& t : channels) t = t.to(type);
+    first.data = at::cat(channels, 3);
+    return first;
   }
 
   /// An item's files lie on one grid: the same spatial shape, and affines equal to a

@@ -74,20 +74,20 @@ bool same(const Sample& a, const Sample& b) {
 TEST_F(CachedDatasetTest, MsdListResolvesPathsAndFoldsSplit) {
   const Dataset d = load_dataset(dataset_json());
   ASSERT_EQ(d.items.size(), 5u);
-  EXPECT_EQ(d.items[2].files.at("image"), dir_->path() + "/ds/imagesTr/spleen_2.nii.gz");
-  EXPECT_TRUE(os::exists(d.items[2].files.at("label")));
+  EXPECT_EQ(d.items[2].files.at("image").first(), dir_->path() + "/ds/imagesTr/spleen_2.nii.gz");
+  EXPECT_TRUE(os::exists(d.items[2].files.at("label").first()));
   test::TempDir t;
   test::write_file(t / "folds.json", R"({"training": [{"image": "a.nii", "fold": 0}, {"image": "b.nii", "fold": 1},
                                                     {"image": "/abs/c.nii", "fold": 1}]})");
   const Dataset f = load_dataset(t / "folds.json");
-  EXPECT_EQ(f.items[0].files.at("image"), t / "a.nii");
-  EXPECT_EQ(f.items[2].files.at("image"), "/abs/c.nii");
+  EXPECT_EQ(f.items[0].files.at("image").first(), t / "a.nii");
+  EXPECT_EQ(f.items[2].files.at("image").first(), "/abs/c.nii");
   EXPECT_EQ(select_fold(f, 1, true).items.size(), 2u);
   EXPECT_EQ(select_fold(f, 1, false).items.size(), 1u);
   test::write_file(t / "list.csv", "image,label,fold\nimg0.nii.gz,lab0.nii.gz,0\n./img1.nii.gz, lab1.nii.gz ,1\n");
   const Dataset c = load_dataset(t / "list.csv");
   ASSERT_EQ(c.items.size(), 2u);
-  EXPECT_EQ(c.items[1].files.at("label"), t / "lab1.nii.gz");
+  EXPECT_EQ(c.items[1].files.at("label").first(), t / "lab1.nii.gz");
   EXPECT_EQ(c.items[1].fold, 1);
 }
 
@@ -174,7 +174,7 @@ TEST_F(CachedDatasetTest, KeyChangesWithChainArgumentsAndInputFiles) {
   content.content_hash = true;
   const std::string c0 = CachedDataset(d, chain(), content).key(0);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const std::string image = d.items[0].files.at("image");
+  const std::string image = d.items[0].files.at("image").first();
   const std::string bytes = test::read_file(image);
   test::write_file(image, bytes);
   EXPECT_NE(CachedDataset(d, chain(), config("memory")).key(0), k0);

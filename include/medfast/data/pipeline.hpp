@@ -104,6 +104,9 @@ struct PipelineConfig {
   LoaderOptions loader;
   SmartCacheOptions smart_options;
   CacheSectionOptions cache_options;  ///< data.cache as written, defaults filled in
+  /// data.labels: a region run's regions, their names and regions_class_order (what `plan`
+  /// writes for an nnU-Net v2 region dataset; infer writes one label map by that order).
+  DatasetLabels labels;
   /// data.cache.kind is smart (smart_options apply, not cache).
   bool smart() const { return cache_options.kind == "smart"; }
   /// data.class_names: the names of the classes the metrics report (softmax: the foreground
@@ -114,6 +117,10 @@ struct PipelineConfig {
   /// setting); the chains made below carry it.
   std::uint64_t max_volume_bytes = kDefaultMaxVolumeBytes;
 };
+
+/// data.labels of a run config: {names: [...], regions: [[1, 2, 3], ...], regions_class_order:
+/// [1, 2, 3]}. ConfigError naming `path` and the key.
+DatasetLabels read_run_labels(const nlohmann::json& labels, const std::string& path);
 
 /// YAML (or JSON, which is YAML) to JSON: numbers, booleans and null typed.
 nlohmann::json load_yaml_as_json(const std::string& path);

@@ -30,6 +30,9 @@ struct CaseSummary {
   std::string axcodes;                   ///< the file's orientation before reorienting
   Shape shape{};                         ///< voxels per axis (RAS)
   std::int64_t channels = 0;
+  /// The label's channels: 1 (class indices), or a mask per channel (then label_voxels
+  /// counts channel k's nonzero voxels as value k + 1).
+  std::int64_t label_channels = 1;
   CaseFingerprint crop;                  ///< shape after the crop, its share, spacing, samples
   std::map<std::int64_t, std::int64_t> label_voxels;  ///< voxels per label value
 };
@@ -47,6 +50,9 @@ struct DatasetFingerprint {
   std::string list;                       ///< the dataset list (dataset.json or .csv)
   std::vector<std::string> channel_names;  ///< per channel: the list's modality / channel_names, else ""
   std::map<std::int64_t, std::string> label_names;  ///< from the list's "labels" (may be empty)
+  data::DatasetLabels labels;  ///< the list's labels, with its regions (nnU-Net v2) where it has them
+  /// The kept cases' label channels: 1, or masks per channel (a sigmoid run of that many outputs).
+  std::int64_t label_channels = 1;
   std::vector<data::DatasetItem> items;   ///< the kept items, in list order
   std::vector<CaseSummary> cases;         ///< one per kept item
   std::vector<CaseNote> notes;            ///< per case, in list order; dataset-wide ones name the list

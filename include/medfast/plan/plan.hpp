@@ -142,6 +142,10 @@ struct Plan {
   NetworkPlan network;
   std::vector<ChannelNormalization> normalization;
   std::vector<std::int64_t> classes;  ///< label values (0 first)
+  /// A sigmoid run, one output per region or label channel (nnU-Net's region-based training):
+  /// the list's labels define regions, or its labels have several channels.
+  bool sigmoid = false;
+  data::DatasetLabels labels;  ///< the list's labels and regions (the run's data.labels)
   std::uint64_t budget_bytes = 0;
   std::string budget_reason;          ///< where the budget came from
   /// Crops each case of a batch gives (RandCropByPosNegLabel's num_samples): kCropsPerCase
