@@ -72,6 +72,35 @@ def _crop_foreground(mt, args):
     return [mt.CropForegroundd(**_tuples(args))]
 
 
+def _label_to_regions(monai, args):
+    """LabelToRegions (medfast's; nnU-Net's regions, MONAI's tutorials write the same as a
+    ConvertToMultiChannelBasedOnBratsClassesd of their own): channel k is the label in
+    regions[k], as the MSD Task01 tutorial's class does for TC, WT and ET."""
+    import torch
+    keys = args.pop("keys", ["label"])
+    regions = [[r] if isinstance(r, int) else list(r) for r in args.pop("regions")]
+    if args:
+        raise ValueError(f"LabelToRegions: arguments {sorted(args)} are not known to the MONAI peer")
+
+    class LabelToRegionsd(monai.transforms.MapTransform):
+        def __call__(self, data):
+            d = dict(data)
+            for key in self.key_iterator(d):
+                img = d[key]
+                if img.ndim == 4 and img.shape[0] == 1:
+                    img = img.squeeze(0)
+                channels = []
+                for region in regions:
+                    mask = img == region[0]
+                    for value in region[1:]:
+                        mask = mask | (img == value)
+                    channels.append(mask)
+                d[key] = torch.stack(channels, dim=0).float()  # as the tutorial's class: float32
+            return d
+
+    return [LabelToRegionsd(keys=keys)]
+
+
 def transforms(monai, chain, reader=None):
     """MONAI dictionary transforms for a medfast chain (a list of {"name": ..., arguments});
     `reader`: the ImageReader its LoadImage uses (default: MONAI's own choice, nibabel for NIfTI)."""
@@ -84,6 +113,8 @@ def transforms(monai, chain, reader=None):
             out += _load_image(mt, args, reader)
         elif name == "CropForeground":
             out += _crop_foreground(mt, args)
+        elif name == "LabelToRegions":
+            out += _label_to_regions(monai, args)
         else:
             out.append(getattr(mt, name + "d")(**_tuples(args)))
     return out

@@ -101,28 +101,43 @@ def dataset_items(config, base):
 
 
 def network(monai, model):
+    """MONAI's UNet or SegResNet with the config's arguments (medfast's take MONAI's names)."""
     args = {k: (tuple(x) if isinstance(x, list) else x) for k, x in model.items() if k != "name"}
-    if model.get("name") != "UNet":
+    kinds = {"UNet": monai.networks.nets.UNet, "SegResNet": monai.networks.nets.SegResNet}
+    if model.get("name") not in kinds:
         refuse(f"model {model.get('name')}")
     args.setdefault("spatial_dims", 3)
-    return monai.networks.nets.UNet(**args)
+    return kinds[model["name"]](**args)
+
+
+def is_sigmoid(config):
+    """A sigmoid run (one channel per region or class, thresholded at 0.5) rather than softmax."""
+    return bool(config.get("loss", {}).get("sigmoid"))
 
 
 def loss_function(monai, loss):
     names = {"DiceCE": monai.losses.DiceCELoss, "Dice": monai.losses.DiceLoss, "DiceFocal": monai.losses.DiceFocalLoss}
-    if loss.get("sigmoid"):
-        refuse("a sigmoid loss (the twin scores softmax models)")
     return names[loss.get("name", "DiceCE")](**{k: v for k, v in loss.items() if k != "name"})
 
 
 def optimizer(monai, params, opt, schedule):
-    if schedule and schedule.get("name", "constant") != "constant":
-        refuse(f"schedule {schedule.get('name')}")
     args = {k: (tuple(v) if isinstance(v, list) else v) for k, v in opt.items() if k != "name"}
     kinds = {"Adam": torch.optim.Adam, "SGD": torch.optim.SGD, "AdamW": torch.optim.AdamW}
     if opt["name"] == "Novograd":
         return monai.optimizers.Novograd(params, **args)
     return kinds[opt["name"]](params, **args)
+
+
+def scheduler(opt, schedule, epochs):
+    """The learning-rate schedule, stepped once per epoch as medfast's: constant (None), or
+    warmup_cosine without warmup, which is the tutorial's CosineAnnealingLR(T_max=epochs)."""
+    schedule = {"name": schedule} if isinstance(schedule, str) else (schedule or {})
+    name = schedule.get("name", "constant")
+    if name == "constant":
+        return None
+    if name == "warmup_cosine" and not schedule.get("warmup_epochs", 0):
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=schedule.get("eta_min", 0.0))
+    refuse(f"schedule {schedule}")
 
 
 def precision(value, cuda):
@@ -202,14 +217,19 @@ def caches(monai, config, train_files, val_files, threads, device=None, on_devic
     return train_loader, val_ds, keys
 
 
-def validate(monai, model, val_ds, keys, config, device=None, amp="fp32", channels_last=False):
-    """Mean validation Dice of the foreground classes, as medfast scores a softmax model."""
+def validate(monai, model, val_ds, keys, config, device=None, amp="fp32", channels_last=False, per_class=None):
+    """Mean validation Dice, as medfast scores the model: softmax, argmax and the foreground
+    classes (DiceMetric include_background=False); sigmoid, each channel (a region) thresholded
+    at 0.5 (the tutorial's Activations(sigmoid) + AsDiscrete(threshold=0.5)), every channel
+    scored. The mean is over classes of each class's mean over cases (medfast's, and
+    DiceMetric's mean_batch then mean). `per_class`, a list, receives each class's Dice."""
     device = device or torch.device("cpu")
     network_of = (lambda w: model(w.to(memory_format=torch.channels_last_3d))) if channels_last else model
     sw = dict(config.get("validation", {}).get("sliding_window", {}))
     roi, sw_batch = tuple(sw.pop("roi_size")), sw.pop("sw_batch_size", 1)
     classes = config["model"].get("out_channels", 2)
-    metric = monai.metrics.DiceMetric(include_background=False, reduction="mean")
+    sigmoid = is_sigmoid(config)
+    metric = monai.metrics.DiceMetric(include_background=sigmoid, reduction="mean_batch")
     model.eval()
     with torch.no_grad():
         for i in range(len(val_ds)):
@@ -217,12 +237,19 @@ def validate(monai, model, val_ds, keys, config, device=None, amp="fp32", channe
             x = torch.as_tensor(item[keys[0]])[None].to(device).float()
             with autocast(device, amp):
                 logits = monai.inferers.sliding_window_inference(x, roi, sw_batch, network_of, **sw)
-            pred = torch.nn.functional.one_hot(logits.argmax(1), classes).permute(0, 4, 1, 2, 3)
-            label = torch.as_tensor(item[keys[1]])[None, 0].to(device).long()
-            truth = torch.nn.functional.one_hot(label, classes).permute(0, 4, 1, 2, 3)
+            if sigmoid:
+                pred = (torch.sigmoid(logits.float()) > 0.5).float()
+                truth = torch.as_tensor(item[keys[1]])[None].to(device).float()
+            else:
+                pred = torch.nn.functional.one_hot(logits.argmax(1), classes).permute(0, 4, 1, 2, 3)
+                label = torch.as_tensor(item[keys[1]])[None, 0].to(device).long()
+                truth = torch.nn.functional.one_hot(label, classes).permute(0, 4, 1, 2, 3)
             metric(pred, truth)
     model.train()
-    return metric.aggregate().item()
+    each = metric.aggregate()
+    if per_class is not None:
+        per_class[:] = [float(v) for v in each]
+    return torch.nanmean(each).item()
 
 
 def layout(channels_last):
@@ -338,6 +365,7 @@ def train_variant(monai, config, seed, run_dir, device, amp, channels_last, load
     opt = optimizer(monai, model.parameters(), config["optimizer"], config.get("schedule"))
     scaler = grad_scaler() if amp == "fp16" else None
     epochs, target = t.get("epochs", 1), t.get("target_dice", 0)
+    lr_schedule = scheduler(opt, config.get("schedule"), epochs)
     interval = config.get("validation", {}).get("interval", 1)
     result = {**common, "history": [], "reached_target": False, "time_to_target": None, "best_dice": -1.0,
               "parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -347,15 +375,18 @@ def train_variant(monai, config, seed, run_dir, device, amp, channels_last, load
     for epoch in range(epochs):
         t0 = time.perf_counter()
         loss, steps, samples, wait = train_epoch(model, loader, keys, loss_fn, opt, device, amp, scaler, channels_last)
+        if lr_schedule is not None:
+            lr_schedule.step()
         train_seconds = time.perf_counter() - t0
-        dice, val_seconds = None, 0.0
+        dice, val_seconds, per_class = None, 0.0, []
         if val_ds is not None and ((epoch + 1) % interval == 0 or epoch + 1 == epochs):
             v0 = time.perf_counter()
-            dice = validate(monai, model, val_ds, keys, config, device, amp, channels_last)
+            dice = validate(monai, model, val_ds, keys, config, device, amp, channels_last, per_class)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             val_seconds = time.perf_counter() - v0
-        rec = {"epoch": epoch + 1, "loss": loss, "dice": dice, "steps": steps, "samples": samples,
+        rec = {"epoch": epoch + 1, "loss": loss, "dice": dice, "dice_per_class": per_class or None,
+               "steps": steps, "samples": samples,
                "train_seconds": train_seconds, "validation_seconds": val_seconds, "data_wait": wait,
                "samples_per_second": samples / train_seconds if train_seconds > 0 else 0.0,
                "seconds": time.perf_counter() - t0, "elapsed": time.perf_counter() - start}
