@@ -72,6 +72,10 @@ VerifyReport verify_folder(const std::string& dir, const io::IoOptions& io) {
   r.temporary_files = l.temps.size();
   r.foreign = l.foreign;
   r.marked = l.marked;
+  for (const auto& path : l.foreign) {
+    const std::string kind = os::irregular_kind(path);
+    if (!kind.empty()) r.irregular.emplace_back(path, kind);
+  }
   for (const auto& path : l.entries) {
     try {
       verify_entry(path, key_of_name(path), io);  // every payload's size and checksum, and the key its name says

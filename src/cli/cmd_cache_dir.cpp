@@ -1,5 +1,6 @@
 // `medfast cache info|verify|prune`: torch-free (in the `medfast` binary itself, no
 // libtorch load); `prune --config` needs the pipeline and is handed over (see commands.hpp).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,14 +31,30 @@ int run_verify(const DirArgs& a, Context& ctx) {
     for (const auto& [path, error] : r.corrupt) bad.push_back({{"path", path}, {"error", error}});
     print_json(nlohmann::json{{"dir", a.dir}, {"entries", r.entries}, {"valid", r.valid}, {"corrupt", bad},
                               {"temporary_files", r.temporary_files}, {"not_entries", r.foreign},
+                              {"not_regular_files", [&] {
+                                 nlohmann::json j = nlohmann::json::array();
+                                 for (const auto& [path, kind] : r.irregular) j.push_back({{"path", path}, {"kind", kind}});
+                                 return j;
+                               }()},
                               {"marked", r.marked}}
                    .dump(2));
   } else {
     std::printf("cache verify %s: %zu entries, %zu valid, %zu corrupt, %zu temporary files\n", a.dir.c_str(),
                 r.entries, r.valid, r.corrupt.size(), r.temporary_files);
     for (const auto& [path, error] : r.corrupt) std::printf("  corrupt: %s\n", error.c_str());
-    for (const auto& path : r.foreign) std::printf("  not a cache entry (left alone): %s\n", path.c_str());
+    for (const auto& path : r.foreign) {
+      const auto it = std::find_if(r.irregular.begin(), r.irregular.end(), [&](const auto& x) { return x.first == path; });
+      std::printf("  not a cache entry (left alone): %s%s\n", path.c_str(),
+                  it == r.irregular.end() ? "" : (": " + it->second + ", not a regular file").c_str());
+    }
     if (!r.marked) std::printf("  the folder has no cache mark (.medfast.json): prune will not touch it\n");
+  }
+  if (!r.irregular.empty()) {  // named as entries, never opened: something is wrong with the folder
+    std::fprintf(stderr,
+                 "medfast: error: %zu files named as cache entries in %s are not regular files (%s: %s); medfast "
+                 "left them alone: remove them yourself\n",
+                 r.irregular.size(), a.dir.c_str(), r.irregular[0].first.c_str(), r.irregular[0].second.c_str());
+    return 1;
   }
   if (!r.corrupt.empty()) {
     std::fprintf(stderr, "medfast: error: %zu corrupt cache entries in %s (medfast cache prune --dir %s removes them)\n",

@@ -112,6 +112,16 @@ const char* kind_of(mode_t m) {
   return "not a regular file";
 }
 
+}  // namespace
+
+std::string irregular_kind(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) return "";
+  return kind_of(st.st_mode);
+}
+
+namespace {
+
 [[noreturn]] void refuse_irregular(const std::string& path, mode_t m) {
   throw OsError(str("cannot open ", path, ": ", kind_of(m), ", not a regular file (medfast reads and writes only "
                     "regular files: a FIFO, socket or device could block or never end)"),

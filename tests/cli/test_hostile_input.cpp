@@ -176,15 +176,16 @@ TEST(HostileInput, AFifoIsRefusedAtOpenWithItsPath) {
   EXPECT_LT(plan.seconds, 5.0);
 
   // A FIFO named as a cache entry, in a cache folder (one medfast made: its mark): not a file
-  // medfast wrote, so verify names it as no entry of its own and returns at once, and prune
-  // leaves it where it is (issue 53: medfast removes only what it wrote).
+  // medfast wrote, so verify names it (never opening it) and fails at once, and prune leaves it
+  // where it is (issue 53: medfast removes only what it wrote).
   os::make_directories(dir / "cache");
   os::write_folder_mark(dir / "cache", os::new_folder_mark("cache"));
   const std::string entry = dir / "cache/0123456789abcdef.mfc";
   ASSERT_EQ(::mkfifo(entry.c_str(), 0600), 0);
   const Bounded verify = run_bounded("cache verify --dir " + (dir / "cache"), dir.path());
-  EXPECT_EQ(verify.r.exit_code, 0) << verify.r.err;
-  EXPECT_TRUE(test::contains_all(verify.r.out, {"not a cache entry (left alone): " + entry})) << verify.r.out;
+  EXPECT_EQ(verify.r.exit_code, 1) << verify.r.err;
+  EXPECT_TRUE(test::contains_all(verify.r.out, {"not a cache entry (left alone): " + entry + refused})) << verify.r.out;
+  EXPECT_TRUE(test::contains_all(verify.r.err, {"not regular files", entry, "a FIFO", "left them alone"})) << verify.r.err;
   const Bounded info = run_bounded("cache info --json --dir " + (dir / "cache"), dir.path());
   ASSERT_EQ(info.r.exit_code, 0) << info.r.err;
   EXPECT_EQ(nlohmann::json::parse(info.r.out)["entries"], 0) << info.r.out;

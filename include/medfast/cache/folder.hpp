@@ -26,6 +26,9 @@ struct VerifyReport {
   std::size_t entries = 0, valid = 0, temporary_files = 0;
   std::vector<std::pair<std::string, std::string>> corrupt;  ///< path, what is wrong
   std::vector<std::string> foreign;                          ///< *.mfc files that are not cache entries
+  /// Of those, the ones that are no regular file at all (a FIFO, a socket, a device): path, kind.
+  /// Never opened (they could block); left alone, and an error of verify's.
+  std::vector<std::pair<std::string, std::string>> irregular;
   bool marked = false;
 };
 /// Reads every entry and checks every checksum, and that each holds the key its name says

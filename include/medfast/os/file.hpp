@@ -53,6 +53,11 @@ class ScopedHook {
 };
 }  // namespace testing
 
+/// What `path` is where it is not a regular file ("a FIFO", "a socket", "a character device",
+/// "a block device", "a directory"); "" for a regular file or a path that does not exist. A
+/// stat, never an open: a FIFO does not block it.
+std::string irregular_kind(const std::string& path);
+
 /// Basic facts about a path.
 struct FileInfo {
   std::uint64_t size = 0;
