@@ -37,6 +37,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import monai_peer  # noqa: E402
 from cache_fill import machine  # noqa: E402
+from default_run import timed_run as timed  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -52,15 +53,6 @@ def cpu_overrides(a):
             f"validation.sliding_window.roi_size={json.dumps(size)}", "validation.interval=1",
             "model.init_filters=8", "optimizer.lr=0.001", "data.loader.batch_size=1", "train.device=cpu",
             "train.amp=false", f"train.epochs={a.epochs}"] + a.set
-
-
-def timed(cmd, cwd):
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-4000:]}")
-    return json.loads(p.stdout), wall
 
 
 def last_regions(history):

@@ -163,6 +163,20 @@ struct Ellipsoid {
 
 namespace {
 
+/// An LPS affine (x to the patient's left, y posterior, z superior) of a grid of `n` voxels
+/// at `spacing`, centred near the origin as scanner coordinates are.
+Affine lps_affine(const std::array<std::int64_t, 3>& n, const std::array<double, 3>& spacing) {
+  const auto [sx, sy, sz] = spacing;
+  Affine a;
+  a(0, 0) = -sx;
+  a(1, 1) = -sy;
+  a(2, 2) = sz;
+  a(0, 3) = sx * (n[0] - 1) / 2.0;
+  a(1, 3) = sy * (n[1] - 1) / 2.0;
+  a(2, 3) = -sz * (n[2] - 1) / 2.0;
+  return a;
+}
+
 /// Shifts a voxel's squared ellipsoid distance by a smooth bump of its direction, so that
 /// the tumour's borders are not plain ellipsoids (a low-order angular ripple, +-`amount`).
 double rippled(double d2, double dx, double dy, double dz, const std::array<double, 3>& phase, double amount) {
@@ -245,13 +259,7 @@ SynthCase make_brats_case(const SynthOptions& o, int index) {
     }
   });
 
-  Affine a;  // LPS, as the spleen kind's: orientation code is exercised
-  a(0, 0) = -sx;
-  a(1, 1) = -sy;
-  a(2, 2) = sz;
-  a(0, 3) = sx * (nx - 1) / 2.0;
-  a(1, 3) = sy * (ny - 1) / 2.0;
-  a(2, 3) = -sz * (nz - 1) / 2.0;
+  const Affine a = lps_affine(n, {sx, sy, sz});  // as the spleen kind's: orientation code is exercised
   SynthCase c;
   c.image.data = image.permute({3, 2, 1, 0});
   c.image.affine = a;
@@ -347,15 +355,7 @@ SynthCase make_synth_case(const SynthOptions& o, int index) {
     }
   });
 
-  // LPS affine (x to the patient's left, y posterior, z superior), centred
-  // near the origin as scanner coordinates are.
-  Affine a;
-  a(0, 0) = -sx;
-  a(1, 1) = -sy;
-  a(2, 2) = sz;
-  a(0, 3) = sx * (nx - 1) / 2.0;
-  a(1, 3) = sy * (ny - 1) / 2.0;
-  a(2, 3) = -sz * (nz - 1) / 2.0;
+  const Affine a = lps_affine(n, {sx, sy, sz});
 
   SynthCase c;
   c.image.data = image.permute({2, 1, 0});
