@@ -75,9 +75,10 @@ std::vector<SettingDef> make_defs() {
              "libtorch 1.x a transposed convolution's gradients, computed by forward convolutions, which libtorch "
              "runs several times faster; libtorch: its own backward everywhere)"),
       choice("conv_forward", "auto", {"auto", "libtorch"},
-             "float32 convolutions with at most 4 output channels and stride 1 on a CPU with AVX2 or AVX-512 "
-             "(auto: medfast's direct kernel, several times faster than oneDNN's for so few channels; "
-             "libtorch: its own kernels everywhere)"),
+             "float32 convolutions on the CPU (auto: with at most 4 output channels and stride 1 on a CPU with "
+             "AVX2 or AVX-512, medfast's direct kernel, several times faster than oneDNN's for so few channels; "
+             "the others with a kernel of more than one voxel in oneDNN where libtorch would take its im2col "
+             "kernel, 5-10x slower for one small volume; libtorch: its own kernels everywhere)"),
       choice("fold_batch_norm", "on", {"on", "off"},
              "validation, eval and infer run a UNet with batch norm folded into its convolutions (the same "
              "outputs up to float rounding, one pass less per layer; off: the trained network as it is)"),

@@ -1,5 +1,7 @@
 #include "medfast/nn/conv.hpp"
 
+#include <ATen/Context.h>
+#include <ATen/ops/mkldnn_convolution.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
 #include <torch/autograd.h>
@@ -42,12 +44,43 @@ bool direct_applies(const at::Tensor& x, const at::Tensor& w, at::IntArrayRef st
   return true;
 }
 
+std::atomic<bool> onednn_forward_on{true};
+
+// oneDNN's forward kernel for a float32 CPU convolution whose kernel is more than one voxel, where
+// oneDNN is built and enabled (the self-check switches a faulty one off) and the input and
+// weight are not channels-last (a channels-last network stays libtorch's choice). libtorch 1.13's and 2.x's own choice
+// (ConvParams::use_mkldnn) takes its im2col kernel for one sample when N*C*D*H <= 20480, a size
+// rule written for 2-D images that leaves out a volume's last axis: every layer of a 48x48x32
+// crop at batch 1 with up to 8 channels, where oneDNN is 5-10x faster (docs/benchmarks.md,
+// "oneDNN for one small volume"). A 1x1x1 kernel stays libtorch's (a matrix product there,
+// faster than oneDNN's).
+bool onednn_forward_applies(const at::Tensor& x, const at::Tensor& w) {
+  if (!onednn_forward_on.load(std::memory_order_relaxed)) return false;
+  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return false;
+  if (x.dim() != 5 || w.dim() != 5 || cpu_autocast()) return false;
+  if (x.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d || !w.is_contiguous()) return false;
+  return w.size(2) * w.size(3) * w.size(4) > 1;
+}
+
+// A forward convolution with dilation 1, groups 1 and numeric zero padding by libtorch's kernels:
+// oneDNN's where onednn_forward_applies, else libtorch's own choice. Under autograd oneDNN's
+// records libtorch's convolution backward, as at::conv3d does.
+at::Tensor libtorch_conv3d(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias, at::IntArrayRef stride,
+                           at::IntArrayRef padding) {
+  if (onednn_forward_applies(x, w)) {
+    return at::mkldnn_convolution(x.contiguous(), w, bias, padding, stride, /*dilation=*/{1, 1, 1},
+                                  /*groups=*/1);
+  }
+  return at::conv3d(x, w, bias, stride, padding);
+}
+
 // conv3d with stride 1, dilation 1, groups 1, numeric zero padding: the direct kernel where it
 // applies, else libtorch's.
 at::Tensor conv3d_stride1(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::IntArrayRef padding) {
   const at::Tensor bias = b.defined() && b.numel() > 0 ? b : at::Tensor();
   if (direct_applies(x, w, {1, 1, 1})) return direct_conv3d(x, w, bias, {1, 1, 1}, padding);
-  return at::conv3d(x, w, bias, /*stride=*/1, padding);
+  return libtorch_conv3d(x, w, bias, /*stride=*/{1, 1, 1}, padding);
 }
 
 using torch::autograd::AutogradContext;
@@ -82,7 +115,7 @@ struct Conv3dStride1 : torch::autograd::Function<Conv3dStride1> {
     if (ctx->needs_input_grad(0)) {
       std::vector<std::int64_t> full(3);
       for (std::size_t i = 0; i < 3; ++i) full[i] = w.size(static_cast<std::int64_t>(i) + 2) - 1 - padding[i];
-      const at::Tensor flipped = w.flip({2, 3, 4}).transpose(0, 1);
+      const at::Tensor flipped = w.flip({2, 3, 4}).transpose(0, 1).contiguous();
       // Under create_graph the gradient needs a graph of its own: libtorch's convolution.
       dx = at::GradMode::is_enabled() ? at::conv3d(g, flipped, {}, /*stride=*/1, full)
                                       : conv3d_stride1(g, flipped, {}, full);
@@ -180,6 +213,14 @@ void count_macs(double macs) {
   for (MacCounter* c = innermost_counter; c != nullptr; c = c->outer_) c->macs_ += macs;
 }
 
+void set_onednn_conv_forward(bool on) {
+  onednn_forward_on.store(on);
+}
+bool onednn_conv_forward_enabled() {
+  return onednn_forward_on.load(std::memory_order_relaxed) && at::hasMKLDNN() &&
+         at::globalContext().userEnabledMkldnn();
+}
+
 void set_custom_conv_backward(bool on) {
   custom_backward_on.store(on);
 }
@@ -210,14 +251,14 @@ at::Tensor Conv3dImpl::run(const at::Tensor& input) {
     if (stride1 && inner_padding && options.out_channels() <= kCustomBackwardMaxOutChannels) {
       return Conv3dStride1::apply(input, weight, bias_argument(bias), padding);
     }
-    return torch::nn::Conv3dImpl::forward(input);
+    return libtorch_conv3d(input, weight, bias, *options.stride(), padding);
   }
   // No gradient to compute (validation, inference), or libtorch's backward asked for: the
   // direct kernel only where nothing needs a gradient.
   if (!needs_grad(input, weight, bias) && stride1 && direct_applies(input, weight, *options.stride())) {
     return direct_conv3d(input, weight, bias, {1, 1, 1}, padding);
   }
-  return torch::nn::Conv3dImpl::forward(input);
+  return libtorch_conv3d(input, weight, bias, *options.stride(), padding);
 }
 
 at::Tensor ConvTranspose3dImpl::forward(const at::Tensor& input, const c10::optional<at::IntArrayRef>& output_size) {

@@ -192,6 +192,7 @@ bool apply_conv_backward(const Settings& settings) {
 bool apply_conv_forward(const Settings& settings) {
   const bool on = settings.get("conv_forward") == "auto";
   nn::set_direct_conv(on);
+  nn::set_onednn_conv_forward(on);
   return on;
 }
 

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "backend_check.hpp"
+#include "op_recorder.hpp"
 #include "medfast/core/error.hpp"
 #include "medfast/nn/conv.hpp"
 #include "medfast/train/amp.hpp"
@@ -98,6 +100,11 @@ TEST(Conv, Conv3dGradientsEqualLibtorch) {
 
 TEST(Conv, Conv3dTakesLibtorchsBackwardOutsideItsCase) {
   torch::manual_seed(2);
+  // libtorch's own forward too (the oneDNN forward below records its own node).
+  set_onednn_conv_forward(false);
+  struct Restore {
+    ~Restore() { set_onednn_conv_forward(true); }
+  } restore;
   // Strided, dilated, grouped, float64: libtorch's own backward, the same numbers.
   struct Other {
     torch::nn::Conv3dOptions options;
@@ -135,6 +142,74 @@ TEST(Conv, Conv3dTakesLibtorchsBackwardOutsideItsCase) {
   torch::NoGradGuard no_grad;
   const at::Tensor y = ours->forward(at::randn({1, 2, 5, 5, 5}));
   EXPECT_FALSE(y.requires_grad());
+}
+
+// One small volume (N*C*D*H <= 20480), where libtorch's own rule takes its im2col kernel: a
+// forward convolution whose kernel is more than one voxel runs oneDNN's, in training (with the
+// custom backward, with libtorch's, strided) and without gradients; the same outputs and
+// gradients as libtorch's up to float rounding; a 1x1x1 kernel, channels-last input and
+// conv_forward: libtorch keep libtorch's choice.
+TEST(Conv, Conv3dTakesOneDnnWhereLibtorchWouldTakeIm2col) {
+  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) {
+    GTEST_SKIP() << "libtorch is built without oneDNN (or it is switched off): nothing to choose";
+  }
+  ASSERT_TRUE(onednn_conv_forward_enabled());
+  torch::manual_seed(3);
+  struct Case {
+    ConvCase conv;
+    bool onednn;
+  };
+  const std::vector<Case> cases = {
+      {{8, 8, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, true}, true},     // the custom backward's case
+      {{8, 16, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, true}, true},    // libtorch's backward
+      {{8, 16, {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, false}, true},   // strided
+      {{8, 16, {3, 3, 1}, {1, 1, 1}, {1, 1, 0}, true}, true},    // anisotropic
+      {{8, 16, {1, 1, 1}, {1, 1, 1}, {0, 0, 0}, true}, false},   // 1x1x1: libtorch's matrix product
+  };
+  const auto ran = [](const std::vector<test::OpRecorder::Op>& ops, const std::string& name) {
+    return std::any_of(ops.begin(), ops.end(), [&](const auto& op) { return op.name == name; });
+  };
+  for (const Case& c : cases) {
+    auto [ours, ref] = conv_pair(c.conv);
+    const at::Tensor x = at::randn({1, c.conv.in, 12, 12, 10});
+    const std::string what = describe(c.conv);
+    const at::Tensor dy = at::randn_like(ref->forward(x));
+    std::vector<test::OpRecorder::Op> ops;
+    Grads a;
+    {
+      test::OpRecorder recorder;
+      a = run(ours, x, true, dy);
+      ops = recorder.ops();
+    }
+    const Grads b = run(ref, x, true, dy);
+    expect_same_gradients(a, b, what);
+    EXPECT_EQ(ran(ops, "aten::mkldnn_convolution"), c.onednn) << what;
+    if (c.onednn) EXPECT_FALSE(ran(ops, "aten::slow_conv3d_forward")) << what;
+    {  // without gradients
+      torch::NoGradGuard no_grad;
+      test::OpRecorder recorder;
+      const at::Tensor y = ours->forward(x);
+      EXPECT_EQ(ran(recorder.ops(), "aten::mkldnn_convolution"), c.onednn) << what << ", no gradient";
+      expect_close(y, b.y, what + ", no gradient");
+    }
+  }
+  // Channels-last input, and the setting off: libtorch's own choice (its im2col kernel here).
+  auto [ours, ref] = conv_pair({8, 16, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, true});
+  const at::Tensor x = at::randn({1, 8, 12, 12, 10});
+  torch::NoGradGuard no_grad;
+  {
+    test::OpRecorder recorder;
+    (void)ours->forward(x.contiguous(at::MemoryFormat::ChannelsLast3d));
+    EXPECT_FALSE(ran(recorder.ops(), "aten::mkldnn_convolution")) << "channels-last";
+  }
+  set_onednn_conv_forward(false);
+  {
+    test::OpRecorder recorder;
+    const at::Tensor y = ours->forward(x);
+    set_onednn_conv_forward(true);
+    EXPECT_FALSE(ran(recorder.ops(), "aten::mkldnn_convolution")) << "conv_forward: libtorch";
+    EXPECT_TRUE(y.equal(ref->forward(x))) << "conv_forward: libtorch";
+  }
 }
 
 TEST(Conv, ConvTranspose3dGradientsEqualLibtorch) {

@@ -21,7 +21,9 @@
 /// over 8 x 32x32x16), with 8 and fewer 2-10x slower. Everything else (CUDA, other dtypes,
 /// inference without gradients) is libtorch's own forward and backward.
 ///
-/// Forward, a stride-1 convolution with at most kDirectMaxOutChannels output channels runs
+/// Forward, every other convolution whose kernel is more than one voxel runs oneDNN's kernel on
+/// float32 CPU tensors where libtorch's own rule would take its im2col kernel
+/// (set_onednn_conv_forward below). And a stride-1 convolution with at most kDirectMaxOutChannels output channels runs
 /// medfast's direct kernel (direct_conv.hpp) on float32 CPU tensors outside autocast, on a CPU
 /// with AVX2 or AVX-512, where no gradient is needed or under the custom backward (whose
 /// input gradient, a convolution too, takes it where it applies); measured in
@@ -86,6 +88,15 @@ void count_macs(double macs);
 /// Whether the custom backward is used at all: on by default; the conv_backward setting
 /// (libtorch) turns it off for the process (train::apply_conv_backward, before training).
 void set_custom_conv_backward(bool on);
+
+/// Whether a forward convolution whose kernel is more than one voxel takes oneDNN's kernel
+/// wherever libtorch would take its im2col kernel (float32, CPU, contiguous, outside autocast,
+/// oneDNN built and enabled): on by default; the conv_forward setting (libtorch) turns it off
+/// with the direct kernel (train::apply_conv_forward). libtorch's own rule takes im2col for one
+/// sample of N*C*D*H <= 20480, a 2-D rule that leaves out a volume's last axis (measured in
+/// docs/benchmarks.md, "oneDNN for one small volume": 5-10x slower there than oneDNN).
+void set_onednn_conv_forward(bool on);
+bool onednn_conv_forward_enabled();
 
 /// Whether ConvTranspose3d's custom backward is used on this libtorch: libtorch 1.x only (2.x
 /// runs transposed convolutions through oneDNN, and the custom backward measured no faster).

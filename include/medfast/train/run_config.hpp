@@ -179,8 +179,9 @@ bool apply_host_memory_reuse(const Settings& settings);
 /// taken by train and bench step before their first forward. Returns whether the custom
 /// convolution backward is on.
 bool apply_conv_backward(const Settings& settings);
-/// The conv_forward setting made effective for the process (nn::set_direct_conv): whether
-/// few-channel convolutions run medfast's direct kernel. Train, eval and infer call it.
+/// The conv_forward setting made effective for the process (nn::set_direct_conv,
+/// nn::set_onednn_conv_forward): whether few-channel convolutions run medfast's direct kernel
+/// and the others oneDNN's where libtorch would take im2col. Train, eval and infer call it.
 bool apply_conv_forward(const Settings& settings);
 
 /// Reads `root` (from `path`, "" for the built-in default: paths relative to the
