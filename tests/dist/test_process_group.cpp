@@ -845,6 +845,39 @@ TEST(Launch, TwoRanksTrainThroughTheLauncher) {
   EXPECT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
 }
 
+// The brain-tumour recipe as MONAI's guide runs it (brats_training_ddp.py: each rank caching
+// only its share of the items), on the CPU with Gloo: examples/brats.yaml with the file's own CPU
+// overrides, on a Task01-shaped synthetic set, through the launcher. Rank 0 preprocesses its
+// half of the training items and no more, both ranks take the same steps, and the regions are
+// reported by their names.
+TEST(Launch, TheBrainTumourRecipeTrainsOnTwoRanksEachCachingItsShare) {
+  test::TempDir dir;
+  const auto synth = test::run(launch("data synth --kind brats --out '" + (dir / "brats") +
+                                      "' --cases 6 --size 32,32,24 --seed 2"));
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const std::string sets =
+      " --set data.dataset='" + (dir / "brats/dataset.json") + "' --set data.validation.num=2" +
+      " --set data.cache.kind=memory --set data.random.0.roi_size=[16,16,16]" +
+      " --set validation.sliding_window.roi_size=[32,32,24] --set validation.interval=1" +
+      " --set model.init_filters=8 --set optimizer.lr=0.001 --set data.loader.batch_size=1" +
+      " --set data.loader.threads=1 --set train.device=cpu --set train.amp=false --set train.epochs=1" +
+      " --set train.run_dir='" + (dir / "run") + "'";
+  const auto r = test::run(launch("--threads 1 --dist-backend gloo launch --nproc 2 -- train --config '" +
+                                  test::source_dir() + "/examples/brats.yaml'" + sets));
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  // 4 training items over 2 ranks: rank 0 (the one that prints) caches 2 of them.
+  EXPECT_TRUE(contains(r.out, "training items: 2 (2 preprocessed, 0 from the cache")) << r.out;
+  EXPECT_TRUE(contains(r.out, "[TC ")) << r.out;
+  const std::string jsonl = test::read_file(dir / "run/metrics.jsonl");
+  ASSERT_EQ(std::count(jsonl.begin(), jsonl.end(), '\n'), 1) << jsonl;
+  const auto rec = nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n')));
+  EXPECT_EQ(rec["steps"].get<int>(), 2) << rec;
+  EXPECT_TRUE(std::isfinite(rec["loss"].get<double>())) << rec;
+  EXPECT_EQ(rec["class_names"], (nlohmann::json{"TC", "WT", "ET"})) << rec;
+  ASSERT_TRUE(rec["dice_per_class"].is_array()) << rec;
+  EXPECT_EQ(rec["dice_per_class"].size(), 3u) << rec;
+}
+
 TEST(Launch, SetsTheRankVariablesAndPassesSettingsOn) {
   test::TempDir dir;
   const auto r = test::run(launch("--dist-timeout 12 launch --nproc 3 --no-medfast -- sh -c 'echo "
