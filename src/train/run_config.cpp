@@ -286,30 +286,21 @@ bool prepare_run(const nlohmann::json& root, const std::string& path, const Sett
 
 namespace {
 
-/// The list's "labels" as value sets by name: MSD's {"1": "edema"}, nnU-Net's {"edema": 1} and
-/// its regions {"whole tumor": [1, 2, 3]}; empty for a CSV list, a list without labels or one
-/// that cannot be read (names are a nicety: the run reads the list itself and says why).
+/// The list's "labels" as value sets by name, as data::list_labels reads them (MSD's
+/// {"1": "edema"}, nnU-Net's {"edema": 1} and its regions {"whole tumor": [1, 2, 3]}): each value
+/// a label names alone, then each region. Empty for a CSV list, a list without labels or one
+/// whose labels do not read (names are a nicety: the run reads the list itself and says why).
 std::vector<std::pair<std::string, std::set<std::int64_t>>> list_label_sets(const std::string& list) {
   std::vector<std::pair<std::string, std::set<std::int64_t>>> out;
   if (list.empty() || data::is_csv_list(list)) return out;
   try {
-    const nlohmann::json j = parse_json_document(os::read_text_file(list), list);
-    if (!j.is_object() || !j.contains("labels") || !j["labels"].is_object()) return out;
-    for (const auto& [k, v] : j["labels"].items()) {
-      std::set<std::int64_t> values;
-      if (v.is_number_integer()) {
-        values.insert(v.get<std::int64_t>());
-        out.emplace_back(k, values);
-      } else if (v.is_array()) {
-        for (const auto& x : v) {
-          if (x.is_number_integer()) values.insert(x.get<std::int64_t>());
-        }
-        if (values.size() == v.size()) out.emplace_back(k, values);
-      } else if (v.is_string()) {
-        std::size_t used = 0;
-        const long long value = std::stoll(k, &used);
-        if (used == k.size()) out.emplace_back(v.get<std::string>(), std::set<std::int64_t>{value});
-      }
+    const data::DatasetLabels labels = data::list_labels(list);
+    for (const auto& [value, name] : labels.names) {
+      if (name != str("label ", value)) out.emplace_back(name, std::set<std::int64_t>{value});  // not a stand-in name
+    }
+    for (std::size_t r = 0; r < labels.regions.size(); ++r) {
+      out.emplace_back(labels.region_names[r],
+                       std::set<std::int64_t>(labels.regions[r].begin(), labels.regions[r].end()));
     }
   } catch (const std::exception&) {
     out.clear();

@@ -260,6 +260,7 @@ TEST(ClassNames, RegionsByTheirNamesOrTheirLabels) {
   // nnU-Net's region labels name them.
   nlohmann::json list = nlohmann::json::parse(test::read_file(dir / "brats/dataset.json"));
   list["labels"] = {{"background", 0}, {"whole tumor", {1, 2, 3}}, {"tumor core", {2, 3}}, {"enhancing tumor", 3}};
+  list["regions_class_order"] = {1, 2, 3};
   test::write_file(dir / "brats/regions.json", list.dump());
   c["data"]["dataset"] = dir / "brats/regions.json";
   EXPECT_EQ(metric_class_names(load_run_config(c, "", settings), 3),
