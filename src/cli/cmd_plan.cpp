@@ -14,6 +14,7 @@
 #include "medfast/os/file.hpp"
 #include "medfast/os/process.hpp"
 #include "medfast/plan/plan.hpp"
+#include "medfast/train/trainer.hpp"
 
 namespace medfast::cli {
 
@@ -148,7 +149,16 @@ int run_plan(const PlanArgs& a, Context& ctx) {
   // config would be taken from the config's folder).
   args.run_dir = os::absolute_path(args.run_dir);
   const Planned p = make(args, ctx, !a.json);
-  if (!a.out.empty()) write_plan(p, a.out);
+  if (!a.out.empty()) {
+    // `--out <run_dir>/plan.yaml`, the plan beside the run it plans (as `train --dataset` writes
+    // it): the run folder is claimed for medfast as train would claim it, so that `train
+    // --config` of the plan then runs there; a folder medfast did not make is refused now.
+    if (os::absolute_path(os::parent_directory(a.out)) == args.run_dir &&
+        a.out.substr(a.out.find_last_of('/') + 1) == train::kRunPlanName) {
+      train::claim_run_folder_for_plan(args.run_dir, /*resume=*/true, /*overwrite=*/false);
+    }
+    write_plan(p, a.out);
+  }
   if (a.json) {
     nlohmann::json j = plan::plan_json(p.fingerprint, p.plan);
     j["out"] = a.out.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.out);

@@ -919,6 +919,21 @@ TEST(PlanCli, PlanThenTrainTheDataset) {
   r = test::run("cd " + dir.path() + " && " + bin + "plan --dataset ds --memory 1GiB --out deep/down/plan.yaml");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(test::read_file(dir / "deep/down/plan.yaml").find("run_dir: \"" + dir / "runs/ds\""), std::string::npos);
+  // --out into the run's own folder (the README's three commands): plan claims it as train
+  // --dataset does, and `train --config` of the plan then trains there.
+  r = test::run("cd " + dir.path() + " && " + bin + "plan --dataset ds --memory 1GiB --epochs 1 --out runs/ds/plan.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run("cd " + dir.path() + " && " + bin + "train --config runs/ds/plan.yaml");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_TRUE(os::exists(dir / "runs/ds/last.ckpt"));
+  // A folder of the user's own is refused, and what it holds is left as it was.
+  os::make_directories(dir / "mine");
+  test::write_file(dir / "mine/notes.txt", "mine");
+  r = test::run("cd " + dir.path() + " && " + bin + "plan --dataset ds --memory 1GiB --run-dir mine --out mine/plan.yaml");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("the folder is not empty and medfast did not make it"), std::string::npos) << r.err;
+  EXPECT_FALSE(os::exists(dir / "mine/plan.yaml"));
+  EXPECT_EQ(test::read_file(dir / "mine/notes.txt"), "mine");
 }
 
 }  // namespace
