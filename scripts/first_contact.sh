@@ -33,6 +33,14 @@ while [ $# -gt 0 ]; do
     *) echo "first_contact: unknown argument '$1' (expected --runs N, --test, --out DIR)" >&2; exit 2 ;;
   esac
 done
+# The CPU by its model name (and family, which tells two EPYC generations apart): first-contact
+# times differ 1.8x between 2-core machines, so a figure means nothing without it.
+cpu_model() {
+  local name family
+  name=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+  family=$(awk -F': *' '/^cpu family/ { print $2; exit }' /proc/cpuinfo)
+  printf '%s (family %s)' "${name:-an unnamed CPU}" "${family:-?}"
+}
 case "$runs" in ''|*[!0-9]*|0) echo "first_contact: --runs: expected a whole number of at least 1, got '$runs'" >&2; exit 2 ;; esac
 if [ "$(id -u)" -ne 0 ]; then
   echo "first_contact: needs root (debootstrap, chroot and mounts); run it with sudo" >&2
@@ -107,7 +115,7 @@ phase_of() {  # phase_of LOG "packages ready": the seconds run.sh printed for th
 
 results=$out/first_contact.md
 {
-  echo "# First contact ($(date -u +%Y-%m-%d), commit $commit, $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo))"
+  echo "# First contact ($(date -u +%Y-%m-%d), commit $commit, $(nproc) cores of $(cpu_model), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo))"
   echo
   echo "| run | packages s | configure s | build s | train s | total | download MB | first epoch line | Dice target | second run.sh |"
   echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"

@@ -258,7 +258,7 @@ class Campaign:
         return {"configure_s": round(configure, 1), "build_s": round(time.time() - t0 - configure, 1)}
 
     def step_first_contact(self):
-        """A GPU user's first command (README): `bash scripts/run.sh` from the working tree, which
+        """A GPU user's first command (README, "On a GPU machine"): `bash scripts/run.sh` from the working tree, which
         builds against the image's torch (into the campaign's build folder, which the build step
         configured through the same script: nothing is compiled again) and trains the built-in
         default on the GPU to its Dice target. Reported: the wall time, the device the run named,

@@ -24,7 +24,7 @@ _running = ".".join(_torch.__version__.split("+")[0].split(".")[:2])
 if _built != _running:
     raise ImportError(
         f"medfast was built against libtorch {libtorch_version} but this Python runs torch {_torch.__version__}; "
-        "rebuild medfast against this torch (see README: Python)")
+        "rebuild medfast against this torch (see docs/python.md)")
 
 from . import data, io, nifti, settings, train  # noqa: E402
 

@@ -48,7 +48,7 @@ Predictor inference_predictor(const nlohmann::json& model, const torch::nn::AnyM
                               Precision precision, Tta tta, at::MemoryFormat memory_format);
 
 /// An epoch's TensorBoard scalars at step = its (1-based) epoch (records.cpp; tags in
-/// README "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).
+/// docs/training.md, "TensorBoard"); `first_class`: the label of dice_per_class[0] (0 or 1).
 void epoch_events(profile::EventWriter& events, const EpochRecord& rec, std::int64_t first_class);
 
 /// The CUDA caching allocator's peak allocated and reserved bytes on `device` since

@@ -149,7 +149,7 @@ ExportResult export_bundle(const std::string& checkpoint, const std::string& out
   const bool sigmoid = LossOptions::from_json(config.value("loss", nlohmann::json::object()), "loss").sigmoid;
   const std::string image_key =
       config.value("train", nlohmann::json::object()).value("image_key", std::string("image"));
-  // MONAI's bundle runner infers a folder with it (README, "Models out"):
+  // MONAI's bundle runner infers a folder with it (docs/training.md, "Networks from and to MONAI"):
   //   python -m monai.bundle run --config_file configs/inference.json --dataset_dir IMAGES --output_dir OUT
   // each image through the preprocessing, the sliding window, the postprocessing, written as
   // <name>_seg.nii.gz on its own grid: what `medfast infer` writes.

@@ -21,12 +21,12 @@ TEST(Settings, DefaultsComeFromTheNamedConstants) {
   EXPECT_GE(s.threads(), 1);  // 0 resolves to the core count
 }
 
-// README's Settings table has one row per setting, under its name, and no other rows: the
+// docs/settings.md's table has one row per setting, under its name, and no other rows: the
 // table a user reads is the list the code declares (a setting added without a row fails).
-TEST(Settings, ReadmeTableHasARowForEverySettingAndNoOther) {
-  const std::string readme = test::read_file(test::source_dir() + "/README.md");
-  const std::size_t begin = readme.find("\n### Settings\n");
-  ASSERT_NE(begin, std::string::npos) << "README.md has no Settings section";
+TEST(Settings, DocsTableHasARowForEverySettingAndNoOther) {
+  const std::string readme = test::read_file(test::source_dir() + "/docs/settings.md");
+  const std::size_t begin = readme.find("\n| setting | default |");
+  ASSERT_NE(begin, std::string::npos) << "docs/settings.md has no settings table";
   const std::size_t end = readme.find("\n\n", readme.find("\n|", begin) + 1);
   std::set<std::string> rows;
   std::istringstream table(readme.substr(begin, end - begin));
@@ -38,8 +38,8 @@ TEST(Settings, ReadmeTableHasARowForEverySettingAndNoOther) {
   }
   std::set<std::string> names;
   for (const SettingDef& d : setting_defs()) names.insert(d.name);
-  for (const auto& n : names) EXPECT_TRUE(rows.count(n)) << n << ": no row in README's Settings table";
-  for (const auto& r : rows) EXPECT_TRUE(names.count(r)) << r << ": a README Settings row for no setting";
+  for (const auto& n : names) EXPECT_TRUE(rows.count(n)) << n << ": no row in docs/settings.md's table";
+  for (const auto& r : rows) EXPECT_TRUE(names.count(r)) << r << ": a docs/settings.md row for no setting";
 }
 
 TEST(Settings, PrecedenceIsFlagThenEnvThenFileThenDefault) {

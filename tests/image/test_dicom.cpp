@@ -109,7 +109,7 @@ TEST(DicomLoad, GeometryEqualsTheNiftiPathThroughOrientationAndSpacing) {
   EXPECT_GT(b.volume("label").data.sum().item<double>(), 0);
 
   // The synthetic RTSTRUCT (contours of the same lesion) fills back to the SEG's voxels
-  // exactly, through LoadImage and through `data convert` as the README shows it.
+  // exactly, through LoadImage and through `data convert` as docs/data.md shows it.
   const auto load = transforms::make_chain(nlohmann::json::parse(
       R"([{"name": "LoadImage", "keys": ["image", "seg", "rt"], "dtype": ["", "", ""], "label_dict": {"GTV-1": 1}}])"));
   Sample c;

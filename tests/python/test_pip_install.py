@@ -1,7 +1,7 @@
 """`pip install --no-build-isolation .` into a fresh environment (a venv over Debian's torch,
 --system-site-packages), then, from another folder, `import medfast` and `medfast train`
 (the built-in default run) to its Dice target: what a user with their own PyTorch does
-(README, "Python"). The build folder is this test run's own (MEDFAST_BUILD_DIR): nothing is
+(docs/python.md). The build folder is this test run's own (MEDFAST_BUILD_DIR): nothing is
 compiled again."""
 import json
 import os
