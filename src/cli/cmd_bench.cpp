@@ -402,11 +402,11 @@ int run_step(const StepArgs& a, Context& ctx) {
     o.memory_format = format;
     train::TrainingStep trainer_step(std::move(parts), o);
     train::StageTimes times;
-    for (int i = 0; i < a.warmup; ++i) trainer_step.run(x, y, {1, i + 1, {}}, times);
+    for (int i = 0; i < a.warmup; ++i) trainer_step.run(x, y, {1, i + 1, {}, {}}, times);
     trainer_step.finish(times);
     synchronize(device);
     const auto t0 = Clock::now();
-    for (int i = 0; i < a.steps; ++i) trainer_step.run(x, y, {2, i + 1, {}}, times);
+    for (int i = 0; i < a.steps; ++i) trainer_step.run(x, y, {2, i + 1, {}, {}}, times);
     const std::optional<train::StepOutcome> last = trainer_step.finish(times);
     pipelined.seconds = sync_since(t0) / a.steps;
     pipelined.update = train::update_kernel_name(trainer_step.update_kernel());

@@ -163,12 +163,6 @@ long long key_number(const std::string& k) {
   return used == k.size() && value >= 0 ? value : -1;
 }
 
-std::string join_numbers(const std::vector<std::int64_t>& v) {
-  std::string s;
-  for (const auto x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
-  return s;
-}
-
 }  // namespace
 
 DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string& path) {
@@ -302,7 +296,7 @@ std::vector<std::string> files_ending(const std::string& dir, const std::string&
 
 /// nnU-Net's name of channel `k` of case `c`: {case}_{XXXX}{ending}.
 std::string channel_name(const std::string& c, std::size_t k, const std::string& ending) {
-  char index[16];
+  char index[24];  // "_" and up to 20 digits
   std::snprintf(index, sizeof index, "_%04zu", k);
   return c + index + ending;
 }

@@ -236,7 +236,7 @@ bool written_by_infer(const std::string& path) {
 InputImage nifti_input(const std::string& path) {
   const std::string name = std::filesystem::path(path).filename().string();
   const std::string ext = ends_with(name, ".nii.gz") ? ".nii.gz" : ".nii";
-  return {path, name.substr(0, name.size() - ext.size()), ext};
+  return {path, name.substr(0, name.size() - ext.size()), ext, {}};
 }
 
 // The last component of a folder's path, also for "." or "case/CT/." ("image" for the root).
@@ -288,7 +288,7 @@ std::vector<InputImage> nnunet_cases(const std::string& folder, const std::vecto
     for (std::size_t k = 0; k < channels; ++k) {
       const auto it = by_channel.find(static_cast<int>(k));
       if (it == by_channel.end()) {
-        char index[16];
+        char index[24];  // "_" and up to 20 digits
         std::snprintf(index, sizeof index, "_%04zu", k);
         throw ValueError(str("--input ", folder, ": case '", id.first, "' has no channel ", k, ": expected ", folder,
                              "/", id.first, index, id.second, " (other cases have ", channels,
@@ -328,7 +328,7 @@ std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
         }
         const std::string name = std::filesystem::path(in).filename().string();
         images.push_back(
-            {in, ends_with(name, ".dcm") && name.size() > 4 ? name.substr(0, name.size() - 4) : name, ".nii.gz"});
+            {in, ends_with(name, ".dcm") && name.size() > 4 ? name.substr(0, name.size() - 4) : name, ".nii.gz", {}});
       } else {
         throw ValueError(str("--input ", given, ": not a .nii or .nii.gz file, nor a DICOM file"));
       }
@@ -354,7 +354,7 @@ std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
       continue;
     }
     if (std::any_of(own_files.begin(), own_files.end(), dicom_image_file)) {
-      images.push_back({in, folder_name(in), ".nii.gz"});
+      images.push_back({in, folder_name(in), ".nii.gz", {}});
       continue;
     }
     // The folders below that hold DICOM image files, in path order.
@@ -366,7 +366,7 @@ std::vector<InputImage> expand_inputs(const std::vector<std::string>& inputs) {
       series_folders.insert(folder);
       std::string stem = folder.substr(in.size() + 1);
       std::replace(stem.begin(), stem.end(), '/', '_');
-      images.push_back({folder, stem, ".nii.gz"});
+      images.push_back({folder, stem, ".nii.gz", {}});
       ++found;
     }
     if (found == 0) {
