@@ -3,7 +3,7 @@
 
 Usage: /usr/bin/python3 bench/brats_run.py [--build build] [--cases 12] [--size 64,64,48]
            [--epochs 10] [--seeds 0] [--threads 2] [--monai ../shared/peers/monai-1.3.2] [--keep DIR]
-           [--set key=value ...]
+           [--device cpu|cuda] [--reader auto|nibabel|numpy] [--set key=value ...]
 
 In a scratch folder:
   1. data: `medfast data synth --kind brats` writes an MSD Task01-shaped set (4-channel MR,
@@ -46,13 +46,19 @@ DICE_GOAL, WALL_GOAL = 0.03, 0.5
 
 
 def cpu_overrides(a):
-    """examples/brats.yaml's CPU settings at this benchmark's size (validation every epoch)."""
+    """examples/brats.yaml's settings at this benchmark's size (validation every epoch): the
+    file's CPU settings, or with --device cuda its GPU ones (AMP, the cache in GPU memory, the
+    recipe's batch of 2 and 16 initial filters) as the GPU campaign runs it."""
     size = [int(x) for x in a.size.split(",")]
     crop = [max(16, (s * 3 // 4) // 16 * 16) for s in size]  # the recipe's crop is ~0.9 of the volume; 3/4 here
-    return ["data.validation.num=2", "data.cache.kind=memory", f"data.random.0.roi_size={json.dumps(crop)}",
-            f"validation.sliding_window.roi_size={json.dumps(size)}", "validation.interval=1",
-            "model.init_filters=8", "optimizer.lr=0.001", "data.loader.batch_size=1", "train.device=cpu",
-            "train.amp=false", f"train.epochs={a.epochs}"] + a.set
+    common = ["data.validation.num=2", f"data.random.0.roi_size={json.dumps(crop)}",
+              f"validation.sliding_window.roi_size={json.dumps(size)}", "validation.interval=1", "optimizer.lr=0.001",
+              f"train.epochs={a.epochs}"]
+    if a.device == "cuda":
+        return common + ["data.cache.kind=device", "model.init_filters=16", "data.loader.batch_size=2",
+                         "train.device=cuda", "train.amp=true"] + a.set
+    return common + ["data.cache.kind=memory", "model.init_filters=8", "data.loader.batch_size=1", "train.device=cpu",
+                     "train.amp=false"] + a.set
 
 
 def last_regions(history):
@@ -82,7 +88,8 @@ def run_seed(a, monai, work, dataset, seed):
     if monai:
         twin, wall = timed([sys.executable, os.path.join(HERE, "monai_twin.py"), "--config",
                             os.path.join(run_dir, "config.json"), "--base", os.path.join(REPO, "examples"),
-                            "--seed", str(seed), "--threads", str(a.threads), "--monai", a.monai], work)
+                            "--seed", str(seed), "--threads", str(a.threads), "--monai", a.monai,
+                            "--reader", a.reader], work)
         per, mean = last_regions(twin["history"])
         rows.append({"side": "MONAI", "seed": seed, "regions": per, "mean": mean, "best": twin["best_dice"],
                      "wall": wall, "epochs": len(twin["history"]), "steps": [e["steps"] for e in twin["history"]],
@@ -107,6 +114,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="the recipe's CPU settings, or its GPU ones (the GPU campaign)")
+    ap.add_argument("--reader", default="auto", help="the twin's NIfTI reader (monai_twin.py --reader)")
     ap.add_argument("--set", action="append", default=[], help="another train --set for both sides")
     ap.add_argument("--keep", default=None, help="work in this folder and keep it (default: a temporary one)")
     monai_peer.add_argument(ap)

@@ -23,8 +23,10 @@ Steps with more to them than a command:
   throughput the spleen recipe from the device cache, medfast fp16 and bf16 beside MONAI's tutorial
              twin and its channels-last twin (bench/monai_twin.py --variants), the loader alone on
              the GPU, the DynUNet step channels-last against contiguous, the GPU step and norm tests,
-             the step as one CUDA graph, a deterministic run; the issue's targets judged at the end
-             (the Throughput class). Without a GPU (--dry-run) the same code rehearses on the CPU.
+             the step as one CUDA graph, a deterministic run, the brain-tumour recipe beside its
+             MONAI twin (bench/brats_run.py --device cuda: per-region Dice and the wall-time
+             ratio, issue 54); the issue's targets judged at the end (the Throughput class).
+             Without a GPU (--dry-run) the same code rehearses on the CPU.
   python_tests  first `import torch, medfast` in a process of its own; where it dies by a
              signal, its native stack (cuda-gdb: the image has no gdb) is in the log and the
              first frames are the step's reason; then ctest -L python.
@@ -825,6 +827,10 @@ class Throughput:
             det = self.medfast_run("tp-fp16-deterministic", "fp16", True, 2)
             self.note("medfast fp16 deterministic (cudnn.benchmark off)", describe(det))
         try:
+            self.note("brain-tumour recipe beside its MONAI twin (issue 54)", self.brats())
+        except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
+            self.note("brain-tumour recipe beside its MONAI twin (issue 54)", f"failed: {str(e)[:300]}")
+        try:
             self.note("I/O engine (issue 45: host and device memory through one read)", self.engine())
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
             self.note("I/O engine (issue 45: host and device memory through one read)", f"failed: {str(e)[:300]}")
@@ -832,6 +838,30 @@ class Throughput:
         self.c.results["_throughput"] = {"detail": self.detail, "twins": twins, "loader": loader, "dynunet": dyn,
                                          "inference": infer, "judged": self.judged}
         return self.figures
+
+    def brats(self):
+        """examples/brats.yaml (MONAI's brats_training_ddp.py: regions TC, WT, ET, SegResNet,
+        sigmoid Dice) on a synthetic Task01-shaped set beside its MONAI twin, the same data, seed
+        and epochs (bench/brats_run.py, which checks steps and samples per epoch on both sides
+        and the regions' names first): on the GPU with AMP and the cache in GPU memory, 12 cases
+        of 160x160x112 voxels, 8 epochs (within 4 minutes of the call); in rehearsal the CPU, 6
+        cases of 32x32x24, 2 epochs.
+        The figure: each region's Dice on both sides and the wall-time ratio."""
+        peers = os.path.join(ROOT, ".gpu-peers") if not self.rehearsal else os.path.join(ROOT, "..", "shared", "peers",
+                                                                                            "monai-1.3.2")
+        args = ["--build", self.c.build, "--seeds", "0", "--threads", str(os.cpu_count() or 2),
+                "--keep", os.path.join(self.c.work, "brats"), "--monai", peers]
+        if self.rehearsal:
+            args += ["--cases", "6", "--size", "32,32,24", "--epochs", "2"]
+        else:
+            args += ["--cases", "12", "--size", "160,160,112", "--epochs", "8", "--device", "cuda", "--reader", "numpy"]
+        path = os.environ.get("PYTHONPATH")
+        out = self.c.sh([sys.executable, os.path.join(ROOT, "bench", "brats_run.py"), *args],
+                        env={"PYTHONPATH": peers + (os.pathsep + path if path else "")}, timeout=240)
+        lines = [l.strip() for l in out.splitlines() if l.startswith(("median ", "Dice ", "wall time "))]
+        if not lines:
+            raise RuntimeError(f"bench/brats_run.py printed no figures: {out[-300:]}")
+        return "; ".join(lines)
 
     def engine(self):
         """io load and io store of device memory (cuda; the CPU in rehearsal), 256 MiB, each
