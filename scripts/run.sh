@@ -172,6 +172,18 @@ phase "built"
 case "$build_dir" in /*) medfast="$build_dir/medfast" ;; *) medfast="./$build_dir/medfast" ;; esac
 if [ $# -eq 0 ] && [ -f runs/default/last.ckpt ]; then
   echo "runs/default holds a run: continuing it (--resume); pass --overwrite to start again"
-  exec "$medfast" train --resume
+  # A run that already reached its target has nothing left to train: medfast says so and
+  # refuses --resume (exit 1, nothing changed). For this command the job is done: exit 0.
+  err=$(mktemp)
+  trap 'rm -f "$err"' EXIT
+  set +e
+  { "$medfast" train --resume 2>&1 1>&3 3>&- | tee "$err" >&2; } 3>&1  # stderr also to $err
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ] && grep -q "nothing is left to train" "$err"; then
+    echo "runs/default: the default run had already reached its target; nothing to do"
+    exit 0
+  fi
+  exit "$rc"
 fi
 exec "$medfast" train "$@"
