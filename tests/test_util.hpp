@@ -133,6 +133,18 @@ std::string value_error_of(F&& f) {
     if (!at::hasCUDA()) GTEST_SKIP() << "needs a CUDA device: libtorch without CUDA, or no GPU here"; \
   } while (0)
 
+/// "Billion laughs" in YAML: nine levels of ten aliases of the level below (1.9 KB, 10^9
+/// values expanded): the hostile-input tests' document that must be refused, not expanded.
+inline std::string yaml_alias_bomb() {
+  std::string y = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (int level = 1; level <= 9; ++level) {
+    y += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [";
+    for (int i = 0; i < 10; ++i) y += (i ? ", *a" : "*a") + std::to_string(level - 1);
+    y += "]\n";
+  }
+  return y;
+}
+
 inline std::string golden_dir() { return MEDFAST_TEST_GOLDEN_DIR; }
 inline std::string python() { return MEDFAST_TEST_PYTHON; }
 inline std::string source_dir() { return MEDFAST_TEST_SOURCE_DIR; }

@@ -52,15 +52,6 @@ void expect_refused(const Bounded& b, const std::vector<std::string>& fragments)
   EXPECT_TRUE(test::contains_all(b.r.err, fragments));
 }
 
-std::string alias_bomb() {
-  std::string y = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
-  for (int level = 1; level <= 9; ++level) {
-    y += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [";
-    for (int i = 0; i < 10; ++i) y += (i ? ", *a" : "*a") + std::to_string(level - 1);
-    y += "]\n";
-  }
-  return y;
-}
 
 // Writes a synthetic dataset into dir/ds: 3 cases the default run's chain can crop.
 void synth(const test::TempDir& dir) {
@@ -80,7 +71,7 @@ TEST(HostileInput, AliasBombAndDeepNestingAreRefusedAtOnceWithTheLine) {
                    "data: {dataset: ds/dataset.json}\nmodel: {name: UNet}\noptimizer: {name: Adam}\nloss: {name: DiceCE}\n");
   const Bounded ok = run_bounded("config resolve --config ok.yaml", dir.path());
   ASSERT_EQ(ok.r.exit_code, 0) << ok.r.err;
-  test::write_file(dir / "bomb.yaml", alias_bomb());
+  test::write_file(dir / "bomb.yaml", test::yaml_alias_bomb());
   test::write_file(dir / "deep.yaml", std::string(100000, '['));
   for (const std::string& command : {"config resolve --config ", "train --config "}) {
     const Bounded bomb = run_bounded(command + "bomb.yaml", dir.path());

@@ -32,6 +32,7 @@
 #include "medfast/os/file.hpp"
 #include "medfast/os/folder_mark.hpp"
 #include "medfast/os/process.hpp"
+#include "tiny_run.hpp"
 #include "medfast/profile/events.hpp"
 #include "medfast/train/checkpoint.hpp"
 #include "medfast/train/evaluate.hpp"
@@ -56,21 +57,14 @@
 namespace medfast::train {
 namespace {
 
-nlohmann::json unprepared_tiny_config(const test::TempDir& dir);
-Settings one_thread();
+using test_run::one_thread;
+using test_run::tiny_config;
+using test_run::unprepared_tiny_config;
 
 /// The first line of a run's metrics.jsonl (one JSON line per finished epoch).
 nlohmann::json first_metrics_line(const std::string& path) {
   const std::string jsonl = test::read_file(path);
   return nlohmann::json::parse(jsonl.substr(0, jsonl.find('\n')));
-}
-
-/// A tiny run: 6 synthetic cases of 40x40x12 (1 for validation), UNet(4, 8, 16), 2 epochs;
-/// its dataset written (the step the CLI takes before a run: prepare_run).
-nlohmann::json tiny_config(const test::TempDir& dir) {
-  nlohmann::json c = unprepared_tiny_config(dir);
-  data::prepare_dataset(c, "tiny config", dir.path(), one_thread());
-  return c;
 }
 
 /// tiny_config trained for one epoch (its run in dir/run): what eval, infer and the run
@@ -82,36 +76,12 @@ nlohmann::json trained_one_epoch(const test::TempDir& dir) {
   return c;
 }
 
-/// tiny_config without its dataset (data.synth not run yet).
-nlohmann::json unprepared_tiny_config(const test::TempDir& dir) {
-  nlohmann::json c = default_run_config();
-  c["train"]["device"] = "cpu";  // the same run on any machine (the default is auto)
-  c["data"]["dataset"] = dir / "data/dataset.json";
-  c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
-  c["data"]["validation"] = {{"num", 1}};
-  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
-  c["model"]["channels"] = {4, 8, 16};
-  c["model"]["strides"] = {2, 2};
-  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
-  c["train"]["run_dir"] = dir / "run";
-  c["train"]["epochs"] = 2;
-  c["train"]["target_dice"] = 0;
-  c["train"]["threads"] = 1;
-  return c;
-}
-
 /// tiny_config trained on the current GPU with fp16 autocast and loss scaling.
 nlohmann::json tiny_fp16_cuda_config(const test::TempDir& dir) {
   nlohmann::json c = tiny_config(dir);
   c["train"]["device"] = "cuda";
   c["train"]["amp"] = "fp16";
   return c;
-}
-
-Settings one_thread() {
-  Settings s;
-  s.set("threads", "1", SettingSource::flag, "test");
-  return s;
 }
 
 std::map<std::string, at::Tensor> checkpoint_tensors(const std::string& path, const nlohmann::json& model) {

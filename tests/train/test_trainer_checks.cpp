@@ -14,35 +14,16 @@
 #include "medfast/train/step.hpp"
 #include "medfast/train/trainer.hpp"
 #include "test_util.hpp"
+#include "tiny_run.hpp"
 
 namespace medfast::train {
 namespace {
 
-Settings one_thread() {
-  Settings s;
-  s.set("threads", "1", SettingSource::flag, "test");
-  return s;
-}
+using test_run::one_thread;
 
-/// A tiny run (test_trainer.cpp's): 6 synthetic cases of 40x40x12-14 (the last validates),
+/// A tiny run (tiny_run.hpp): 6 synthetic cases of 40x40x12-14 (the last validates),
 /// UNet(4, 8, 16), 2 epochs; its dataset written.
-nlohmann::json tiny(const test::TempDir& dir) {
-  nlohmann::json c = default_run_config();
-  c["train"]["device"] = "cpu";
-  c["data"]["dataset"] = dir / "data/dataset.json";
-  c["data"]["synth"] = {{"cases", 6}, {"size", "40,40,12-14"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
-  c["data"]["validation"] = {{"num", 1}};
-  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
-  c["model"]["channels"] = {4, 8, 16};
-  c["model"]["strides"] = {2, 2};
-  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
-  c["train"]["run_dir"] = dir / "run";
-  c["train"]["epochs"] = 2;
-  c["train"]["target_dice"] = 0;
-  c["train"]["threads"] = 1;
-  data::prepare_dataset(c, "tiny config", dir.path(), one_thread());
-  return c;
-}
+nlohmann::json tiny(const test::TempDir& dir) { return test_run::tiny_config(dir); }
 
 std::string image(const test::TempDir& dir, int i) {
   return dir / ("data/imagesTr/spleen_" + std::to_string(i) + ".nii.gz");
