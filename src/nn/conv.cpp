@@ -55,8 +55,7 @@ std::atomic<bool> onednn_forward_on{true};
 // "oneDNN for one small volume"). A 1x1x1 kernel stays libtorch's (a matrix product there,
 // faster than oneDNN's).
 bool onednn_forward_applies(const at::Tensor& x, const at::Tensor& w) {
-  if (!onednn_forward_on.load(std::memory_order_relaxed)) return false;
-  if (!at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  if (!onednn_conv_forward_enabled()) return false;
   if (!x.device().is_cpu() || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat) return false;
   if (x.dim() != 5 || w.dim() != 5 || cpu_autocast()) return false;
   if (x.suggest_memory_format() == at::MemoryFormat::ChannelsLast3d || !w.is_contiguous()) return false;
