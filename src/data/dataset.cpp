@@ -222,7 +222,9 @@ DatasetLabels list_labels(const nlohmann::ordered_json& list, const std::string&
   }
   if (!regions) return out;
   for (const std::int64_t v : region_values) {
-    if (!out.names.count(v)) out.names[v] = str("label ", v);
+    if (out.names.count(v)) continue;
+    out.names[v] = str("label ", v);
+    out.unnamed.insert(v);
   }
   out.names.emplace(0, "background");
   if (!list.contains("regions_class_order")) {

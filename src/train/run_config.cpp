@@ -288,7 +288,7 @@ namespace {
 
 /// The list's "labels" as value sets by name, as data::list_labels reads them (MSD's
 /// {"1": "edema"}, nnU-Net's {"edema": 1} and its regions {"whole tumor": [1, 2, 3]}): each value
-/// a label names alone, then each region. Empty for a CSV list, a list without labels or one
+/// a label names alone (not the stand-in names of DatasetLabels::unnamed), then each region. Empty for a CSV list, a list without labels or one
 /// whose labels do not read (names are a nicety: the run reads the list itself and says why).
 std::vector<std::pair<std::string, std::set<std::int64_t>>> list_label_sets(const std::string& list) {
   std::vector<std::pair<std::string, std::set<std::int64_t>>> out;
@@ -296,7 +296,7 @@ std::vector<std::pair<std::string, std::set<std::int64_t>>> list_label_sets(cons
   try {
     const data::DatasetLabels labels = data::list_labels(list);
     for (const auto& [value, name] : labels.names) {
-      if (name != str("label ", value)) out.emplace_back(name, std::set<std::int64_t>{value});  // not a stand-in name
+      if (!labels.unnamed.count(value)) out.emplace_back(name, std::set<std::int64_t>{value});
     }
     for (std::size_t r = 0; r < labels.regions.size(); ++r) {
       out.emplace_back(labels.region_names[r],

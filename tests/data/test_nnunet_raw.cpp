@@ -204,6 +204,10 @@ TEST(DatasetLabels, PlainAndRegionLabelsAsNnunetWritesThem) {
   EXPECT_EQ(r.regions_class_order, (std::vector<std::int64_t>{1, 2, 3}));
   EXPECT_EQ(r.names.size(), 4u);  // the values a label file may hold: 0..3
   EXPECT_EQ(r.names.at(3), "enhancing tumor");
+  // 1 and 2 are named by no label alone: stand-in names, and said to be so.
+  EXPECT_EQ(r.names.at(1), "label 1");
+  EXPECT_EQ(r.unnamed, (std::set<std::int64_t>{1, 2}));
+  EXPECT_TRUE(plain.unnamed.empty());
   // What a region list lacks is said as such.
   const auto error = [&](const std::string& text) { return test::error_of<FormatError>([&] { labels_of(text); }); };
   EXPECT_TRUE(test::contains_all(error(R"({"labels": {"background": 0, "whole": [1, 2], "core": [2]}})"),

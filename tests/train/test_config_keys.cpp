@@ -185,6 +185,12 @@ TEST(ClassNames, FromTheListsLabelsOrGivenOrNumbered) {
   test::write_file(dir / "data/nnunet.json", list.dump());
   unnamed["data"]["dataset"] = dir / "data/nnunet.json";
   EXPECT_EQ(metric_class_names(load_run_config(unnamed, "", settings), 2), std::vector<std::string>{"organ"});
+  // A name the list gives is its name, even one that reads like medfast's stand-in for a value
+  // no label names ("label 1"): that is known from the labels, not from the text.
+  list["labels"] = {{"0", "background"}, {"1", "label 1"}};
+  test::write_file(dir / "data/literal.json", list.dump());
+  unnamed["data"]["dataset"] = dir / "data/literal.json";
+  EXPECT_EQ(metric_class_names(load_run_config(unnamed, "", settings), 2), std::vector<std::string>{"label 1"});
   // Given: taken as they are; the wrong count is an error naming the key and both counts.
   nlohmann::json named = c;
   named["data"]["class_names"] = {"Spleen (CT)"};

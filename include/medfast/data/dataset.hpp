@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,9 @@ struct DatasetLabels {
   /// Plain labels: value -> name. Region labels: every value a region holds -> its name
   /// where a label names that value alone, else "label <value>" (the values a label file may hold).
   std::map<std::int64_t, std::string> names;
+  /// The values of `names` that no label names alone (region values only): their name is the
+  /// stand-in "label <value>", not the list's. A label the list calls "label 2" is not here.
+  std::set<std::int64_t> unnamed;
   std::vector<std::string> region_names;           ///< regions, in the list's order (background left out)
   std::vector<std::vector<std::int64_t>> regions;  ///< per region its label values
   std::vector<std::int64_t> regions_class_order;   ///< per region the value it writes (may be empty)
