@@ -32,6 +32,7 @@
 #include "medfast/train/trainer.hpp"
 #include "medfast/os/net.hpp"
 #include "test_util.hpp"
+#include "train/tiny_run.hpp"
 
 namespace medfast {
 namespace {
@@ -742,19 +743,13 @@ TEST(DistOptions, ValidateNamesTheFieldAndValue) {
 // End to end: `medfast train` as two processes.
 // ---------------------------------------------------------------------------
 
-/// The tiny run of tests/train/test_trainer.cpp, for two ranks. data.synth writes the
-/// dataset: rank 0 builds its trainer (and the dataset) before the other ranks build theirs.
+/// The trainer tests' tiny run (train/tiny_run.hpp) for two ranks: `cases` volumes of
+/// 40x40x12, batch 1, batch norm. data.synth writes the dataset: rank 0 builds its trainer
+/// (and the dataset) before the other ranks build theirs.
 nlohmann::json tiny_ddp_config(const test::TempDir& dir, int cases) {
-  nlohmann::json c = train::default_run_config();
-  c["train"]["device"] = "cpu";  // the same run on any machine
-  c["data"]["dataset"] = dir / "data/dataset.json";
-  c["data"]["synth"] = {{"cases", cases}, {"size", "40,40,12"}, {"spacing", {2.0, 2.0, 3.0}}, {"seed", 1}};
-  c["data"]["validation"] = {{"num", 1}};
-  c["data"]["random"][0]["spatial_size"] = {16, 16, 8};
-  c["model"]["channels"] = {4, 8, 16};
-  c["model"]["strides"] = {2, 2};
-  c["validation"]["sliding_window"]["roi_size"] = {16, 16, 8};
-  c["train"]["target_dice"] = 0;
+  nlohmann::json c = train::test_run::unprepared_tiny_config(dir);
+  c["data"]["synth"]["cases"] = cases;
+  c["data"]["synth"]["size"] = "40,40,12";
   // Batch 1 over 5 items: an uneven split unless each rank's share is padded to
   // the same length (ranks running different step counts would deadlock Gloo).
   c["data"]["loader"]["batch_size"] = 1;
