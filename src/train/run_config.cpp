@@ -288,8 +288,9 @@ namespace {
 
 /// The list's "labels" as value sets by name, as data::list_labels reads them (MSD's
 /// {"1": "edema"}, nnU-Net's {"edema": 1} and its regions {"whole tumor": [1, 2, 3]}): each value
-/// a label names alone (not the stand-in names of DatasetLabels::unnamed), then each region. Empty for a CSV list, a list without labels or one
-/// whose labels do not read (names are a nicety: the run reads the list itself and says why).
+/// a label names alone (not the stand-in names of DatasetLabels::unnamed), then each region.
+/// Empty for a CSV list, a list without labels or one whose labels do not read (names are a
+/// nicety: the run reads the list itself and says why).
 std::vector<std::pair<std::string, std::set<std::int64_t>>> list_label_sets(const std::string& list) {
   std::vector<std::pair<std::string, std::set<std::int64_t>>> out;
   if (list.empty() || data::is_csv_list(list)) return out;
