@@ -451,7 +451,11 @@ TEST_P(CacheFirst, AColdFileIsReadDirectAndAPartlyCachedOneFromBoth) {
 
 TEST_P(CacheFirst, APageTheKernelDroppedCostsOnlyItsBlock) {
   // An O_DIRECT read of a cached file can make the kernel drop a few of its pages (seen:
-  // 731 of 262144): the blocks around such a hole still come from the cache.
+  // 731 of 262144), and so can memory pressure from whatever else the machine runs (seen in
+  // CI under a parallel ctest: 25 pages outside the hole): the blocks around such a hole
+  // still come from the cache. What the kernel held is read before and after the read, so
+  // that only the blocks with a page missing may cost a direct read.
+  constexpr std::size_t B = 65536;
   const std::string data = random_bytes(2u << 20, 24);
   {
     // Written a page at a time: one large write may put the file in large folios, of which
@@ -459,24 +463,44 @@ TEST_P(CacheFirst, APageTheKernelDroppedCostsOnlyItsBlock) {
     os::File w = os::File::open(dir / "f", os::File::Mode::write);
     for (std::size_t at = 0; at < data.size(); at += 4096) w.write_at(data.data() + at, 4096, at);
     w.sync();  // clean pages: DONTNEED drops only those
-    ASSERT_EQ(::posix_fadvise(w.fd(), 1 << 20, 65536, POSIX_FADV_DONTNEED), 0);  // one block's pages
+    ASSERT_EQ(::posix_fadvise(w.fd(), 1 << 20, B, POSIX_FADV_DONTNEED), 0);  // one block's pages
   }
-  {
+  // Which of the file's pages the page cache holds now.
+  const auto resident = [&] {
     os::File held = os::File::open(dir / "f", os::File::Mode::read);
     void* map = ::mmap(nullptr, data.size(), PROT_READ, MAP_SHARED, held.fd(), 0);
-    ASSERT_NE(map, MAP_FAILED);
-    std::vector<unsigned char> resident(data.size() / 4096);
-    ASSERT_EQ(::mincore(map, data.size(), resident.data()), 0);
+    EXPECT_NE(map, MAP_FAILED);
+    std::vector<unsigned char> pages(data.size() / 4096);
+    if (map == MAP_FAILED) return pages;
+    EXPECT_EQ(::mincore(map, data.size(), pages.data()), 0);
     ::munmap(map, data.size());
-    if (resident[(1 << 20) / 4096] & 1)
-      GTEST_SKIP() << "the kernel kept the pages DONTNEED named: no hole to read around";
-    ASSERT_TRUE(resident[0] & 1) << "the written pages are not in the page cache";
-  }
+    return pages;
+  };
+  const std::vector<unsigned char> before = resident();
+  if (before[(1 << 20) / 4096] & 1) GTEST_SKIP() << "the kernel kept the pages DONTNEED named: no hole to read around";
+  ASSERT_TRUE(before[0] & 1) << "the written pages are not in the page cache";
+
   FileHandle f = FileHandle::open(dir / "f", FileHandle::Mode::read, options());
   std::string out(data.size(), '\0');
   ASSERT_EQ(f.read(out.data(), out.size(), 0), out.size());
   EXPECT_EQ(out, data);
-  EXPECT_GE(f.page_cache_bytes(), data.size() - 2 * 65536);
+  const std::vector<unsigned char> after = resident();
+
+  // Blocks with a page missing before or after the read: the hole, and any the kernel took.
+  std::size_t holed = 0;
+  for (std::size_t b = 0; b < data.size() / B; ++b) {
+    bool missing = false;
+    for (std::size_t p = b * B / 4096; p < (b + 1) * B / 4096; ++p) missing |= !(before[p] & after[p] & 1);
+    holed += missing;
+  }
+  // Reading on past a hole direct to the end would take 1 MiB from the cache; the bound must
+  // still tell that apart, which it cannot once the kernel has taken a quarter of the file.
+  if (holed * B > data.size() / 4)
+    GTEST_SKIP() << "the kernel dropped pages in " << holed << " of " << data.size() / B
+                 << " blocks around the read (memory pressure): too few cached blocks to tell";
+  // One block more than those seen holed: a page dropped during the read and read back in by
+  // the kernel's readahead before the second look.
+  EXPECT_GE(f.page_cache_bytes(), data.size() - (holed + 1) * B) << holed << " blocks had a page missing";
   EXPECT_LT(f.page_cache_bytes(), data.size()) << "the dropped block came from the cache";
 }
 
